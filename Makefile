@@ -1,0 +1,35 @@
+# Entry points; the README names them. Rust builds and the harness binaries are cached under
+# ~/.cache/gpu-operator (see tests/cluster/lib.sh and tests/cluster/build.sh).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+export CARGO_TARGET_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-operator/cargo-target
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+
+.PHONY: test
+test: unit e2e ## everything: unit tests, then the harness and the end-to-end tests
+
+.PHONY: unit
+unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
+	cargo test --workspace --exclude e2e
+	cargo test -p e2e --lib --bins
+
+.PHONY: e2e
+e2e: harness ## end-to-end tests on a fresh harness (started and stopped here)
+	tests/e2e.sh
+
+.PHONY: harness
+harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
+	tests/cluster/build.sh >/dev/null
+
+.PHONY: scale
+scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)
+	tests/cluster/scale.sh $(or $(N),1000)
+
+.PHONY: lint
+lint: ## formatting and clippy, as CI wants them
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings

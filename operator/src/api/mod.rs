@@ -1,0 +1,214 @@
+//! The `nvidia.com/v1` `ClusterPolicy` API: types, defaults and image resolution (pure, no IO).
+//!
+//! Field names, shapes, enums and server-side defaults follow NVIDIA's GPU Operator so that
+//! users' YAML, Helm values and `kubectl patch` one-liners apply unchanged. Our own additions
+//! (`spec.nfd`, `status.components`, a few fields NVIDIA's newer releases document) are optional
+//! fields only. Every field is optional on the Rust side and omitted when absent, so a read-back
+//! returns exactly what was written plus the defaults the API server applies from the CRD.
+//!
+//! Enablement defaults ("is the driver on when `enabled` is absent?") are never stored: they live
+//! in [`Component`] and the `is_enabled()` accessors, mirroring NVIDIA's rules.
+//!
+//! Schema conventions: server-side `default`s are exactly NVIDIA's (added with
+//! `#[schemars(extend("default" = ...))]`, never with serde defaults, which would also inject
+//! values client-side); enum types carry `#[schemars(description = "")]` so that the field's own
+//! description, not the enum's, reaches `kubectl explain`; [`crd::crd`] tidies the rest.
+
+mod common;
+mod component;
+pub mod crd;
+mod driver;
+#[cfg(test)]
+mod example_tests;
+pub mod image;
+mod nfd;
+mod operands;
+mod platform;
+mod sandbox;
+mod status;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use common::{
+    ConfigMapName, ContainerOverrides, ContainerProbeSpec, EnvVar, ImageSpec, ResourceRequirements,
+};
+pub use component::Component;
+pub use driver::{
+    DriverLicensingConfigSpec, DriverManagerSpec, DriverRepoConfigSpec, DriverSpec,
+    DriverUpgradePolicySpec, GpuDirectRdmaSpec, KernelModuleType, UpgradeDrainSpec,
+    UpgradePodDeletionSpec, VirtualTopologyConfigSpec, WaitForCompletionSpec,
+};
+pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
+pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
+pub use operands::{
+    DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,
+    DevicePluginConfig, DevicePluginSpec, GdrCopySpec, GfdSpec, GpuDirectStorageSpec, MigDefault,
+    MigGpuClientsConfigSpec, MigManagerSpec, MigPartedConfigSpec, MigSpec, MigStrategy, MpsConfig,
+    NodeStatusExporterSpec, RelabelConfig, ServiceMonitorSpec, ToolkitSpec, ValidatorComponentSpec,
+    ValidatorSpec,
+};
+pub use platform::{
+    CdiConfigSpec, ContainerRuntime, DaemonsetsSpec, HostPathsSpec, InitContainerSpec,
+    OperatorSpec, PsaSpec, PspSpec, RollingUpdateSpec, UpdateStrategy,
+};
+pub use sandbox::{
+    CcManagerSpec, CcMode, KataArtifacts, KataManagerConfig, KataManagerSpec, KataRuntimeClass,
+    SandboxDevicePluginSpec, SandboxWorkload, SandboxWorkloadsSpec, VfioManagerSpec,
+    VgpuDeviceManagerSpec, VgpuDevicesConfigSpec, VgpuManagerSpec,
+};
+pub use status::{ClusterPolicyStatus, ComponentStatus, State};
+
+/// API group of the ClusterPolicy resource.
+pub const GROUP: &str = "nvidia.com";
+/// API version of the ClusterPolicy resource.
+pub const VERSION: &str = "v1";
+/// Oldest Kubernetes minor release this API and the operator support: the oldest release that
+/// the kube 5 / k8s-openapi 0.29 client stack supports. The CRD's CEL rules
+/// (`x-kubernetes-validations` with `message`, `type(self)` on int-or-string fields) need 1.29
+/// or later, well inside that range.
+pub const MIN_KUBERNETES_VERSION: &str = "1.33";
+
+/// Desired state of the NVIDIA GPU software stack, one object for the whole cluster.
+///
+/// Every section is optional. A section that is absent behaves like an empty one: each operand
+/// then follows its documented default (for example the driver, toolkit, device plugin, GPU
+/// feature discovery, DCGM, DCGM exporter and MIG manager are deployed; GDS, GDRCopy, the node
+/// status exporter and all sandbox operands are not).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "nvidia.com",
+    version = "v1",
+    kind = "ClusterPolicy",
+    plural = "clusterpolicies",
+    singular = "clusterpolicy",
+    status = "ClusterPolicyStatus",
+    doc = "The NVIDIA GPU software stack of the cluster: which operands run on GPU nodes and how. One ClusterPolicy is active; others are marked ignored.",
+    printcolumn = r#"{"name":"Status","type":"string","description":"Overall state: ready, notReady or ignored","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPolicySpec {
+    /// Settings of the operator itself that apply to every operand: default container runtime,
+    /// RuntimeClass name, extra labels and annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<OperatorSpec>,
+    /// Settings shared by every operand DaemonSet: tolerations, priority class, update strategy,
+    /// labels, annotations and pod security context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemonsets: Option<DaemonsetsSpec>,
+    /// The containerised NVIDIA kernel driver (DaemonSet nvidia-driver-daemonset). Deployed
+    /// unless enabled is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverSpec>,
+    /// The NVIDIA Container Toolkit, which configures the node's container runtime for GPUs.
+    /// Deployed unless enabled is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolkit: Option<ToolkitSpec>,
+    /// The NVIDIA device plugin, which advertises nvidia.com/gpu to the kubelet (with optional
+    /// time-slicing or MPS sharing). Deployed unless enabled is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_plugin: Option<DevicePluginSpec>,
+    /// The standalone DCGM host engine (DaemonSet nvidia-dcgm). Deployed unless enabled is
+    /// false; NVIDIA's Helm chart sets it to false by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcgm: Option<DcgmSpec>,
+    /// The DCGM exporter, which publishes GPU metrics for Prometheus. Deployed unless enabled is
+    /// false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcgm_exporter: Option<DcgmExporterSpec>,
+    /// GPU feature discovery, which labels nodes with GPU model, memory, count and sharing
+    /// replicas. Deployed unless enabled is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gfd: Option<GfdSpec>,
+    /// How MIG devices are exposed by the device plugin and GPU feature discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigSpec>,
+    /// The MIG manager, which partitions MIG-capable GPUs according to the nvidia.com/mig.config
+    /// node label. Deployed unless enabled is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_manager: Option<MigManagerSpec>,
+    /// The node status exporter (node-level validation metrics). Deployed only when enabled is
+    /// true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_status_exporter: Option<NodeStatusExporterSpec>,
+    /// The operator validator, which checks driver, toolkit, CUDA and device plugin on every GPU
+    /// node and gates the other operands. Always deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validator: Option<ValidatorSpec>,
+    /// How the Container Device Interface (CDI) is used to give containers access to GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi: Option<CdiConfigSpec>,
+    /// Pod Security Admission: when enabled, the operator labels its namespace so that the
+    /// privileged operand pods are admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psa: Option<PsaSpec>,
+    /// Deprecated and ignored: PodSecurityPolicies no longer exist in Kubernetes. Kept so that
+    /// older policies still apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psp: Option<PspSpec>,
+    /// Host paths the operands need when the node's layout differs from the usual one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_paths: Option<HostPathsSpec>,
+    /// GPUDirect Storage (the nvidia-fs kernel module, a driver sidecar). Off unless enabled is
+    /// true. Not supported by this operator yet: it is stored and reported, nothing is deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gds: Option<GpuDirectStorageSpec>,
+    /// GDRCopy (the gdrdrv kernel module, a driver sidecar). Off unless enabled is true. Not
+    /// supported by this operator yet: it is stored and reported, nothing is deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdrcopy: Option<GdrCopySpec>,
+    /// GPUs for sandboxed workloads (virtual machines). When enabled, nodes can be dedicated to
+    /// VM passthrough or vGPU instead of containers. Not supported by this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_workloads: Option<SandboxWorkloadsSpec>,
+    /// The vGPU host manager (vGPU host driver) for vm-vgpu nodes. Not supported by this operator
+    /// yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu_manager: Option<VgpuManagerSpec>,
+    /// The vGPU device manager, which creates vGPU devices on vm-vgpu nodes. Not supported by
+    /// this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu_device_manager: Option<VgpuDeviceManagerSpec>,
+    /// The VFIO manager, which binds GPUs to vfio-pci on vm-passthrough nodes. Not supported by
+    /// this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio_manager: Option<VfioManagerSpec>,
+    /// The sandbox device plugin, which advertises passthrough GPUs and vGPUs to KubeVirt. Not
+    /// supported by this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_device_plugin: Option<SandboxDevicePluginSpec>,
+    /// The Kata manager, which prepares Kata Containers runtime classes for GPUs. Not supported
+    /// by this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kata_manager: Option<KataManagerSpec>,
+    /// The confidential computing manager, which sets the CC mode of capable GPUs. Not
+    /// supported by this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cc_manager: Option<CcManagerSpec>,
+    /// Node Feature Discovery, deployed by this operator (an addition to NVIDIA's API, where the
+    /// Helm chart deploys it). NFD labels nodes with their PCI devices, which is how GPU nodes
+    /// are found. Deployed unless enabled is false, and skipped when NFD already runs in the
+    /// cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nfd: Option<NfdSpec>,
+}
+
+impl ClusterPolicySpec {
+    /// Whether `component` is to be deployed, following NVIDIA's rules for absent fields
+    /// (see [`Component::enabled_by_default`]). Sandbox operands additionally need
+    /// `sandboxWorkloads.enabled: true`, as in NVIDIA's operator.
+    pub fn is_enabled(&self, component: Component) -> bool {
+        component::is_enabled(self, component)
+    }
+
+    /// Components that the policy turns on but this operator does not deploy yet, in a stable
+    /// order. The status stage reports each of them; their sections are stored untouched.
+    pub fn unsupported_enabled(&self) -> Vec<Component> {
+        Component::ALL
+            .into_iter()
+            .filter(|c| !c.is_supported() && self.is_enabled(*c))
+            .collect()
+    }
+}

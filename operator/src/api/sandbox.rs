@@ -1,0 +1,241 @@
+//! Sandbox (virtual machine) sections: `sandboxWorkloads`, vGPU, VFIO, sandbox device plugin,
+//! Kata and confidential computing managers (types; no IO).
+//!
+//! This operator does not deploy these operands yet. The sections are typed so that policies
+//! written for NVIDIA's operator apply unchanged and read back intact, and so that status can
+//! name an enabled but unsupported section precisely.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::DriverManagerSpec;
+use super::common::{ContainerOverrides, ImageSpec, enabled_or};
+
+/// Kind of workload a GPU node is prepared for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub enum SandboxWorkload {
+    /// Containers (the usual GPU stack).
+    #[serde(rename = "container")]
+    Container,
+    /// Virtual machines with whole GPUs passed through (vfio-pci).
+    #[serde(rename = "vm-passthrough")]
+    VmPassthrough,
+    /// Virtual machines with vGPUs.
+    #[serde(rename = "vm-vgpu")]
+    VmVgpu,
+}
+
+/// Sandbox (virtual machine) workloads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxWorkloadsSpec {
+    /// Manage the extra operands that virtual machine workloads need. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Workload type of nodes that do not choose one with the nvidia.com/gpu.workload.config
+    /// label: container (the default), vm-passthrough or vm-vgpu.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "container"))]
+    pub default_workload: Option<SandboxWorkload>,
+}
+
+impl SandboxWorkloadsSpec {
+    /// Whether sandbox workloads are managed; false when `enabled` is absent.
+    pub fn is_enabled(&self) -> bool {
+        enabled_or(self.enabled, false)
+    }
+}
+
+/// The vGPU host manager.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VgpuManagerSpec {
+    /// Deploy the vGPU manager (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The vGPU manager image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the vGPU manager container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+    /// The k8s-driver-manager init container of the vGPU manager pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_manager: Option<DriverManagerSpec>,
+}
+
+/// The vGPU device manager.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VgpuDeviceManagerSpec {
+    /// Deploy the vGPU device manager (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The vGPU device manager image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the vGPU device manager container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+    /// The vGPU device layouts nodes choose from with the nvidia.com/vgpu.config label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<VgpuDevicesConfigSpec>,
+}
+
+/// The vGPU devices configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct VgpuDevicesConfigSpec {
+    /// Name of a ConfigMap in the operator's namespace with the vGPU device layouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Layout for nodes that do not name one with a label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "default"))]
+    pub default: Option<String>,
+}
+
+/// The VFIO manager.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioManagerSpec {
+    /// Deploy the VFIO manager (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The VFIO manager image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the VFIO manager container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+    /// The k8s-driver-manager init container of the VFIO manager pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_manager: Option<DriverManagerSpec>,
+}
+
+/// The sandbox device plugin.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDevicePluginSpec {
+    /// Deploy the sandbox device plugin (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The sandbox device plugin image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the sandbox device plugin container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+}
+
+/// The Kata manager.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KataManagerSpec {
+    /// Deploy the Kata manager (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Kata runtime classes to prepare.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<KataManagerConfig>,
+    /// The Kata manager image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the Kata manager container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+}
+
+/// Configuration of the Kata manager.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KataManagerConfig {
+    /// Host directory where Kata artifacts (guest kernels, images, configuration) are stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"))]
+    pub artifacts_dir: Option<String>,
+    /// Kata runtime classes to configure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_classes: Option<Vec<KataRuntimeClass>>,
+}
+
+/// One Kata runtime class.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KataRuntimeClass {
+    /// Name of the RuntimeClass.
+    pub name: String,
+    /// Node labels that the RuntimeClass's pods are scheduled by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// The artifacts that belong to this runtime class.
+    pub artifacts: KataArtifacts,
+}
+
+/// Where a Kata runtime class's artifacts come from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KataArtifacts {
+    /// OCI artifact holding everything the runtime class needs.
+    pub url: String,
+    /// Secret used to pull the artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
+}
+
+/// Confidential computing mode of capable GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+#[serde(rename_all = "lowercase")]
+pub enum CcMode {
+    /// Confidential computing on.
+    On,
+    /// Confidential computing off.
+    Off,
+    /// Developer tools mode.
+    Devtools,
+    /// Protected PCIe mode (multi-GPU systems).
+    Ppcie,
+}
+
+/// The confidential computing manager.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CcManagerSpec {
+    /// Deploy the CC manager (needs sandboxWorkloads.enabled). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// CC mode of capable GPUs on nodes that do not choose one with a label: on, off, devtools
+    /// or ppcie.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_mode: Option<CcMode>,
+    /// The CC manager image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the CC manager container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+}
+
+macro_rules! off_by_default {
+    ($($spec:ty),*) => {$(
+        impl $spec {
+            /// Whether this section is switched on; false when `enabled` is absent. Deployment
+            /// also needs `sandboxWorkloads.enabled`.
+            pub fn is_enabled(&self) -> bool {
+                enabled_or(self.enabled, false)
+            }
+        }
+    )*};
+}
+
+off_by_default!(
+    VgpuManagerSpec,
+    VgpuDeviceManagerSpec,
+    VfioManagerSpec,
+    SandboxDevicePluginSpec,
+    KataManagerSpec,
+    CcManagerSpec
+);

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, kwok, helm) from their Go modules into a cache outside the clone, one folder per tool
+# keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
+# Prints the folder holding all binaries (symlinks) as its last line.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache_root=${HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-operator/harness}
+mkdir -p "$cache_root"
+go_version=$(go env GOVERSION)
+
+log() { echo "build.sh: $*" >&2; }
+
+# key TOOL VERSION -> folder name that changes whenever the inputs of the build change
+key() {
+  local tool=$1 version=$2 digest
+  digest=$( { echo "$go_version"; cat "$here/go/$tool/go.mod" "$here/go/$tool/go.sum"; } | sha256sum | cut -c1-12)
+  echo "$tool-$version-$digest"
+}
+
+# build TOOL VERSION LDFLAGS PACKAGE... : builds the packages of wrapper module go/TOOL
+build() {
+  local tool=$1 version=$2 ldflags=$3
+  shift 3
+  local dest tmp started
+  dest="$cache_root/$(key "$tool" "$version")"
+  if [[ -f "$dest/.complete" ]]; then
+    log "$tool $version: cached in $dest"
+    echo "$dest"
+    return
+  fi
+  log "$tool $version: building $* (cold builds take minutes)"
+  started=$(date +%s)
+  tmp=$(mktemp -d "$cache_root/.build-$tool.XXXXXX")
+  (
+    cd "$here/go/$tool"
+    CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly" go build -ldflags "$ldflags" -o "$tmp/" "$@"
+  ) >&2
+  # go build names a /vN module's binary after the element before it: etcd's is "server".
+  if [[ $tool == etcd ]]; then mv "$tmp/server" "$tmp/etcd"; fi
+  touch "$tmp/.complete"
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  log "$tool $version: built in $(( $(date +%s) - started ))s"
+  echo "$dest"
+}
+
+kube_ldflags() {
+  local v=$1 major minor flags="-s -w" pkg
+  major=${v#v}; major=${major%%.*}
+  minor=${v#v*.}; minor=${minor%%.*}
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+dirs=()
+dirs+=("$(build kubernetes "$KUBERNETES_VERSION" "$(kube_ldflags "$KUBERNETES_VERSION")" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)")
+dirs+=("$(build etcd "$ETCD_VERSION" "-s -w" go.etcd.io/etcd/server/v3)")
+dirs+=("$(build kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBERNETES_VERSION#v}" \
+  sigs.k8s.io/kwok/cmd/kwok)")
+dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+  helm.sh/helm/v3/cmd/helm)")
+
+# One folder of symlinks for PATH, itself keyed by the tool folders it points into.
+bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"
+if [[ ! -d "$bin" ]]; then
+  tmp=$(mktemp -d "$cache_root/.bin.XXXXXX")
+  for d in "${dirs[@]}"; do
+    for f in "$d"/*; do ln -s "$f" "$tmp/"; done
+  done
+  mv "$tmp" "$bin"
+fi
+echo "$bin"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the end-to-end tests: starts a harness (tests/cluster/up.sh) with a small fake GPU fleet,
+# runs every test of the e2e crate against it one at a time, and stops it again, also on failure.
+# Extra arguments go to the test binaries (e.g. a test name filter).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cluster=$root/tests/cluster
+# shellcheck source=cluster/lib.sh
+source "$cluster/lib.sh"
+
+# A harness left behind by an interrupted run is stopped first.
+if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
+
+# Build the tests before the harness starts, so compile time is not spent with it running.
+(cd "$root" && cargo test -p e2e --tests --no-run --quiet)
+
+"$cluster/up.sh" >/dev/null
+trap '"$cluster/down.sh"' EXIT
+# shellcheck source=/dev/null
+source "$HARNESS_DIR/env"
+export HARNESS_PORT_BASE
+
+# The standard fleet: 6 GPU nodes (2 each of T4, A100-40GB, H100), half of them tainted like
+# real GPU pools, and one CPU-only node.
+"$cluster/nodes.sh" 3 --prefix gpu
+"$cluster/nodes.sh" 3 --prefix gpu-tainted --taint --cpu-nodes 0
+
+cd "$root"
+cargo test -p e2e --tests -- --test-threads=1 "$@"

@@ -1,0 +1,12 @@
+//! Support for end-to-end tests against the real control plane that `tests/cluster/up.sh`
+//! starts: connecting, fake GPU nodes, the audit log, failure injection and waiting.
+#![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod chaos;
+pub mod cluster;
+pub mod nodes;
+pub mod procs;
+pub mod wait;
+
+pub use cluster::{client, kubectl};

@@ -1,0 +1,347 @@
+//! The ClusterPolicy CRD as the API server serves it: installed from `crds/`, every example
+//! reads back as written (plus the defaults the schema declares), invalid policies are rejected
+//! with messages that name the field, and kubectl shows descriptions and printer columns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use e2e::cluster::{kubectl_output, unique_name};
+use e2e::{client, kubectl, wait};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::wait::conditions;
+use kube::{Client, Error};
+use serde_json::{Value, json};
+
+const FIELD_MANAGER: &str = "e2e-crd-test";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read_yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// YAML files in `dir` whose name starts with `prefix`, sorted.
+fn yaml_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with(prefix) && name.ends_with(".yaml")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+fn cluster_policies(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy");
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "clusterpolicies"),
+    )
+}
+
+/// Applies `crds/nvidia.com_clusterpolicies.yaml` server-side, waits until it is established
+/// and returns its `openAPIV3Schema`.
+async fn install_crd(client: &Client) -> Result<Value> {
+    let path = repo_root().join("crds/nvidia.com_clusterpolicies.yaml");
+    let crd: CustomResourceDefinition = serde_json::from_value(read_yaml(&path))?;
+    let name = crd.metadata.name.clone().context("CRD without a name")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .with_context(|| format!("applying {}", path.display()))?;
+    wait::for_object(
+        api,
+        &name,
+        TIMEOUT,
+        "CRD established",
+        conditions::is_crd_established(),
+    )
+    .await?;
+    let crd = serde_json::to_value(&crd)?;
+    Ok(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone())
+}
+
+/// What the API server's structural defaulting does: a property with a `default` that is
+/// absent from an object present in the data gets the default, and defaulted values are
+/// defaulted in turn.
+fn apply_schema_defaults(value: &mut Value, schema: &Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (key, prop) in props {
+                    if let Some(default) = prop.get("default")
+                        && !map.contains_key(key)
+                    {
+                        map.insert(key.clone(), default.clone());
+                    }
+                }
+                for (key, child) in map.iter_mut() {
+                    if let Some(prop) = props.get(key) {
+                        apply_schema_defaults(child, prop);
+                    }
+                }
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
+                for child in map.values_mut() {
+                    apply_schema_defaults(child, additional);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for item in items {
+                    apply_schema_defaults(item, item_schema);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Paths where two JSON values differ, for a readable failure.
+fn differences(path: &str, expected: &Value, actual: &Value, out: &mut Vec<String>) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for key in e.keys().chain(a.keys().filter(|k| !e.contains_key(*k))) {
+                let child = format!("{path}.{key}");
+                match (e.get(key), a.get(key)) {
+                    (Some(ev), Some(av)) => differences(&child, ev, av, out),
+                    (Some(ev), None) => out.push(format!("{child}: written {ev}, not read back")),
+                    (None, Some(av)) => out.push(format!("{child}: read back {av}, never written")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => {
+            for (i, (ev, av)) in e.iter().zip(a).enumerate() {
+                differences(&format!("{path}[{i}]"), ev, av, out);
+            }
+        }
+        (e, a) if e != a => out.push(format!("{path}: expected {e}, read back {a}")),
+        _ => {}
+    }
+}
+
+async fn delete_quietly(api: &Api<DynamicObject>, name: &str) {
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+#[tokio::test]
+async fn every_example_reads_back_as_written_plus_schema_defaults() {
+    let client = client().await.unwrap();
+    let schema = install_crd(&client).await.unwrap();
+    let api = cluster_policies(&client);
+    let examples = yaml_files(&repo_root().join("examples"), "clusterpolicy-");
+    assert!(examples.len() >= 5, "examples missing: {examples:?}");
+
+    let mut failures = Vec::new();
+    for path in &examples {
+        let mut written = read_yaml(path);
+        let name = unique_name(&format!("e2e-{}", stem(path)));
+        written["metadata"]["name"] = json!(name);
+
+        // Server-side apply with strict field validation: a field the schema does not know
+        // fails the request instead of being pruned silently.
+        let params = PatchParams::apply(FIELD_MANAGER)
+            .force()
+            .validation_strict();
+        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&written)).await {
+            failures.push(format!("{}: not accepted: {e}", stem(path)));
+            continue;
+        }
+        let read = serde_json::to_value(api.get(&name).await.unwrap()).unwrap();
+        delete_quietly(&api, &name).await;
+
+        let mut expected_spec = written["spec"].clone();
+        apply_schema_defaults(&mut expected_spec, &schema["properties"]["spec"]);
+        let mut diffs = Vec::new();
+        differences(".spec", &expected_spec, &read["spec"], &mut diffs);
+        for field in ["labels", "annotations"] {
+            differences(
+                &format!(".metadata.{field}"),
+                &written["metadata"]
+                    .get(field)
+                    .cloned()
+                    .unwrap_or(Value::Null),
+                &read["metadata"].get(field).cloned().unwrap_or(Value::Null),
+                &mut diffs,
+            );
+        }
+        if read["apiVersion"] != json!("nvidia.com/v1") || read["kind"] != json!("ClusterPolicy") {
+            diffs.push(format!("type: {} {}", read["apiVersion"], read["kind"]));
+        }
+        if !diffs.is_empty() {
+            failures.push(format!("{}:\n  {}", stem(path), diffs.join("\n  ")));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "read-back differs:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The `# expect: ...` lines of an invalid policy: substrings the API server's error must contain.
+fn expectations(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("# expect:"))
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn invalid_policies_are_rejected_with_a_message_naming_the_field() {
+    let client = client().await.unwrap();
+    install_crd(&client).await.unwrap();
+    let api = cluster_policies(&client);
+    let cases = yaml_files(&repo_root().join("tests/e2e/testdata/invalid-policies"), "");
+    assert!(cases.len() >= 20, "only {} invalid policies", cases.len());
+
+    let mut failures = Vec::new();
+    for path in &cases {
+        let expected = expectations(path);
+        assert!(
+            !expected.is_empty(),
+            "{} has no `# expect:` line",
+            path.display()
+        );
+        let mut policy = read_yaml(path);
+        let name = unique_name(&format!("e2e-{}", stem(path)));
+        policy["metadata"]["name"] = json!(name);
+        let object: DynamicObject = serde_json::from_value(policy).unwrap();
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {
+                delete_quietly(&api, &name).await;
+                failures.push(format!("{}: accepted", stem(path)));
+            }
+            Err(Error::Api(status)) => {
+                let message = status.message.clone();
+                let missing: Vec<_> = expected
+                    .iter()
+                    .filter(|e| !message.contains(e.as_str()))
+                    .collect();
+                if status.code != 422 || !missing.is_empty() {
+                    failures.push(format!(
+                        "{}: HTTP {} {message:?} lacks {missing:?}",
+                        stem(path),
+                        status.code
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", stem(path))),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test]
+async fn kubectl_explain_teaches_the_device_plugin_config() {
+    let client = client().await.unwrap();
+    install_crd(&client).await.unwrap();
+    // The API server publishes a new CRD's OpenAPI a moment after it is established.
+    let explained = wait::until(
+        TIMEOUT,
+        "kubectl explain clusterpolicy.spec.devicePlugin.config",
+        || async {
+            let output = kubectl()
+                .args(["explain", "clusterpolicy.spec.devicePlugin.config"])
+                .output()
+                .context("running kubectl")?;
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            Ok(if output.status.success() && stdout.contains("FIELDS:") {
+                Ok(stdout)
+            } else {
+                Err(format!(
+                    "{stdout}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                ))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    for text in [
+        "KIND:",
+        "ClusterPolicy",
+        "DESCRIPTION:",
+        "The device plugin configuration",
+        "nvidia.com/device-plugin.config",
+    ] {
+        assert!(
+            explained.contains(text),
+            "{text:?} missing from:\n{explained}"
+        );
+    }
+    for field in ["default", "name"] {
+        let listed = explained.lines().any(|line| {
+            let line = line.trim_start();
+            line.starts_with(field) && line.contains("<string>")
+        });
+        assert!(listed, "field {field} missing from:\n{explained}");
+    }
+}
+
+#[tokio::test]
+async fn kubectl_get_shows_status_and_age() {
+    let client = client().await.unwrap();
+    install_crd(&client).await.unwrap();
+    let api = cluster_policies(&client);
+    let name = unique_name("e2e-get");
+    let policy = json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": {}
+    });
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&policy),
+    )
+    .await
+    .unwrap();
+    let status = json!({"status": {"state": "ready", "namespace": "gpu-operator"}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let bad = json!({"status": {"state": "broken"}});
+    let rejected = api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&bad))
+        .await;
+
+    let table = kubectl_output(&["get", "clusterpolicy", &name]);
+    delete_quietly(&api, &name).await;
+
+    let error = rejected
+        .expect_err("status.state broken accepted")
+        .to_string();
+    assert!(error.contains("status.state"), "{error}");
+    let table = table.unwrap();
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "STATUS", "AGE"], "{table}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..2], [name.as_str(), "ready"], "{table}");
+}
