@@ -12,8 +12,9 @@ source "$cluster/lib.sh"
 # A harness left behind by an interrupted run is stopped first.
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
 
-# Build the tests before the harness starts, so compile time is not spent with it running.
-(cd "$root" && cargo test -p e2e --tests --no-run --quiet)
+# Build the tests and the operator binary they run before the harness starts, so compile time
+# is not spent with it running.
+(cd "$root" && cargo build -p gpu-operator --quiet && cargo test -p e2e --tests --no-run --quiet)
 
 "$cluster/up.sh" >/dev/null
 trap '"$cluster/down.sh"' EXIT

@@ -23,23 +23,237 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator: watch ClusterPolicies and keep every GPU node's operands in place.
+    Run(RunArgs),
     /// Print the CustomResourceDefinitions the operator serves, as YAML (apply with
     /// `kubectl apply --server-side -f -`).
     Crd(CrdArgs),
+    /// Print every object the operator would apply for a ClusterPolicy, as multi-document
+    /// YAML (for review and GitOps). Cluster facts come from the flags; no cluster is contacted
+    /// and owner references are left out.
+    Render(RenderArgs),
+    /// Print the operator's ClusterRole `gpu-operator`: what the controller needs plus every
+    /// permission it grants to operands (Kubernetes rejects grants the granter lacks).
+    Rbac(RbacArgs),
+}
+
+/// Arguments of `gpu-operator run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Namespace the operator runs in and deploys operands to.
+    #[arg(long, env = "OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "METRICS_ADDR")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Hold a Lease so only one replica reconciles (turn off only for a single replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease in the operator namespace.
+    #[arg(long, default_value = "gpu-operator-leader")]
+    pub lease_name: String,
+    /// Seconds a leader's Lease stays valid without renewal (a standby takes over after it).
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Identity in the Lease (default: POD_NAME, else hostname and pid).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Seconds a node's NFD GPU label must stay gone before the node is unmarked (NFD restarts
+    /// remove and re-add labels).
+    #[arg(long, default_value_t = 60)]
+    pub gpu_label_grace_seconds: u64,
+    /// Log as JSON lines (as in a cluster) instead of text.
+    #[arg(long, env = "LOG_JSON")]
+    pub json_logs: bool,
 }
 
 /// Arguments of `gpu-operator crd` (none yet).
 #[derive(Debug, Args)]
 pub struct CrdArgs {}
 
+/// Container runtime of the GPU nodes, as `render` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeArg {
+    Containerd,
+    #[value(name = "cri-o")]
+    CriO,
+    Docker,
+}
+
+impl From<RuntimeArg> for crate::facts::Runtime {
+    fn from(arg: RuntimeArg) -> Self {
+        match arg {
+            RuntimeArg::Containerd => crate::facts::Runtime::Containerd,
+            RuntimeArg::CriO => crate::facts::Runtime::CriO,
+            RuntimeArg::Docker => crate::facts::Runtime::Docker,
+        }
+    }
+}
+
+/// Arguments of `gpu-operator render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The ClusterPolicy, as a YAML file.
+    #[arg(short = 'f', long = "filename", value_name = "POLICY")]
+    pub file: std::path::PathBuf,
+    /// Container runtime of the GPU nodes (default containerd; cri-o with --openshift).
+    #[arg(long, value_enum)]
+    pub runtime: Option<RuntimeArg>,
+    /// Render for OpenShift (SecurityContextConstraints, CRI-O).
+    #[arg(long)]
+    pub openshift: bool,
+    /// OS of the GPU nodes as NFD reports it, `<ID><VERSION_ID>` (for example ubuntu22.04):
+    /// the driver image tag's suffix. Without it the driver is not rendered unless its image
+    /// is pinned by digest.
+    #[arg(long, value_name = "TAG")]
+    pub os_tag: Option<String>,
+    /// Namespace of the operator and its operands.
+    #[arg(long, default_value = "gpu-operator")]
+    pub namespace: String,
+    /// Render ServiceMonitors as if the Prometheus Operator's API were served.
+    #[arg(long)]
+    pub service_monitor: bool,
+    /// Render as if node-feature-discovery already ran (no NFD of our own).
+    #[arg(long)]
+    pub nfd_running: bool,
+    /// The ConfigMap (YAML file) that devicePlugin.config.name names.
+    #[arg(long, value_name = "FILE")]
+    pub sharing_config: Option<std::path::PathBuf>,
+    /// The ConfigMap (YAML file) that migManager.config.name names.
+    #[arg(long, value_name = "FILE")]
+    pub mig_config: Option<std::path::PathBuf>,
+    /// The ConfigMap (YAML file) that dcgmExporter.config.name names.
+    #[arg(long, value_name = "FILE")]
+    pub dcgm_metrics: Option<std::path::PathBuf>,
+    /// ConfigMaps (YAML files, several documents allowed), each used for whichever field of
+    /// the policy names it; repeatable.
+    #[arg(long = "config-map", value_name = "FILE")]
+    pub config_maps: Vec<std::path::PathBuf>,
+}
+
+/// Arguments of `gpu-operator rbac`.
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// Also print a ClusterRoleBinding to ServiceAccount gpu-operator in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+}
+
+fn read_yaml_documents<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<T>> {
+    use serde::Deserialize as _;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value = serde_yaml_ng::Value::deserialize(document)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        if value.is_null() {
+            continue;
+        }
+        out.push(
+            serde_yaml_ng::from_value(value)
+                .with_context(|| format!("parsing {}", path.display()))?,
+        );
+    }
+    Ok(out)
+}
+
+fn read_one_config_map(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<k8s_openapi::api::core::v1::ConfigMap>> {
+    let Some(path) = path else { return Ok(None) };
+    let mut docs = read_yaml_documents(path)?;
+    anyhow::ensure!(
+        docs.len() == 1,
+        "{} must hold exactly one ConfigMap",
+        path.display()
+    );
+    Ok(docs.pop())
+}
+
+impl RenderArgs {
+    /// The policy and facts these arguments describe (reads the files).
+    pub fn inputs(&self) -> anyhow::Result<(api::ClusterPolicy, crate::facts::ClusterFacts)> {
+        use crate::render::inputs::{RenderOptions, facts_for};
+        let mut policies: Vec<api::ClusterPolicy> = read_yaml_documents(&self.file)?;
+        anyhow::ensure!(
+            policies.len() == 1,
+            "{} must hold exactly one ClusterPolicy",
+            self.file.display()
+        );
+        let policy = policies.remove(0);
+        let mut config_maps = Vec::new();
+        for path in &self.config_maps {
+            config_maps.extend(read_yaml_documents(path)?);
+        }
+        let options = RenderOptions {
+            namespace: self.namespace.clone(),
+            runtime: self.runtime.map(Into::into),
+            openshift: self.openshift,
+            os_tag: self.os_tag.clone(),
+            service_monitor_api: self.service_monitor,
+            nfd_running: self.nfd_running,
+            sharing_config: read_one_config_map(self.sharing_config.as_deref())?,
+            mig_config: read_one_config_map(self.mig_config.as_deref())?,
+            dcgm_metrics: read_one_config_map(self.dcgm_metrics.as_deref())?,
+            config_maps,
+        };
+        let facts = facts_for(&policy, &options)?;
+        Ok((policy, facts))
+    }
+}
+
 impl Cli {
     /// Runs the parsed command, writing its output to `out`.
     pub fn run(self, out: &mut dyn Write) -> anyhow::Result<()> {
         match self.command {
+            Command::Run(args) => {
+                let options = crate::run::RunOptions {
+                    namespace: args.namespace,
+                    metrics_addr: args.metrics_addr,
+                    leader_elect: args.leader_elect,
+                    lease_name: args.lease_name,
+                    lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds),
+                    identity: args.identity,
+                    gpu_label_grace: std::time::Duration::from_secs(args.gpu_label_grace_seconds),
+                    json_logs: args.json_logs,
+                };
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .context("starting the async runtime")?;
+                runtime.block_on(crate::run::run(options))
+            }
             Command::Crd(CrdArgs {}) => {
                 let yaml = api::crd::crd_yaml().context("serialising the ClusterPolicy CRD")?;
                 out.write_all(yaml.as_bytes())
                     .context("writing the CRD to standard output")?;
+                Ok(())
+            }
+            Command::Render(args) => {
+                let (policy, facts) = args.inputs()?;
+                let yaml = crate::render::inputs::render_yaml(&policy, &facts)
+                    .context("serialising the rendered objects")?;
+                out.write_all(yaml.as_bytes())
+                    .context("writing the objects to standard output")?;
+                Ok(())
+            }
+            Command::Rbac(RbacArgs { namespace }) => {
+                use crate::render::rbac;
+                let mut yaml = serde_yaml_ng::to_string(&rbac::operator_cluster_role())
+                    .context("serialising the ClusterRole")?;
+                if let Some(namespace) = namespace {
+                    yaml.push_str("---\n");
+                    yaml.push_str(
+                        &serde_yaml_ng::to_string(&rbac::operator_cluster_role_binding(&namespace))
+                            .context("serialising the ClusterRoleBinding")?,
+                    );
+                }
+                out.write_all(yaml.as_bytes())
+                    .context("writing the ClusterRole to standard output")?;
                 Ok(())
             }
         }

@@ -3,3 +3,12 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
+pub mod facts;
+pub mod http;
+pub mod metrics;
+pub mod nodes;
+pub mod render;
+pub mod run;
+pub mod sharing;
+pub mod validate;

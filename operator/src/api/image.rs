@@ -18,7 +18,7 @@ use super::common::ImageSpec;
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// Each image a ClusterPolicy can name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ImageKind {
     /// `spec.driver` (the render stage appends the node's OS suffix to a tag).
     Driver,

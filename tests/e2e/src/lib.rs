@@ -6,6 +6,7 @@ pub mod audit;
 pub mod chaos;
 pub mod cluster;
 pub mod nodes;
+pub mod operator;
 pub mod procs;
 pub mod wait;
 

@@ -1,0 +1,517 @@
+//! Apply stage (IO): server-side apply of the desired objects with one field manager, in a
+//! fixed order, skipping every object whose live form already holds each field we set
+//! (decision 9); then pruning of owned objects that were not rendered, per operand, only for
+//! operands that rendered or were disabled (never for invalid ones, decision 8).
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::stores::Stores;
+use crate::render::{DesiredState, MANAGER, OPERAND_LABEL, OperandObjects, Outcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("applying {kind} {name}: {source}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting {kind} {name}: {source}")]
+    Delete {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("serialising {kind} {name}: {source}")]
+    Serialize {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What one apply pass did, for logs, metrics and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub applied: Vec<String>,
+    pub unchanged: usize,
+    pub pruned: Vec<String>,
+}
+
+/// Whether every field set in `desired` has the same value in `live`. Maps are compared key by
+/// key (live may have more: server defaults, other managers); lists element by element and
+/// must have the same length (a list we set is ours as a whole). A zero value we set (`""`,
+/// `false`, `0`, empty list or map) matches an absent field: the API server omits them.
+pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d.iter().all(|(k, dv)| match l.get(k) {
+            Some(lv) => is_subset(dv, lv),
+            None => is_zero(dv),
+        }),
+        (Value::Array(d), Value::Array(l)) => {
+            d.len() == l.len() && d.iter().zip(l).all(|(dv, lv)| is_subset(dv, lv))
+        }
+        // An empty map or list we set and the server dropped is equal to absent.
+        (Value::Null, _) => true,
+        (d, l) => d == l,
+    }
+}
+
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_zero),
+    }
+}
+
+/// The JSON path of the first field of `desired` that `live` does not hold (for debug logs:
+/// an object that is re-applied on every pass shows why here).
+pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, dv)| match l.get(k) {
+            Some(lv) => first_difference(dv, lv, &format!("{path}.{k}")),
+            None if is_zero(dv) => None,
+            None => Some(format!("{path}.{k} (absent live)")),
+        }),
+        (Value::Array(d), Value::Array(l)) if d.len() == l.len() => d
+            .iter()
+            .zip(l)
+            .enumerate()
+            .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]"))),
+        (Value::Array(d), Value::Array(l)) => {
+            Some(format!("{path} (length {} vs {} live)", d.len(), l.len()))
+        }
+        (Value::Null, _) => None,
+        (d, l) if d == l => None,
+        (d, l) => Some(format!("{path}: {d} vs {l} live")),
+    }
+}
+
+/// The fields of `desired` to compare: everything but status and the metadata the server owns.
+fn comparable<K: Serialize>(desired: &K) -> Result<Value, serde_json::Error> {
+    let mut value = serde_json::to_value(desired)?;
+    if let Value::Object(map) = &mut value {
+        map.remove("status");
+    }
+    Ok(value)
+}
+
+/// How to reach the API of a typed kind: namespaced kinds in the object's namespace, cluster
+/// kinds at the root.
+pub trait ScopedApi: Resource<DynamicType = ()> + Sized {
+    fn api(client: &Client, namespace: Option<&str>) -> Api<Self>;
+}
+
+macro_rules! namespaced_api {
+    ($($kind:ty),*) => {$(
+        impl ScopedApi for $kind {
+            fn api(client: &Client, namespace: Option<&str>) -> Api<Self> {
+                Api::namespaced(client.clone(), namespace.unwrap_or_default())
+            }
+        }
+    )*};
+}
+
+macro_rules! cluster_api {
+    ($($kind:ty),*) => {$(
+        impl ScopedApi for $kind {
+            fn api(client: &Client, _namespace: Option<&str>) -> Api<Self> {
+                Api::all(client.clone())
+            }
+        }
+    )*};
+}
+
+namespaced_api!(
+    ServiceAccount,
+    Role,
+    RoleBinding,
+    ConfigMap,
+    Service,
+    DaemonSet,
+    Deployment
+);
+cluster_api!(ClusterRole, ClusterRoleBinding, RuntimeClass);
+
+fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
+}
+
+struct Applier<'a> {
+    client: &'a Client,
+    params: PatchParams,
+    report: ApplyReport,
+    desired_keys: BTreeSet<String>,
+}
+
+impl Applier<'_> {
+    async fn apply<K>(&mut self, objects: &[K], live: &Store<K>) -> Result<(), ApplyError>
+    where
+        K: ScopedApi + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        for obj in objects {
+            let name = obj.name_any();
+            let kind = kind_name::<K>();
+            self.desired_keys.insert(key(obj));
+            let mut object_ref = ObjectRef::<K>::new(&name);
+            if let Some(ns) = obj.namespace() {
+                object_ref = object_ref.within(&ns);
+            }
+            let desired = comparable(obj).map_err(|source| ApplyError::Serialize {
+                kind,
+                name: name.clone(),
+                source,
+            })?;
+            if let Some(current) = live.get(&object_ref) {
+                let current = serde_json::to_value(current.as_ref()).map_err(|source| {
+                    ApplyError::Serialize {
+                        kind,
+                        name: name.clone(),
+                        source,
+                    }
+                })?;
+                if is_subset(&desired, &current) {
+                    self.report.unchanged += 1;
+                    continue;
+                }
+                tracing::debug!(kind, name = %name, difference = ?first_difference(&desired, &current, ""), "live object differs");
+            }
+            let api = K::api(self.client, obj.namespace().as_deref());
+            api.patch(&name, &self.params, &Patch::Apply(obj))
+                .await
+                .map_err(|source| ApplyError::Apply {
+                    kind,
+                    name: name.clone(),
+                    source,
+                })?;
+            self.report.applied.push(key(obj));
+        }
+        Ok(())
+    }
+
+    /// Objects of APIs without a store (ServiceMonitor, SCC) are applied on every pass that
+    /// renders them; they exist only where those optional APIs are served.
+    async fn apply_dynamic(&mut self, objects: &[DynamicObject]) -> Result<(), ApplyError> {
+        for obj in objects {
+            let Some(types) = obj.types.clone() else {
+                continue;
+            };
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", types.api_version.as_str()));
+            let gvk = kube::core::GroupVersionKind::gvk(group, version, &types.kind);
+            let resource = kube::core::ApiResource::from_gvk(&gvk);
+            let name = obj.name_any();
+            self.desired_keys.insert(format!(
+                "{}/{}/{}",
+                types.kind,
+                obj.namespace().unwrap_or_default(),
+                name
+            ));
+            let api: Api<DynamicObject> = match obj.namespace() {
+                Some(ns) => Api::namespaced_with(self.client.clone(), &ns, &resource),
+                None => Api::all_with(self.client.clone(), &resource),
+            };
+            api.patch(&name, &self.params, &Patch::Apply(obj))
+                .await
+                .map_err(|source| ApplyError::Apply {
+                    kind: "dynamic",
+                    name: name.clone(),
+                    source,
+                })?;
+            self.report.applied.push(format!("{}/{name}", types.kind));
+        }
+        Ok(())
+    }
+
+    async fn apply_operand(
+        &mut self,
+        objects: &OperandObjects,
+        stores: &Stores,
+    ) -> Result<(), ApplyError> {
+        // Destructured without `..`: a new kind in OperandObjects must be applied here.
+        let OperandObjects {
+            service_accounts,
+            cluster_roles,
+            cluster_role_bindings,
+            roles,
+            role_bindings,
+            config_maps,
+            runtime_classes,
+            services,
+            daemon_sets,
+            deployments,
+            dynamic,
+        } = objects;
+        self.apply(service_accounts, &stores.service_accounts)
+            .await?;
+        self.apply(cluster_roles, &stores.cluster_roles).await?;
+        self.apply(cluster_role_bindings, &stores.cluster_role_bindings)
+            .await?;
+        self.apply(roles, &stores.roles).await?;
+        self.apply(role_bindings, &stores.role_bindings).await?;
+        self.apply(config_maps, &stores.config_maps).await?;
+        self.apply(runtime_classes, &stores.runtime_classes).await?;
+        self.apply(services, &stores.services).await?;
+        self.apply(daemon_sets, &stores.daemon_sets).await?;
+        self.apply(deployments, &stores.deployments).await?;
+        self.apply_dynamic(dynamic).await?;
+        Ok(())
+    }
+}
+
+fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
+    // Resource::kind returns a Cow of a static str for typed resources.
+    match K::kind(&()) {
+        std::borrow::Cow::Borrowed(s) => s,
+        std::borrow::Cow::Owned(_) => "object",
+    }
+}
+
+/// Applies every rendered operand in order, then prunes. `owner_uid` is the active policy's
+/// UID: only objects it owns are pruned. Stops at the first error (the reconcile retries with
+/// backoff).
+pub async fn apply(
+    client: &Client,
+    desired: &DesiredState,
+    stores: &Stores,
+    owner_uid: Option<&str>,
+) -> Result<ApplyReport, ApplyError> {
+    let mut applier = Applier {
+        client,
+        params: PatchParams::apply(MANAGER).force(),
+        report: ApplyReport::default(),
+        desired_keys: BTreeSet::new(),
+    };
+    for state in &desired.operands {
+        if let Outcome::Rendered(objects) = &state.outcome {
+            applier.apply_operand(objects, stores).await?;
+        }
+    }
+    let mut report = applier.report;
+    report.pruned = prune(client, desired, stores, &applier.desired_keys, owner_uid).await?;
+    Ok(report)
+}
+
+/// Names of operands whose leftovers may be pruned: rendered or disabled ones.
+fn prunable(desired: &DesiredState) -> BTreeSet<&'static str> {
+    desired
+        .operands
+        .iter()
+        .filter(|s| !matches!(s.outcome, Outcome::Invalid(_)))
+        .map(|s| s.operand.name())
+        .collect()
+}
+
+async fn prune(
+    client: &Client,
+    desired: &DesiredState,
+    stores: &Stores,
+    keep: &BTreeSet<String>,
+    owner: Option<&str>,
+) -> Result<Vec<String>, ApplyError> {
+    let operands = prunable(desired);
+    let mut pruned = Vec::new();
+    // Reverse apply order: workloads first, then what they use.
+    prune_kind(
+        client,
+        &stores.deployments,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.daemon_sets,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.services,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.runtime_classes,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.config_maps,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.role_bindings,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(client, &stores.roles, &operands, keep, owner, &mut pruned).await?;
+    prune_kind(
+        client,
+        &stores.cluster_role_bindings,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.cluster_roles,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    prune_kind(
+        client,
+        &stores.service_accounts,
+        &operands,
+        keep,
+        owner,
+        &mut pruned,
+    )
+    .await?;
+    Ok(pruned)
+}
+
+/// Deletes live objects of kind `K` that belong to a prunable operand, are owned by the active
+/// policy (when its UID is known), and were not rendered in this pass.
+async fn prune_kind<K>(
+    client: &Client,
+    live: &Store<K>,
+    operands: &BTreeSet<&'static str>,
+    keep: &BTreeSet<String>,
+    owner: Option<&str>,
+    pruned: &mut Vec<String>,
+) -> Result<(), ApplyError>
+where
+    K: ScopedApi + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    for obj in live.state() {
+        let Some(operand) = obj.labels().get(OPERAND_LABEL) else {
+            continue;
+        };
+        if !operands.contains(operand.as_str()) || keep.contains(&key(obj.as_ref())) {
+            continue;
+        }
+        if let Some(uid) = owner
+            && !obj.owner_references().iter().any(|r| r.uid == uid)
+        {
+            continue;
+        }
+        if obj.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = obj.name_any();
+        let api = K::api(client, obj.namespace().as_deref());
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => pruned.push(key(obj.as_ref())),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError::Delete {
+                    kind: kind_name::<K>(),
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn server_defaults_and_foreign_fields_do_not_count_as_differences() {
+        let desired =
+            json!({"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}});
+        let live = json!({"spec": {"revisionHistoryLimit": 10, "template": {"spec": {"containers": [
+            {"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}]}}}});
+        assert!(is_subset(&desired, &live));
+    }
+
+    #[test]
+    fn a_changed_value_or_a_missing_field_is_a_difference() {
+        let desired = json!({"metadata": {"labels": {"a": "1"}}, "data": {"k": "v"}});
+        assert!(!is_subset(
+            &desired,
+            &json!({"metadata": {"labels": {"a": "2"}}, "data": {"k": "v"}})
+        ));
+        assert!(!is_subset(
+            &desired,
+            &json!({"metadata": {"labels": {}}, "data": {"k": "v"}})
+        ));
+    }
+
+    #[test]
+    fn zero_values_the_server_omits_match_absent_fields() {
+        let desired = json!({"env": [{"name": "A", "value": ""}], "hostNetwork": false, "x": {}});
+        assert!(is_subset(&desired, &json!({"env": [{"name": "A"}]})));
+        assert!(!is_subset(
+            &json!({"env": [{"name": "A", "value": "1"}]}),
+            &json!({"env": [{"name": "A"}]})
+        ));
+    }
+
+    #[test]
+    fn lists_must_match_element_by_element() {
+        let desired = json!({"args": ["a", "b"]});
+        assert!(is_subset(&desired, &json!({"args": ["a", "b"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["a"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["a", "b", "c"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["b", "a"]})));
+    }
+}

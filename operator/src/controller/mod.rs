@@ -1,0 +1,540 @@
+//! The controller (IO): one kube-runtime controller over `ClusterPolicy` whose reconcile is the
+//! pipeline resolve -> validate -> render -> apply -> status.
+//!
+//! Guarantees and caveats:
+//! - One loop, one pass at a time: every watch of decision 10 (policies included) feeds one
+//!   trigger stream; bursts are coalesced and each wake-up reconciles every policy in turn. The
+//!   singleton rule makes every policy but the oldest a cheap no-op that only keeps its
+//!   `ignored` status. There is a single key, so kube-runtime's `Controller` (per-object queues,
+//!   and `owns`, which keys a cluster-scoped owner with the child's namespace and could run the
+//!   active policy twice at once) buys nothing here; its watchers and reflectors do the caching.
+//! - The reconcile reads caches, never lists: stores are awaited before the first pass so a
+//!   restart with nothing changed writes nothing (decision 9).
+//! - Invalid input for one operand freezes that operand (not applied, not pruned) and is
+//!   reported; the others proceed (decision 8). Resolve errors prune nothing.
+//! - No timer while steady: a pass requeues only while something is not ready, or when a node's
+//!   vanished GPU label reaches its grace period.
+
+mod apply;
+mod labeller;
+mod resolve;
+pub mod status;
+pub mod stores;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+pub use apply::is_subset;
+use resolve::{Discovered, Resolver};
+use stores::Stores;
+
+use crate::api::{ClusterPolicy, ClusterPolicyStatus, State};
+use crate::metrics::Metrics;
+use crate::nodes::GpuLabelLoss;
+use crate::render::{self, Outcome};
+use crate::validate;
+
+/// Settings of `gpu-operator run` that the reconcile uses.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub namespace: String,
+    /// How long a node's NFD GPU label must stay gone before the node is unmarked.
+    pub gpu_label_grace: Duration,
+    /// Requeue interval while something is not ready.
+    pub not_ready_requeue: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("resolving cluster facts: {0}")]
+    Resolve(#[source] kube::Error),
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    #[error("patching status of ClusterPolicy {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("labelling nodes: {0}")]
+    Labels(#[source] kube::Error),
+}
+
+impl Error {
+    /// Short stable reason for events and metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Resolve(_) => "ResolveFailed",
+            Error::Apply(_) => "ApplyFailed",
+            Error::Status { .. } => "StatusFailed",
+            Error::Labels(_) => "LabelFailed",
+        }
+    }
+}
+
+pub struct Context {
+    client: Client,
+    settings: Settings,
+    stores: Stores,
+    policies: Store<DeserializeGuard<ClusterPolicy>>,
+    resolver: Resolver,
+    label_loss: Mutex<GpuLabelLoss>,
+    recorder: Recorder,
+    metrics: Metrics,
+    /// Failures of the previous pass, shown in status until a pass succeeds.
+    last_failure: Mutex<Option<String>>,
+}
+
+/// The policy that is in force: the oldest decodable one, name breaking ties.
+fn active_policy(policies: &Store<DeserializeGuard<ClusterPolicy>>) -> Option<Arc<ClusterPolicy>> {
+    let mut all: Vec<ClusterPolicy> = policies
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok().cloned())
+        .collect();
+    all.sort_by(|a, b| {
+        let key = |p: &ClusterPolicy| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    all.into_iter().next().map(Arc::new)
+}
+
+async fn patch_status(
+    client: &Client,
+    policy: &ClusterPolicy,
+    status: &ClusterPolicyStatus,
+) -> Result<(), Error> {
+    let api: Api<ClusterPolicy> = Api::all(client.clone());
+    api.patch_status(
+        &policy.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: policy.name_any(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Why pods of a not-ready DaemonSet are not ready, from a bounded on-demand list of its pods
+/// (the operator never watches Pods): e.g. `gpu-t4-0: CrashLoopBackOff`.
+async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
+    let namespace = ds.namespace()?;
+    let selector = ds.spec.as_ref()?.selector.match_labels.as_ref()?;
+    let selector = selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&selector).limit(200))
+        .await
+        .ok()?;
+    let mut problems: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let ready = status
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                return None;
+            }
+            let node = pod
+                .spec
+                .as_ref()?
+                .node_name
+                .clone()
+                .unwrap_or_else(|| "unscheduled".into());
+            let why = status
+                .container_statuses
+                .iter()
+                .chain(status.init_container_statuses.iter())
+                .flatten()
+                .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+                .or_else(|| status.phase.clone())
+                .unwrap_or_else(|| "not ready".into());
+            Some(format!("{node}: {why}"))
+        })
+        .collect();
+    problems.sort();
+    const SHOWN: usize = 5;
+    let more = problems.len().saturating_sub(SHOWN);
+    problems.truncate(SHOWN);
+    if problems.is_empty() {
+        return None;
+    }
+    let mut text = format!(
+        "not ready on {} node(s): {}",
+        problems.len() + more,
+        problems.join(", ")
+    );
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    Some(text)
+}
+
+/// When a policy wants to be looked at again without a watch event: `None` waits for one.
+type Requeue = Option<Duration>;
+
+async fn reconcile(
+    guard: &DeserializeGuard<ClusterPolicy>,
+    ctx: &Context,
+) -> Result<Requeue, Error> {
+    let started = Instant::now();
+    let Ok(policy) = guard.0.as_ref() else {
+        // An object the API server accepted but we cannot decode (an older or foreign CRD):
+        // reported once in the log; nothing to do until it changes.
+        if let Err(e) = &guard.0 {
+            tracing::error!(error = %e, "ClusterPolicy cannot be decoded; ignoring it until it changes");
+        }
+        return Ok(None);
+    };
+    let name = policy.name_any();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+
+    let Some(active) = active_policy(&ctx.policies) else {
+        return Ok(None);
+    };
+    if active.name_any() != name {
+        let status = status::ignored(
+            &active.name_any(),
+            &ctx.settings.namespace,
+            policy.metadata.generation,
+            policy.status.as_ref(),
+            now,
+        );
+        if status::differs(policy.status.as_ref(), &status) {
+            patch_status(&ctx.client, policy, &status).await?;
+            publish(
+                ctx,
+                policy,
+                EventType::Warning,
+                "Ignored",
+                format!(
+                    "ClusterPolicy {} is active; this one is ignored",
+                    active.name_any()
+                ),
+            )
+            .await;
+        }
+        return Ok(None);
+    }
+
+    let result = run_pass(policy, ctx, now.clone()).await;
+    ctx.metrics
+        .observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::reason));
+    match result {
+        Ok(action) => {
+            if let Ok(mut f) = ctx.last_failure.lock() {
+                *f = None;
+            }
+            Ok(action)
+        }
+        Err(e) => {
+            tracing::warn!(policy = %name, error = %e, "reconcile failed");
+            if let Ok(mut f) = ctx.last_failure.lock() {
+                *f = Some(e.to_string());
+            }
+            // Show the failure in status (best effort; the error itself drives the backoff).
+            let _ = report_failure(policy, ctx, &e, now).await;
+            Err(e)
+        }
+    }
+}
+
+async fn report_failure(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    error: &Error,
+    now: Time,
+) -> Result<(), Error> {
+    let mut status = policy.status.clone().unwrap_or_default();
+    let failed = status::compute(&status::StatusInputs {
+        generation: policy.metadata.generation,
+        namespace: &ctx.settings.namespace,
+        desired: &render::DesiredState::default(),
+        daemon_sets: &BTreeMap::new(),
+        deployments: &BTreeMap::new(),
+        nodes: &[],
+        failures: &[error.to_string()],
+        notes: &[],
+        diagnoses: &BTreeMap::new(),
+        previous: policy.status.as_ref(),
+        now,
+    });
+    // Keep the component list of the last successful pass.
+    status.state = failed.state;
+    status.conditions = failed.conditions;
+    status.namespace = failed.namespace;
+    if status::differs(policy.status.as_ref(), &status) {
+        patch_status(&ctx.client, policy, &status).await?;
+    }
+    Ok(())
+}
+
+async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
+    // Nodes first: the deploy labels decide where operands run.
+    let nodes = ctx.stores.nodes.snapshot();
+    let grace_deadline = labeller::label_nodes(
+        &ctx.client,
+        &nodes,
+        &ctx.label_loss,
+        ctx.settings.gpu_label_grace,
+    )
+    .await
+    .map_err(Error::Labels)?;
+
+    let coexistence = ctx.resolver.discovered.coexistence_problems();
+    let resolved = ctx
+        .resolver
+        .resolve(policy, &ctx.stores, &nodes)
+        .await
+        .map_err(Error::Resolve)?;
+    let mut validated = validate::validate(policy, &resolved.facts);
+    validated.invalid.extend(resolved.problems);
+    let desired = render::render(&validated, &resolved.facts);
+
+    // With NVIDIA's operator live, stand aside: report, change nothing (decision 14).
+    if ctx.resolver.discovered.nvidia_operator.is_none() {
+        let owner_uid = policy.meta().uid.clone();
+        let report = apply::apply(&ctx.client, &desired, &ctx.stores, owner_uid.as_deref()).await?;
+        if !report.applied.is_empty() || !report.pruned.is_empty() {
+            tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
+        }
+    }
+
+    let daemon_sets: BTreeMap<String, DaemonSet> = ctx
+        .stores
+        .daemon_sets
+        .state()
+        .iter()
+        .map(|d| (d.name_any(), d.as_ref().clone()))
+        .collect();
+    let deployments: BTreeMap<String, Deployment> = ctx
+        .stores
+        .deployments
+        .state()
+        .iter()
+        .map(|d| (d.name_any(), d.as_ref().clone()))
+        .collect();
+    let mut diagnoses = BTreeMap::new();
+    for ds in daemon_sets.values() {
+        let s = ds.status.clone().unwrap_or_default();
+        if s.number_available.unwrap_or(0) < s.desired_number_scheduled
+            && let Some(d) = diagnose(&ctx.client, ds).await
+        {
+            diagnoses.insert(ds.name_any(), d);
+        }
+    }
+    let mut notes = resolved.notes;
+    notes.extend(policy.spec.unsupported_enabled().iter().map(|c| {
+        format!(
+            "{} is enabled but not supported by this operator yet; nothing is deployed for it",
+            c.spec_key()
+        )
+    }));
+    let status = status::compute(&status::StatusInputs {
+        generation: policy.metadata.generation,
+        namespace: &ctx.settings.namespace,
+        desired: &desired,
+        daemon_sets: &daemon_sets,
+        deployments: &deployments,
+        nodes: &nodes,
+        failures: &coexistence,
+        notes: &notes,
+        diagnoses: &diagnoses,
+        previous: policy.status.as_ref(),
+        now,
+    });
+    ctx.metrics.observe_state(
+        nodes.iter().filter(|n| n.is_gpu_node()).count(),
+        status
+            .components
+            .iter()
+            .flatten()
+            .filter(|c| c.desired > 0 && c.available == c.desired)
+            .count(),
+    );
+    let previous_state = policy.status.as_ref().map(|s| s.state);
+    if status::differs(policy.status.as_ref(), &status) {
+        patch_status(&ctx.client, policy, &status).await?;
+    }
+    if previous_state != Some(status.state) {
+        let message = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == status::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let (kind, reason) = match status.state {
+            State::Ready => (EventType::Normal, "Ready"),
+            _ => (EventType::Warning, "NotReady"),
+        };
+        publish(ctx, policy, kind, reason, message).await;
+    }
+
+    // An invalid config waits for the user's fix (its ConfigMap or the policy changes);
+    // anything else not ready is looked at again after a while.
+    let invalid = desired
+        .operands
+        .iter()
+        .any(|s| matches!(s.outcome, Outcome::Invalid(_)));
+    let not_ready =
+        (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
+    let grace = grace_deadline
+        .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
+    Ok(not_ready.into_iter().chain(grace).min())
+}
+
+async fn publish(
+    ctx: &Context,
+    policy: &ClusterPolicy,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+/// Runs the controller until `shutdown` resolves; the pass in flight is finished first.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let discovered = Discovered::probe(&client).await?;
+    tracing::info!(?discovered, namespace = %settings.namespace, "starting controller");
+    let (stores, triggers) = Stores::start(&client, &settings.namespace);
+    let (policies, policy_changes) = stores::watched(
+        Api::<DeserializeGuard<ClusterPolicy>>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let mut triggers = futures::stream::select(triggers, policy_changes).boxed();
+
+    // Fill every cache before the first pass, so it compares against the real cluster.
+    let ready = async {
+        stores.wait_until_ready().await?;
+        policies.wait_until_ready().await?;
+        stores.nodes.wait_until_ready().await;
+        Ok::<_, kube::runtime::reflector::store::WriterDropped>(())
+    };
+    let pump = async { while triggers.next().await.is_some() {} };
+    tokio::select! {
+        done = ready => done?,
+        () = pump => anyhow::bail!("watches ended before the caches were filled"),
+    }
+    tracing::info!(
+        nodes = stores.nodes.len(),
+        policies = policies.len(),
+        "caches ready"
+    );
+
+    let ctx = Context {
+        resolver: Resolver::new(
+            client.clone(),
+            settings.namespace.clone(),
+            discovered,
+            resolve::image_env_from_process(),
+        ),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-operator".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        client,
+        settings,
+        stores,
+        policies,
+        label_loss: Mutex::default(),
+        metrics,
+        last_failure: Mutex::default(),
+    };
+
+    let mut shutdown = std::pin::pin!(shutdown.fuse());
+    let mut failures: u32 = 0;
+    let mut wake_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
+    loop {
+        let sleep = async {
+            match wake_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => break,
+            event = triggers.next() => if event.is_none() {
+                anyhow::bail!("the watches ended");
+            },
+            () = sleep => {},
+        }
+        // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
+        // one pass: take what is already queued, then give stragglers a moment.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while let Some(Some(_)) = triggers.next().now_or_never() {}
+
+        let mut next: Option<Duration> = None;
+        let mut failed = false;
+        for guard in ctx.policies.state() {
+            match reconcile(&guard, &ctx).await {
+                Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+                Err(e) => {
+                    ctx.metrics.observe_error(e.reason());
+                    failed = true;
+                }
+            }
+        }
+        // Failures retry with exponential backoff (1 s doubling to 60 s); success resets it.
+        failures = if failed {
+            failures.saturating_add(1)
+        } else {
+            0
+        };
+        if failed {
+            let backoff = Duration::from_secs(1 << failures.min(6).saturating_sub(1))
+                .min(Duration::from_secs(60));
+            next = Some(next.map_or(backoff, |n| n.min(backoff)));
+        }
+        wake_at = next.map(|d| tokio::time::Instant::now() + d);
+    }
+    tracing::info!("controller stopped");
+    Ok(())
+}

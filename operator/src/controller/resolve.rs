@@ -1,0 +1,444 @@
+//! Resolve stage (IO, mostly from caches): the cluster facts render needs. Container runtimes
+//! are read from nodes on demand and cached; optional APIs are discovered once at start-up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::Api;
+use kube::{Client, Resource};
+
+use super::stores::Stores;
+use crate::api::ClusterPolicy;
+use crate::facts::{ClusterFacts, ConfigMapData, Runtime, SharingConfig};
+use crate::nodes::{NodeView, OS_ID, OS_VERSION_ID};
+use crate::render::Operand;
+
+/// Optional APIs and coexistence facts found at start-up (decision 14).
+#[derive(Clone, Debug, Default)]
+pub struct Discovered {
+    pub openshift: bool,
+    pub service_monitor: bool,
+    pub node_feature: bool,
+    /// Fields of ours the served ClusterPolicy CRD lacks (an older or NVIDIA-installed CRD
+    /// would silently prune them from every policy).
+    pub crd_missing_fields: Vec<String>,
+    /// Holder of NVIDIA's own operator's leader Lease, when it is live.
+    pub nvidia_operator: Option<String>,
+}
+
+/// Name of the leader-election Lease of NVIDIA's GPU Operator.
+const NVIDIA_OPERATOR_LEASE: &str = "53822513.nvidia.com";
+
+impl Discovered {
+    pub async fn probe(client: &Client) -> Result<Self, kube::Error> {
+        let groups = client.list_api_groups().await?;
+        let has = |name: &str| groups.groups.iter().any(|g| g.name == name);
+        Ok(Discovered {
+            openshift: has("config.openshift.io"),
+            service_monitor: has("monitoring.coreos.com"),
+            node_feature: has("nfd.k8s-sigs.io"),
+            crd_missing_fields: missing_crd_fields(client).await?,
+            nvidia_operator: nvidia_operator_live(client).await?,
+        })
+    }
+
+    /// Problems that stop this operator from acting safely, for status.
+    pub fn coexistence_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !self.crd_missing_fields.is_empty() {
+            problems.push(format!(
+                "the served ClusterPolicy CRD lacks {} (an older or NVIDIA-installed CRD prunes them from every policy): apply ours with `gpu-operator crd | kubectl apply --server-side -f -`",
+                self.crd_missing_fields.join(", ")
+            ));
+        }
+        if let Some(holder) = &self.nvidia_operator {
+            problems.push(format!(
+                "NVIDIA's GPU Operator is running (Lease {NVIDIA_OPERATOR_LEASE} held by {holder}); this operator makes no changes while it does: uninstall one of the two"
+            ));
+        }
+        problems
+    }
+}
+
+/// Our fields that must be in the served schema: a sample across spec and status.
+async fn missing_crd_fields(client: &Client) -> Result<Vec<String>, kube::Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Some(crd) = api.get_opt("clusterpolicies.nvidia.com").await? else {
+        return Ok(vec![
+            "the whole CRD (clusterpolicies.nvidia.com is not installed)".to_string(),
+        ]);
+    };
+    let schema = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.name == "v1")
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default();
+    let wanted = [
+        ("spec.nfd", "/properties/spec/properties/nfd"),
+        (
+            "status.components",
+            "/properties/status/properties/components",
+        ),
+    ];
+    Ok(wanted
+        .iter()
+        .filter(|(_, pointer)| schema.pointer(pointer).is_none())
+        .map(|(field, _)| (*field).to_string())
+        .collect())
+}
+
+/// The holder of NVIDIA's operator Lease if it was renewed within its duration.
+async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::Error> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::all(client.clone());
+    let leases = api
+        .list(
+            &kube::api::ListParams::default()
+                .fields(&format!("metadata.name={NVIDIA_OPERATOR_LEASE}")),
+        )
+        .await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Ok(leases.items.into_iter().find_map(|lease| {
+        let spec = lease.spec?;
+        let renewed = spec.renew_time?.0;
+        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+        let live = now.as_second() - renewed.as_second() <= duration;
+        live.then(|| {
+            spec.holder_identity
+                .unwrap_or_else(|| "an unknown holder".into())
+        })
+    }))
+}
+
+/// What resolve found, plus the per-operand problems it noticed (a referenced ConfigMap that
+/// does not exist, say), which freeze that operand like a validation error.
+pub struct Resolved {
+    pub facts: ClusterFacts,
+    pub problems: BTreeMap<Operand, String>,
+    pub notes: Vec<String>,
+}
+
+pub struct Resolver {
+    client: Client,
+    namespace: String,
+    pub discovered: Discovered,
+    image_env: BTreeMap<String, String>,
+    runtimes: Mutex<HashMap<String, Runtime>>,
+}
+
+impl Resolver {
+    pub fn new(
+        client: Client,
+        namespace: String,
+        discovered: Discovered,
+        image_env: BTreeMap<String, String>,
+    ) -> Self {
+        Resolver {
+            client,
+            namespace,
+            discovered,
+            image_env,
+            runtimes: Mutex::default(),
+        }
+    }
+
+    pub async fn resolve(
+        &self,
+        policy: &ClusterPolicy,
+        stores: &Stores,
+        nodes: &[NodeView],
+    ) -> Result<Resolved, kube::Error> {
+        let gpu_nodes: Vec<&NodeView> = nodes
+            .iter()
+            .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
+            .collect();
+        let runtime = if self.discovered.openshift {
+            Runtime::CriO
+        } else {
+            self.cluster_runtime(&gpu_nodes).await?
+        };
+        let mut problems = BTreeMap::new();
+        let mut notes = Vec::new();
+        let spec = &policy.spec;
+
+        let mut referenced = |operand: Operand,
+                              field: &str,
+                              name: Option<&String>|
+         -> Option<ConfigMapData> {
+            let name = name?;
+            match stores.config_map_data(&self.namespace, name) {
+                Some(data) => Some(ConfigMapData {
+                    name: name.clone(),
+                    data,
+                }),
+                None => {
+                    problems.insert(
+                        operand,
+                        format!("{field} names ConfigMap {name}, which does not exist in namespace {}: create it or fix the name", self.namespace),
+                    );
+                    None
+                }
+            }
+        };
+        let plugin_config = spec.device_plugin.as_ref().and_then(|d| d.config.as_ref());
+        let sharing_source = referenced(
+            Operand::DevicePlugin,
+            "spec.devicePlugin.config.name",
+            plugin_config.and_then(|c| c.name.as_ref()),
+        );
+        let mig_config = referenced(
+            Operand::MigManager,
+            "spec.migManager.config.name",
+            spec.mig_manager
+                .as_ref()
+                .and_then(|m| m.config.as_ref())
+                .and_then(|c| c.name.as_ref()),
+        );
+        let dcgm_metrics = referenced(
+            Operand::DcgmExporter,
+            "spec.dcgmExporter.config.name",
+            spec.dcgm_exporter
+                .as_ref()
+                .and_then(|d| d.config.as_ref())
+                .and_then(|c| c.name.as_ref()),
+        );
+
+        let sharing = sharing_source.and_then(|cm| {
+            let default = plugin_config.and_then(|c| c.default.clone()).filter(|d| !d.is_empty());
+            match select_default(&cm, default.as_deref()) {
+                Ok((default_key, inferred)) => {
+                    if inferred {
+                        notes.push(format!("device-plugin config: default inferred (key {default_key:?}, the only key of ConfigMap {})", cm.name));
+                    }
+                    Some(SharingConfig {
+                        source: cm.name,
+                        data: cm.data,
+                        default_key,
+                        default_inferred: inferred,
+                    })
+                }
+                Err(message) => {
+                    problems.insert(Operand::DevicePlugin, message);
+                    None
+                }
+            }
+        });
+
+        // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
+        let driver = spec.driver.as_ref();
+        let driver_config_maps = [
+            driver
+                .and_then(|d| d.repo_config.as_ref())
+                .and_then(|c| c.config_map_name.clone()),
+            driver
+                .and_then(|d| d.cert_config.as_ref())
+                .and_then(|c| c.name.clone()),
+            driver
+                .and_then(|d| d.kernel_module_config.as_ref())
+                .and_then(|c| c.name.clone()),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|name| {
+            let data = stores.config_map_data(&self.namespace, &name)?;
+            Some((name.clone(), ConfigMapData { name, data }))
+        })
+        .collect();
+
+        let facts = ClusterFacts {
+            namespace: self.namespace.clone(),
+            owner: owner_reference(policy),
+            runtime,
+            os_tag: os_tag(&gpu_nodes),
+            openshift: self.discovered.openshift,
+            service_monitor_api: self.discovered.service_monitor,
+            nfd_running: self.discovered.node_feature,
+            sharing,
+            mig_config,
+            dcgm_metrics,
+            driver_config_maps,
+            image_env: self.image_env.clone(),
+        };
+        Ok(Resolved {
+            facts,
+            problems,
+            notes,
+        })
+    }
+
+    /// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU
+    /// node's, else containerd. Nodes are read one at a time and only until containerd is seen.
+    async fn cluster_runtime(&self, gpu_nodes: &[&NodeView]) -> Result<Runtime, kube::Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut first = None;
+        for node in gpu_nodes {
+            let known = self
+                .runtimes
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&node.name).copied());
+            let runtime = match known {
+                Some(r) => r,
+                None => {
+                    let Some(full) = api.get_opt(&node.name).await? else {
+                        continue;
+                    };
+                    let version = full
+                        .status
+                        .and_then(|s| s.node_info)
+                        .map(|i| i.container_runtime_version)
+                        .unwrap_or_default();
+                    let r = parse_runtime(&version);
+                    if let Ok(mut m) = self.runtimes.lock() {
+                        m.insert(node.name.clone(), r);
+                    }
+                    r
+                }
+            };
+            if runtime == Runtime::Containerd {
+                return Ok(Runtime::Containerd);
+            }
+            first.get_or_insert(runtime);
+        }
+        Ok(first.unwrap_or_default())
+    }
+}
+
+fn parse_runtime(version: &str) -> Runtime {
+    match version.split("://").next() {
+        Some("cri-o") => Runtime::CriO,
+        Some("docker") => Runtime::Docker,
+        _ => Runtime::Containerd,
+    }
+}
+
+/// `<ID><VERSION_ID>` of the first GPU node (by name) with NFD's OS labels; RHEL-like
+/// distributions keep only the major version, as NVIDIA's driver images are tagged.
+fn os_tag(gpu_nodes: &[&NodeView]) -> Option<String> {
+    gpu_nodes.iter().find_map(|n| {
+        let id = n.label(OS_ID)?;
+        let version = n.label(OS_VERSION_ID)?;
+        let version = if matches!(id, "rhel" | "rocky" | "ol") {
+            version.split('.').next().unwrap_or(version)
+        } else {
+            version
+        };
+        Some(format!("{id}{version}"))
+    })
+}
+
+/// Which key of the sharing ConfigMap is the default: `devicePlugin.config.default`, else the
+/// only key (decision 6), else an error naming the fix.
+pub fn select_default(cm: &ConfigMapData, default: Option<&str>) -> Result<(String, bool), String> {
+    match default {
+        Some(key) if cm.data.contains_key(key) => Ok((key.to_string(), false)),
+        Some(key) => Err(format!(
+            "spec.devicePlugin.config.default is {key:?} but ConfigMap {} has no such key (keys: {}): add the key or change default",
+            cm.name,
+            cm.data.keys().cloned().collect::<Vec<_>>().join(", ")
+        )),
+        None => match cm.data.keys().collect::<Vec<_>>().as_slice() {
+            [only] => Ok(((*only).clone(), true)),
+            [] => Err(format!(
+                "ConfigMap {} (spec.devicePlugin.config.name) has no keys: add a device-plugin config",
+                cm.name
+            )),
+            keys => Err(format!(
+                "ConfigMap {} has {} keys ({}) and spec.devicePlugin.config.default is not set: set it to the key nodes without the nvidia.com/device-plugin.config label should use",
+                cm.name,
+                keys.len(),
+                keys.iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        },
+    }
+}
+
+/// Controller owner reference to the policy, so deleting it garbage-collects every operand.
+pub fn owner_reference(policy: &ClusterPolicy) -> Option<OwnerReference> {
+    let mut reference = policy.controller_owner_ref(&())?;
+    reference.block_owner_deletion = Some(true);
+    Some(reference)
+}
+
+/// Image fallbacks from the operator's environment (`*_IMAGE`), as OLM sets them.
+pub fn image_env_from_process() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.ends_with("_IMAGE"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, id: &str, version: &str) -> NodeView {
+        let labels = [
+            (OS_ID.to_string(), id.to_string()),
+            (OS_VERSION_ID.to_string(), version.to_string()),
+        ]
+        .into();
+        NodeView::from_labels(name, None, &labels)
+    }
+
+    #[test]
+    fn os_tag_keeps_full_version_except_for_rhel_family() {
+        assert_eq!(
+            os_tag(&[&view("a", "ubuntu", "22.04")]).as_deref(),
+            Some("ubuntu22.04")
+        );
+        assert_eq!(
+            os_tag(&[&view("a", "rhel", "9.4")]).as_deref(),
+            Some("rhel9")
+        );
+        assert_eq!(os_tag(&[]), None);
+    }
+
+    #[test]
+    fn runtime_comes_from_the_version_prefix() {
+        assert_eq!(parse_runtime("containerd://2.1.0"), Runtime::Containerd);
+        assert_eq!(parse_runtime("cri-o://1.33.2"), Runtime::CriO);
+        assert_eq!(parse_runtime("docker://28.2.2"), Runtime::Docker);
+        assert_eq!(parse_runtime(""), Runtime::Containerd);
+    }
+
+    #[test]
+    fn default_key_is_explicit_inferred_from_a_single_key_or_an_error() {
+        let one = ConfigMapData {
+            name: "ts".into(),
+            data: [("any".to_string(), "v".to_string())].into(),
+        };
+        assert_eq!(select_default(&one, None), Ok(("any".to_string(), true)));
+        assert_eq!(
+            select_default(&one, Some("any")),
+            Ok(("any".to_string(), false))
+        );
+        assert!(
+            select_default(&one, Some("other"))
+                .unwrap_err()
+                .contains("has no such key")
+        );
+        let two = ConfigMapData {
+            name: "ts".into(),
+            data: [
+                ("a".to_string(), "v".to_string()),
+                ("b".to_string(), "v".to_string()),
+            ]
+            .into(),
+        };
+        assert!(
+            select_default(&two, None)
+                .unwrap_err()
+                .contains("spec.devicePlugin.config.default is not set")
+        );
+    }
+}

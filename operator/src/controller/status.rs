@@ -1,0 +1,486 @@
+//! Status stage (pure): what one pass rendered, applied and observed becomes the policy's
+//! status. The controller patches it only when it differs from the stored one.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{ClusterPolicyStatus, ComponentStatus, State};
+use crate::nodes::NodeView;
+use crate::render::{CONFIG_HASH_ANNOTATION, DesiredState, Operand, Outcome};
+
+pub const READY: &str = "Ready";
+pub const ERROR: &str = "Error";
+
+/// Why the policy is not ready (condition reasons; stable, used by tests and alerts).
+pub mod reason {
+    pub const READY: &str = "Ready";
+    pub const NO_GPU_NODES: &str = "NoGPUNodes";
+    pub const NFD_LABELS_MISSING: &str = "NFDLabelsMissing";
+    pub const OPERAND_NOT_READY: &str = "OperandNotReady";
+    pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+    pub const INVALID_CONFIG: &str = "InvalidConfig";
+    pub const IGNORED: &str = "Ignored";
+    pub const NO_ERROR: &str = "NoError";
+}
+
+/// Everything a status is computed from.
+pub struct StatusInputs<'a> {
+    pub generation: Option<i64>,
+    pub namespace: &'a str,
+    pub desired: &'a DesiredState,
+    pub daemon_sets: &'a BTreeMap<String, DaemonSet>,
+    pub deployments: &'a BTreeMap<String, Deployment>,
+    pub nodes: &'a [NodeView],
+    /// Problems found while resolving or applying (reconcile failed when non-empty).
+    pub failures: &'a [String],
+    /// Warnings that do not make the policy unready (e.g. "default inferred").
+    pub notes: &'a [String],
+    /// Per DaemonSet, a diagnosis of pods that are missing or not ready (from on-demand reads).
+    pub diagnoses: &'a BTreeMap<String, String>,
+    pub previous: Option<&'a ClusterPolicyStatus>,
+    pub now: Time,
+}
+
+/// Readiness of one workload with the one-line message status shows.
+#[derive(Debug, PartialEq, Eq)]
+struct Readiness {
+    ready: bool,
+    message: String,
+}
+
+/// Decision 11 for a DaemonSet: RollingUpdate is ready when the observed generation caught up
+/// and updated = available = desired; OnDelete (the driver) when available = desired, with old
+/// pods reported as an upgrade pending. `labelled` is the number of GPU nodes labelled for the
+/// operand (`None` for operands without a deploy label).
+fn daemonset_readiness(ds: &DaemonSet, labelled: Option<i32>) -> (ComponentCounts, Readiness) {
+    let status = ds.status.clone().unwrap_or_default();
+    let counts = ComponentCounts {
+        desired: status.desired_number_scheduled,
+        updated: status.updated_number_scheduled.unwrap_or(0),
+        ready: status.number_ready,
+        available: status.number_available.unwrap_or(0),
+    };
+    let on_delete = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.type_.as_deref())
+        == Some("OnDelete");
+    let caught_up = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
+    let mut problems = Vec::new();
+    if !caught_up {
+        problems.push("rollout not yet observed by the DaemonSet controller".to_string());
+    }
+    if counts.available < counts.desired {
+        problems.push(format!(
+            "{} of {} pods not available",
+            counts.desired - counts.available,
+            counts.desired
+        ));
+    }
+    if !on_delete && counts.updated < counts.desired {
+        problems.push(format!(
+            "rolling out: {} of {} pods updated",
+            counts.updated, counts.desired
+        ));
+    }
+    if let Some(labelled) = labelled
+        && labelled != counts.desired
+    {
+        problems.push(format!(
+            "{labelled} nodes labelled for it but the DaemonSet wants {} pods (a taint it does not tolerate, or pod creation failing)",
+            counts.desired
+        ));
+    }
+    let mut message = if problems.is_empty() {
+        format!("{}/{} pods ready", counts.ready, counts.desired)
+    } else {
+        problems.join("; ")
+    };
+    if on_delete && counts.updated < counts.desired {
+        message.push_str(&format!(
+            "; upgrade pending on {} nodes",
+            counts.desired - counts.updated
+        ));
+    }
+    (
+        counts,
+        Readiness {
+            ready: problems.is_empty(),
+            message,
+        },
+    )
+}
+
+fn deployment_readiness(d: &Deployment) -> (ComponentCounts, Readiness) {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let status = d.status.clone().unwrap_or_default();
+    let counts = ComponentCounts {
+        desired: want,
+        updated: status.updated_replicas.unwrap_or(0),
+        ready: status.ready_replicas.unwrap_or(0),
+        available: status.available_replicas.unwrap_or(0),
+    };
+    let caught_up = status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0);
+    let ready = caught_up && counts.updated == want && counts.available == want;
+    let message = format!("{}/{} replicas available", counts.available, want);
+    (counts, Readiness { ready, message })
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct ComponentCounts {
+    desired: i32,
+    updated: i32,
+    ready: i32,
+    available: i32,
+}
+
+fn condition(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    previous: Option<&ClusterPolicyStatus>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" }.to_string();
+    let last = previous
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == kind))
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone());
+    Condition {
+        type_: kind.to_string(),
+        status,
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: last.unwrap_or_else(|| now.clone()),
+    }
+}
+
+/// The status of the active policy.
+pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
+    let gpu_nodes = inputs.nodes.iter().filter(|n| n.is_gpu_node()).count();
+    let nfd_nodes = inputs.nodes.iter().filter(|n| n.has_nfd_gpu()).count();
+    let mut components = Vec::new();
+    let mut not_ready = Vec::new();
+    let mut invalid = Vec::new();
+
+    for state in &inputs.desired.operands {
+        let operand = state.operand;
+        let labelled = operand.deploy_label().map(|_| {
+            inputs
+                .nodes
+                .iter()
+                .filter(|n| n.is_gpu_node() && n.runs(operand))
+                .count() as i32
+        });
+        match &state.outcome {
+            Outcome::Disabled => {}
+            Outcome::Invalid(message) => {
+                invalid.push(format!("{}: {message}", operand.name()));
+                components.push(ComponentStatus {
+                    name: operand.name().to_string(),
+                    labeled_nodes: labelled.unwrap_or(0),
+                    message: Some(format!(
+                        "invalid configuration, live objects kept as they were: {message}"
+                    )),
+                    ..ComponentStatus::default()
+                });
+            }
+            Outcome::Rendered(objects) => {
+                let workloads = objects
+                    .daemon_sets
+                    .iter()
+                    .filter_map(|d| d.metadata.name.clone())
+                    .map(|n| (n, true))
+                    .chain(
+                        objects
+                            .deployments
+                            .iter()
+                            .filter_map(|d| d.metadata.name.clone())
+                            .map(|n| (n, false)),
+                    );
+                for (name, is_daemonset) in workloads {
+                    let hash = objects
+                        .daemon_sets
+                        .iter()
+                        .find(|d| d.metadata.name.as_deref() == Some(name.as_str()))
+                        .and_then(|d| {
+                            d.spec
+                                .as_ref()?
+                                .template
+                                .metadata
+                                .as_ref()?
+                                .annotations
+                                .as_ref()?
+                                .get(CONFIG_HASH_ANNOTATION)
+                                .cloned()
+                        });
+                    // Nodes that carry every label the DaemonSet selects on (the deploy label, and
+                    // e.g. mps.capable for the MPS daemon).
+                    let selector = objects
+                        .daemon_sets
+                        .iter()
+                        .find(|d| d.metadata.name.as_deref() == Some(name.as_str()))
+                        .and_then(|d| {
+                            d.spec
+                                .as_ref()?
+                                .template
+                                .spec
+                                .as_ref()?
+                                .node_selector
+                                .clone()
+                        });
+                    let labelled = match (labelled, selector) {
+                        (Some(_), Some(selector)) => Some(
+                            inputs
+                                .nodes
+                                .iter()
+                                .filter(|n| n.is_gpu_node() && n.matches(&selector))
+                                .count() as i32,
+                        ),
+                        (labelled, _) => labelled,
+                    };
+                    let observed = if is_daemonset {
+                        inputs
+                            .daemon_sets
+                            .get(&name)
+                            .map(|ds| daemonset_readiness(ds, labelled))
+                    } else {
+                        inputs.deployments.get(&name).map(deployment_readiness)
+                    };
+                    let (counts, mut readiness) = observed.unwrap_or_else(|| {
+                        (
+                            ComponentCounts::default(),
+                            Readiness {
+                                ready: false,
+                                message: "not created yet".to_string(),
+                            },
+                        )
+                    });
+                    if let Some(diagnosis) = inputs.diagnoses.get(&name) {
+                        readiness.message.push_str(&format!(" ({diagnosis})"));
+                    }
+                    if !readiness.ready {
+                        not_ready.push(format!("{}: {}", operand.name(), readiness.message));
+                    }
+                    components.push(ComponentStatus {
+                        name: component_name(
+                            operand,
+                            &name,
+                            objects.daemon_sets.len() + objects.deployments.len(),
+                        ),
+                        daemon_set: is_daemonset.then(|| name.clone()),
+                        desired: counts.desired,
+                        updated: counts.updated,
+                        ready: counts.ready,
+                        available: counts.available,
+                        labeled_nodes: labelled.unwrap_or(0),
+                        config_hash: hash,
+                        message: Some(readiness.message),
+                    });
+                }
+            }
+        }
+    }
+
+    let (ready, reason, message) = if !inputs.failures.is_empty() {
+        (false, reason::RECONCILE_FAILED, inputs.failures.join("; "))
+    } else if !invalid.is_empty() {
+        (false, reason::INVALID_CONFIG, invalid.join("; "))
+    } else if nfd_nodes == 0 && gpu_nodes == 0 {
+        let has_nfd = inputs.nodes.iter().any(|n| {
+            n.labels
+                .keys()
+                .any(|k| k.starts_with("feature.node.kubernetes.io/"))
+        });
+        if has_nfd || inputs.nodes.is_empty() {
+            (false, reason::NO_GPU_NODES, "no node reports an NVIDIA PCI device (NFD label feature.node.kubernetes.io/pci-10de.present)".to_string())
+        } else {
+            (
+                false,
+                reason::NFD_LABELS_MISSING,
+                "no node carries NFD labels: is node-feature-discovery running?".to_string(),
+            )
+        }
+    } else if !not_ready.is_empty() {
+        (false, reason::OPERAND_NOT_READY, not_ready.join("; "))
+    } else {
+        let mut m = format!("all operands ready on {gpu_nodes} GPU nodes");
+        for note in inputs.notes {
+            m.push_str("; ");
+            m.push_str(note);
+        }
+        (true, reason::READY, m)
+    };
+    let error = !inputs.failures.is_empty() || !invalid.is_empty();
+    let conditions = vec![
+        condition(
+            READY,
+            ready,
+            reason,
+            message.clone(),
+            inputs.generation,
+            inputs.previous,
+            &inputs.now,
+        ),
+        condition(
+            ERROR,
+            error,
+            if error { reason } else { reason::NO_ERROR },
+            if error { message } else { String::new() },
+            inputs.generation,
+            inputs.previous,
+            &inputs.now,
+        ),
+    ];
+    ClusterPolicyStatus {
+        state: if ready { State::Ready } else { State::NotReady },
+        namespace: Some(inputs.namespace.to_string()),
+        conditions: Some(conditions),
+        components: Some(components),
+    }
+}
+
+/// One component per workload: the operand's name, or the workload's name when an operand has
+/// several (NFD's worker and master).
+fn component_name(operand: Operand, workload: &str, workloads: usize) -> String {
+    if workloads > 1 {
+        format!("{}/{workload}", operand.name())
+    } else {
+        operand.name().to_string()
+    }
+}
+
+/// The status of a policy that is not the active one.
+pub fn ignored(
+    active: &str,
+    namespace: &str,
+    generation: Option<i64>,
+    previous: Option<&ClusterPolicyStatus>,
+    now: Time,
+) -> ClusterPolicyStatus {
+    let message =
+        format!("ClusterPolicy {active} is the active one (the oldest); this one is ignored");
+    ClusterPolicyStatus {
+        state: State::Ignored,
+        namespace: Some(namespace.to_string()),
+        conditions: Some(vec![
+            condition(
+                READY,
+                false,
+                reason::IGNORED,
+                message.clone(),
+                generation,
+                previous,
+                &now,
+            ),
+            condition(
+                ERROR,
+                true,
+                reason::IGNORED,
+                message,
+                generation,
+                previous,
+                &now,
+            ),
+        ]),
+        components: None,
+    }
+}
+
+/// Whether two statuses differ in anything but timestamps that were carried over.
+pub fn differs(a: Option<&ClusterPolicyStatus>, b: &ClusterPolicyStatus) -> bool {
+    a != Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn ds(strategy: &str, desired: i32, updated: i32, available: i32) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("x".into()),
+                generation: Some(2),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DaemonSetSpec {
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some(strategy.into()),
+                    ..DaemonSetUpdateStrategy::default()
+                }),
+                ..DaemonSetSpec::default()
+            }),
+            status: Some(DaemonSetStatus {
+                observed_generation: Some(2),
+                desired_number_scheduled: desired,
+                updated_number_scheduled: Some(updated),
+                number_available: Some(available),
+                number_ready: available,
+                ..DaemonSetStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn rolling_update_daemonset_is_ready_only_when_updated_and_available_match_desired() {
+        assert!(
+            daemonset_readiness(&ds("RollingUpdate", 3, 3, 3), Some(3))
+                .1
+                .ready
+        );
+        assert!(
+            !daemonset_readiness(&ds("RollingUpdate", 3, 2, 3), Some(3))
+                .1
+                .ready
+        );
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 3, 2), Some(3));
+        assert!(!r.ready);
+        assert_eq!(r.message, "1 of 3 pods not available");
+    }
+
+    #[test]
+    fn on_delete_driver_with_old_pods_is_ready_with_upgrade_pending() {
+        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3));
+        assert!(r.ready);
+        assert_eq!(r.message, "3/3 pods ready; upgrade pending on 2 nodes");
+    }
+
+    #[test]
+    fn fewer_pods_than_labelled_nodes_is_explained() {
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3));
+        assert!(!r.ready);
+        assert!(
+            r.message
+                .contains("3 nodes labelled for it but the DaemonSet wants 2 pods"),
+            "{}",
+            r.message
+        );
+    }
+
+    #[test]
+    fn unobserved_generation_is_not_ready() {
+        let mut d = ds("RollingUpdate", 3, 3, 3);
+        d.metadata.generation = Some(3);
+        assert!(!daemonset_readiness(&d, None).1.ready);
+    }
+
+    #[test]
+    fn transition_time_is_kept_while_a_condition_holds() {
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
+        let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(2).unwrap());
+        let first = ignored("a", "ns", Some(1), None, t0.clone());
+        let second = ignored("a", "ns", Some(1), Some(&first), t1);
+        assert!(!differs(Some(&first), &second));
+        assert_eq!(second.conditions.unwrap()[0].last_transition_time, t0);
+    }
+}

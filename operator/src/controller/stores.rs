@@ -1,0 +1,266 @@
+//! Watches and caches (IO): the reflector stores the reconcile reads instead of the API, and
+//! the trigger stream that wakes it (decision 10).
+//!
+//! - operand objects by `app.kubernetes.io/managed-by=gpu-operator`, one store per kind;
+//! - every ConfigMap of the operator namespace (users' ConfigMaps carry no labels);
+//! - Nodes as metadata, reduced to the labels the operator reads ([`NodeView`]), waking the
+//!   reconcile only when those change;
+//! - never Pods.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, RwLock};
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::nodes::NodeView;
+use crate::render::{MANAGED_BY_LABEL, MANAGER};
+
+/// The nodes the operator knows, by name, reduced to the labels it reads.
+#[derive(Clone)]
+pub struct NodeCache {
+    nodes: Arc<RwLock<BTreeMap<String, NodeView>>>,
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for NodeCache {
+    fn default() -> Self {
+        NodeCache {
+            nodes: Arc::default(),
+            ready: tokio::sync::watch::channel(false).0,
+        }
+    }
+}
+
+impl NodeCache {
+    /// Resolves once the first full list of nodes has been seen.
+    pub async fn wait_until_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+
+    pub fn snapshot(&self) -> Vec<NodeView> {
+        self.nodes
+            .read()
+            .map(|n| n.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.read().map(|n| n.len()).unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Applies one watch event; true when the reconcile should hear of it.
+    fn apply(
+        &self,
+        event: Event<PartialObjectMeta<Node>>,
+        pending: &mut Option<BTreeMap<String, NodeView>>,
+    ) -> bool {
+        let Ok(mut nodes) = self.nodes.write() else {
+            return false;
+        };
+        let view = |n: &PartialObjectMeta<Node>| {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            NodeView::from_labels(&name, n.metadata.resource_version.clone(), &labels)
+        };
+        match event {
+            Event::Init => {
+                *pending = Some(BTreeMap::new());
+                false
+            }
+            Event::InitApply(n) => {
+                let v = view(&n);
+                if let Some(p) = pending.as_mut() {
+                    p.insert(v.name.clone(), v);
+                }
+                false
+            }
+            Event::InitDone => {
+                if let Some(p) = pending.take() {
+                    *nodes = p;
+                }
+                self.ready.send_replace(true);
+                true
+            }
+            Event::Apply(n) => {
+                let v = view(&n);
+                let changed = nodes.get(&v.name).is_none_or(|old| old.labels != v.labels);
+                // Keep the newest resourceVersion for patch preconditions even when no label
+                // we read changed.
+                nodes.insert(v.name.clone(), v);
+                changed
+            }
+            Event::Delete(n) => nodes
+                .remove(n.metadata.name.as_deref().unwrap_or_default())
+                .is_some(),
+        }
+    }
+}
+
+/// Every cache the reconcile reads.
+#[derive(Clone)]
+pub struct Stores {
+    pub nodes: NodeCache,
+    pub config_maps: Store<ConfigMap>,
+    pub daemon_sets: Store<DaemonSet>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
+    pub cluster_roles: Store<ClusterRole>,
+    pub cluster_role_bindings: Store<ClusterRoleBinding>,
+    pub runtime_classes: Store<RuntimeClass>,
+}
+
+/// A reflector over objects of kind `K` the operator manages, and its change stream.
+fn managed<K>(api: Api<K>) -> (Store<K>, BoxStream<'static, ()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
+    watched(api, config)
+}
+
+/// A reflector over objects of kind `K` selected by `config`, and its change stream.
+pub fn watched<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, ()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => Some(()),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch failed; retrying with backoff");
+                    None
+                }
+            }
+        })
+        .boxed();
+    (reader, stream)
+}
+
+impl Stores {
+    /// Starts every watch; returns the stores and one stream that yields whenever the
+    /// reconcile should run again.
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+    ) -> (Stores, impl Stream<Item = ()> + Send + 'static) {
+        let ns = |c: &Client| c.clone();
+        let (config_maps, cm_changes) = watched(
+            Api::<ConfigMap>::namespaced(ns(client), namespace),
+            watcher::Config::default(),
+        );
+        let (daemon_sets, ds_changes) =
+            managed(Api::<DaemonSet>::namespaced(ns(client), namespace));
+        let (deployments, deploy_changes) =
+            managed(Api::<Deployment>::namespaced(ns(client), namespace));
+        let (services, svc_changes) = managed(Api::<Service>::namespaced(ns(client), namespace));
+        let (service_accounts, sa_changes) =
+            managed(Api::<ServiceAccount>::namespaced(ns(client), namespace));
+        let (roles, role_changes) = managed(Api::<Role>::namespaced(ns(client), namespace));
+        let (role_bindings, rb_changes) =
+            managed(Api::<RoleBinding>::namespaced(ns(client), namespace));
+        let (cluster_roles, cr_changes) = managed(Api::<ClusterRole>::all(ns(client)));
+        let (cluster_role_bindings, crb_changes) =
+            managed(Api::<ClusterRoleBinding>::all(ns(client)));
+        let (runtime_classes, rc_changes) = managed(Api::<RuntimeClass>::all(ns(client)));
+
+        let nodes = NodeCache::default();
+        let node_cache = nodes.clone();
+        let mut pending = None;
+        let node_changes = watcher::watcher(
+            Api::<PartialObjectMeta<Node>>::all(ns(client)),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .filter_map(move |event| {
+            let wake = match event {
+                Ok(event) => node_cache.apply(event, &mut pending),
+                Err(e) => {
+                    tracing::warn!(error = %e, "node watch failed; retrying with backoff");
+                    false
+                }
+            };
+            async move { wake.then_some(()) }
+        })
+        .boxed();
+
+        let triggers = futures::stream::select_all([
+            cm_changes,
+            ds_changes,
+            deploy_changes,
+            svc_changes,
+            sa_changes,
+            role_changes,
+            rb_changes,
+            cr_changes,
+            crb_changes,
+            rc_changes,
+            node_changes,
+        ]);
+        let stores = Stores {
+            nodes,
+            config_maps,
+            daemon_sets,
+            deployments,
+            services,
+            service_accounts,
+            roles,
+            role_bindings,
+            cluster_roles,
+            cluster_role_bindings,
+            runtime_classes,
+        };
+        (stores, triggers)
+    }
+
+    /// Waits until every store has finished its first list, so the first reconcile compares
+    /// against the real cluster (an empty cache would make it re-apply everything).
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.config_maps.wait_until_ready().await?;
+        self.daemon_sets.wait_until_ready().await?;
+        self.deployments.wait_until_ready().await?;
+        self.services.wait_until_ready().await?;
+        self.service_accounts.wait_until_ready().await?;
+        self.roles.wait_until_ready().await?;
+        self.role_bindings.wait_until_ready().await?;
+        self.cluster_roles.wait_until_ready().await?;
+        self.cluster_role_bindings.wait_until_ready().await?;
+        self.runtime_classes.wait_until_ready().await?;
+        Ok(())
+    }
+
+    /// ConfigMap data by name, from the operator namespace.
+    pub fn config_map_data(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        let key = reflector::ObjectRef::new(name).within(namespace);
+        self.config_maps
+            .get(&key)
+            .map(|cm| cm.data.clone().unwrap_or_default())
+    }
+}

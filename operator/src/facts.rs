@@ -1,0 +1,85 @@
+//! Cluster facts (resolve stage output; plain data, no IO): what the cluster told us that the
+//! validate and render stages need. The `resolve` module fills it from the API server; the
+//! `render` subcommand fills it from flags, so rendering never needs a client (decision 3).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+/// The container runtime of the cluster's GPU nodes; one for the whole cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Runtime {
+    #[default]
+    Containerd,
+    CriO,
+    Docker,
+}
+
+impl Runtime {
+    /// The value NVIDIA's toolkit expects in its `RUNTIME` variable.
+    pub const fn toolkit_name(self) -> &'static str {
+        match self {
+            Runtime::Containerd => "containerd",
+            Runtime::CriO => "crio",
+            Runtime::Docker => "docker",
+        }
+    }
+}
+
+/// A ConfigMap the policy references by name (sharing config, MIG config, DCGM metrics CSV),
+/// as read from the cluster: its name and data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigMapData {
+    pub name: String,
+    pub data: BTreeMap<String, String>,
+}
+
+/// The device-plugin sharing config that consumers are to mount (decision 4): the keys that
+/// passed validation (or the last good ones), and which key is the default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharingConfig {
+    /// The user's ConfigMap (`devicePlugin.config.name`); the operator-owned copy is named
+    /// `<source>-<hash>`.
+    pub source: String,
+    /// Every key of the copy, each a complete device-plugin config file.
+    pub data: BTreeMap<String, String>,
+    /// The key nodes without the `nvidia.com/device-plugin.config` label use.
+    pub default_key: String,
+    /// True when `devicePlugin.config.default` was absent and the only key was taken.
+    pub default_inferred: bool,
+}
+
+/// Everything render needs to know about the cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterFacts {
+    /// The operator's namespace, where every namespaced operand object goes.
+    pub namespace: String,
+    /// Owner reference to the active ClusterPolicy; `None` for `gpu-operator render`.
+    pub owner: Option<OwnerReference>,
+    /// Container runtime of the GPU nodes.
+    pub runtime: Runtime,
+    /// `<ID><VERSION_ID>` of the GPU nodes' OS from NFD labels (`ubuntu22.04`, `rhel9`), the
+    /// suffix of the driver image tag. `None` while no GPU node is known.
+    pub os_tag: Option<String>,
+    /// Whether the cluster is OpenShift (ClusterVersion API served).
+    pub openshift: bool,
+    /// Whether the Prometheus Operator's ServiceMonitor API is served.
+    pub service_monitor_api: bool,
+    /// Whether node-feature-discovery already runs (NodeFeature CRD served, or nodes carry
+    /// `nfd.node.kubernetes.io/*` annotations); the operator then deploys no NFD of its own.
+    pub nfd_running: bool,
+    /// The validated sharing config, when `devicePlugin.config.name` is set and a valid (or last
+    /// good) config exists.
+    pub sharing: Option<SharingConfig>,
+    /// The ConfigMap named by `migManager.config.name`, if set and present.
+    pub mig_config: Option<ConfigMapData>,
+    /// The ConfigMap named by `dcgmExporter.config.name`, if set and present.
+    pub dcgm_metrics: Option<ConfigMapData>,
+    /// The ConfigMaps named by `driver.repoConfig.configMapName`, `driver.certConfig.name` and
+    /// `driver.kernelModuleConfig.name` that are present, by name: the driver mounts each key as
+    /// its own file, so render needs the keys (validate marks the driver invalid when one is
+    /// named but missing here).
+    pub driver_config_maps: BTreeMap<String, ConfigMapData>,
+    /// Image fallbacks from the operator's environment (`DRIVER_IMAGE`, ...), for OLM.
+    pub image_env: BTreeMap<String, String>,
+}

@@ -1,0 +1,366 @@
+//! Node labelling (pure): which GPU nodes exist, and the labels the operator wants on them
+//! (decision 2). The IO side (watching node metadata, patching) lives in `controller::nodes`.
+//!
+//! Only the labels listed in [`NodeView::from_labels`] are kept per node, so the node cache
+//! stays small and a change of any other label (such as `nvidia.com/gfd.timestamp`) is not a
+//! reason to reconcile.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::render::Operand;
+
+/// NFD labels that mark a node with an NVIDIA PCI device (vendor 0x10de, any class, 3D
+/// controller, VGA controller).
+pub const NFD_GPU_LABELS: [&str; 3] = [
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+];
+pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+/// `false` on a node takes it out of every operand.
+pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
+pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+/// GFD sets it where MPS sharing is configured; the MPS daemon selects on it.
+pub const MPS_CAPABLE: &str = "nvidia.com/mps.capable";
+pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
+pub const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
+pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
+pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
+pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
+/// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
+pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
+
+/// Every deploy key the operator manages, in NVIDIA's spelling.
+pub fn deploy_keys() -> impl Iterator<Item = &'static str> {
+    let mut keys: Vec<&'static str> = Operand::ALL
+        .iter()
+        .filter_map(|o| o.deploy_label())
+        .collect();
+    keys.push(DEPLOY_CLIENT);
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+}
+
+/// What the operator knows about one node: only the labels it reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub resource_version: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+fn is_read_label(key: &str) -> bool {
+    NFD_GPU_LABELS.contains(&key)
+        || key.starts_with("nvidia.com/gpu.deploy.")
+        || [
+            GPU_PRESENT,
+            MIG_CAPABLE,
+            MPS_CAPABLE,
+            GPU_PRODUCT,
+            GPU_COUNT,
+            OS_ID,
+            OS_VERSION_ID,
+            DEVICE_PLUGIN_CONFIG,
+            MIG_CONFIG,
+            MIG_CONFIG_STATE,
+        ]
+        .contains(&key)
+}
+
+impl NodeView {
+    /// Keeps only the labels the operator reads.
+    pub fn from_labels(
+        name: &str,
+        resource_version: Option<String>,
+        labels: &BTreeMap<String, String>,
+    ) -> Self {
+        NodeView {
+            name: name.to_string(),
+            resource_version,
+            labels: labels
+                .iter()
+                .filter(|(k, _)| is_read_label(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// A label's value, with an empty value counted as absent (decision 2).
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Whether NFD reports an NVIDIA PCI device on the node.
+    pub fn has_nfd_gpu(&self) -> bool {
+        NFD_GPU_LABELS.iter().any(|k| self.label(k) == Some("true"))
+    }
+
+    /// Whether the operator has marked the node as a GPU node.
+    pub fn is_gpu_node(&self) -> bool {
+        self.label(GPU_PRESENT) == Some("true")
+    }
+
+    /// Whether the node carries every label of a pod `nodeSelector`.
+    pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
+        selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    /// Whether the node is labelled to run `operand` (value exactly `true`).
+    pub fn runs(&self, operand: Operand) -> bool {
+        operand
+            .deploy_label()
+            .is_some_and(|k| self.label(k) == Some("true"))
+    }
+}
+
+/// A label change for one node: `Some(value)` sets, `None` removes.
+pub type LabelPatch = BTreeMap<String, Option<String>>;
+
+/// The labels to change on `node` so it carries what decision 2 asks for.
+///
+/// `gpu_gone_for` is how long the node has been without NFD's GPU labels while still marked as
+/// a GPU node (`None` if it has them); the node is unmarked only once that exceeds `grace`,
+/// since NFD restarts remove and re-add labels.
+pub fn desired_label_changes(
+    node: &NodeView,
+    gpu_gone_for: Option<Duration>,
+    grace: Duration,
+) -> LabelPatch {
+    let mut patch = LabelPatch::new();
+    if !node.has_nfd_gpu() && node.is_gpu_node() && gpu_gone_for.is_none_or(|gone| gone < grace) {
+        // NFD restarts remove and re-add labels: leave a marked node exactly as it is until
+        // the label has stayed away for the grace period.
+        return patch;
+    }
+    if !node.has_nfd_gpu() {
+        if node.labels.contains_key(GPU_PRESENT) {
+            patch.insert(GPU_PRESENT.to_string(), None);
+        }
+        for key in deploy_keys() {
+            if node.labels.contains_key(key) {
+                patch.insert(key.to_string(), None);
+            }
+        }
+        return patch;
+    }
+
+    if node.label(GPU_PRESENT) != Some("true") {
+        patch.insert(GPU_PRESENT.to_string(), Some("true".to_string()));
+    }
+    if node.label(DEPLOY_OPERANDS) == Some("false") {
+        // Taken out of everything: remove our deploy keys (a `false` someone set stays).
+        for key in deploy_keys() {
+            if node.label(key) == Some("true") {
+                patch.insert(key.to_string(), None);
+            }
+        }
+        return patch;
+    }
+    let mig_capable = node.label(MIG_CAPABLE) == Some("true");
+    for key in deploy_keys() {
+        let wanted = key != Operand::MigManager.deploy_label().unwrap_or_default() || mig_capable;
+        match (wanted, node.label(key)) {
+            // Absent or empty: ours to set. Any other value (`false`, `paused-for-*`) was
+            // written by someone else and is respected.
+            (true, None) => {
+                patch.insert(key.to_string(), Some("true".to_string()));
+            }
+            (false, Some("true")) => {
+                patch.insert(key.to_string(), None);
+            }
+            _ => {}
+        }
+    }
+    patch
+}
+
+/// Tracks since when marked GPU nodes have been missing NFD's GPU labels.
+#[derive(Debug, Default)]
+pub struct GpuLabelLoss {
+    since: BTreeMap<String, Instant>,
+}
+
+impl GpuLabelLoss {
+    /// Updates the record for `node` and returns how long its GPU labels have been gone
+    /// (`None` when they are present or the node is not marked).
+    pub fn observe(&mut self, node: &NodeView, now: Instant) -> Option<Duration> {
+        if node.has_nfd_gpu() || !node.is_gpu_node() {
+            self.since.remove(&node.name);
+            return None;
+        }
+        let since = *self.since.entry(node.name.clone()).or_insert(now);
+        Some(now.saturating_duration_since(since))
+    }
+
+    pub fn forget(&mut self, node: &str) {
+        self.since.remove(node);
+    }
+
+    /// The earliest moment a pending loss reaches `grace`, to requeue then.
+    pub fn next_deadline(&self, grace: Duration) -> Option<Instant> {
+        self.since.values().min().map(|since| *since + grace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(labels: &[(&str, &str)]) -> NodeView {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        NodeView::from_labels("n1", None, &labels)
+    }
+
+    const GRACE: Duration = Duration::from_secs(60);
+
+    fn set<'a>(patch: &'a LabelPatch, key: &str) -> Option<Option<&'a str>> {
+        patch.get(key).map(|v| v.as_deref())
+    }
+
+    #[test]
+    fn any_of_nfds_three_nvidia_labels_marks_a_gpu_node_with_every_deploy_key() {
+        for label in NFD_GPU_LABELS {
+            let patch = desired_label_changes(&node(&[(label, "true")]), None, GRACE);
+            assert_eq!(set(&patch, GPU_PRESENT), Some(Some("true")), "{label}");
+            assert_eq!(
+                set(&patch, "nvidia.com/gpu.deploy.driver"),
+                Some(Some("true"))
+            );
+            assert_eq!(
+                set(&patch, "nvidia.com/gpu.deploy.dcgm-exporter"),
+                Some(Some("true"))
+            );
+            assert_eq!(set(&patch, DEPLOY_CLIENT), Some(Some("true")));
+            // Not MIG-capable: no mig-manager.
+            assert_eq!(set(&patch, "nvidia.com/gpu.deploy.mig-manager"), None);
+        }
+    }
+
+    #[test]
+    fn mig_manager_only_on_mig_capable_nodes() {
+        let patch = desired_label_changes(
+            &node(&[(NFD_GPU_LABELS[0], "true"), (MIG_CAPABLE, "true")]),
+            None,
+            GRACE,
+        );
+        assert_eq!(
+            set(&patch, "nvidia.com/gpu.deploy.mig-manager"),
+            Some(Some("true"))
+        );
+        let patch = desired_label_changes(
+            &node(&[
+                (NFD_GPU_LABELS[0], "true"),
+                (GPU_PRESENT, "true"),
+                ("nvidia.com/gpu.deploy.mig-manager", "true"),
+            ]),
+            None,
+            GRACE,
+        );
+        assert_eq!(set(&patch, "nvidia.com/gpu.deploy.mig-manager"), Some(None));
+    }
+
+    #[test]
+    fn values_others_wrote_are_respected_and_empty_counts_as_absent() {
+        let patch = desired_label_changes(
+            &node(&[
+                (NFD_GPU_LABELS[0], "true"),
+                ("nvidia.com/gpu.deploy.driver", "false"),
+                (
+                    "nvidia.com/gpu.deploy.device-plugin",
+                    "paused-for-mig-change",
+                ),
+                ("nvidia.com/gpu.deploy.gpu-feature-discovery", ""),
+            ]),
+            None,
+            GRACE,
+        );
+        assert_eq!(set(&patch, "nvidia.com/gpu.deploy.driver"), None);
+        assert_eq!(set(&patch, "nvidia.com/gpu.deploy.device-plugin"), None);
+        assert_eq!(
+            set(&patch, "nvidia.com/gpu.deploy.gpu-feature-discovery"),
+            Some(Some("true"))
+        );
+    }
+
+    #[test]
+    fn a_labelled_node_needs_no_change() {
+        let mut labels = vec![(NFD_GPU_LABELS[0], "true"), (GPU_PRESENT, "true")];
+        let keys: Vec<&str> = deploy_keys()
+            .filter(|k| !k.ends_with("mig-manager"))
+            .collect();
+        labels.extend(keys.iter().map(|k| (*k, "true")));
+        assert!(desired_label_changes(&node(&labels), None, GRACE).is_empty());
+    }
+
+    #[test]
+    fn deploy_operands_false_removes_our_deploy_keys_only() {
+        let patch = desired_label_changes(
+            &node(&[
+                (NFD_GPU_LABELS[0], "true"),
+                (GPU_PRESENT, "true"),
+                (DEPLOY_OPERANDS, "false"),
+                ("nvidia.com/gpu.deploy.driver", "true"),
+                ("nvidia.com/gpu.deploy.toolkit", "false"),
+            ]),
+            None,
+            GRACE,
+        );
+        assert_eq!(set(&patch, "nvidia.com/gpu.deploy.driver"), Some(None));
+        assert_eq!(patch.len(), 1, "{patch:?}");
+    }
+
+    #[test]
+    fn a_vanished_gpu_label_is_acted_on_only_after_the_grace_period() {
+        let marked = node(&[
+            (GPU_PRESENT, "true"),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+        ]);
+        assert!(desired_label_changes(&marked, Some(Duration::from_secs(5)), GRACE).is_empty());
+        let patch = desired_label_changes(&marked, Some(Duration::from_secs(61)), GRACE);
+        assert_eq!(set(&patch, GPU_PRESENT), Some(None));
+        assert_eq!(set(&patch, "nvidia.com/gpu.deploy.driver"), Some(None));
+    }
+
+    #[test]
+    fn cpu_nodes_are_left_alone() {
+        assert!(
+            desired_label_changes(&node(&[("kubernetes.io/os", "linux")]), None, GRACE).is_empty()
+        );
+    }
+
+    #[test]
+    fn loss_tracking_measures_from_the_first_observation() {
+        let mut loss = GpuLabelLoss::default();
+        let marked = node(&[(GPU_PRESENT, "true")]);
+        let t0 = Instant::now();
+        assert_eq!(loss.observe(&marked, t0), Some(Duration::ZERO));
+        assert_eq!(
+            loss.observe(&marked, t0 + Duration::from_secs(10)),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(loss.next_deadline(GRACE), Some(t0 + GRACE));
+        let back = node(&[(GPU_PRESENT, "true"), (NFD_GPU_LABELS[1], "true")]);
+        assert_eq!(loss.observe(&back, t0 + Duration::from_secs(11)), None);
+        assert_eq!(loss.next_deadline(GRACE), None);
+    }
+
+    #[test]
+    fn only_read_labels_are_kept() {
+        let v = node(&[
+            ("nvidia.com/gfd.timestamp", "1"),
+            (GPU_PRODUCT, "Tesla-T4"),
+            ("kubernetes.io/os", "linux"),
+        ]);
+        assert_eq!(v.labels.len(), 1);
+    }
+}

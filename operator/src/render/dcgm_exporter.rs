@@ -1,0 +1,300 @@
+//! Render stage, DCGM exporter (pure, no IO): DaemonSet `nvidia-dcgm-exporter` publishing GPU
+//! metrics on :9400, its Service, and a ServiceMonitor where the Prometheus Operator's API is
+//! served (OPERAND-FACTS §12). A custom metrics ConfigMap is hashed into the pod template.
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, HTTPGetAction, PodSpec, Probe, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use serde_json::json;
+
+use super::common::{
+    self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, env, env_field,
+    env_value, host_path_volume, merge_user_env, mount, rule,
+};
+use super::{Operand, OperandObjects, dcgm, openshift, validator};
+use crate::api::{Component, DcgmExporterSpec, ImageKind};
+use crate::facts::ClusterFacts;
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet, Service, ServiceMonitor and `app` label name.
+pub const NAME: &str = "nvidia-dcgm-exporter";
+/// ServiceAccount, Role and SCC name.
+pub const SERVICE_ACCOUNT: &str = "nvidia-dcgm-exporter";
+pub const MAIN_CONTAINER: &str = "nvidia-dcgm-exporter";
+/// ClusterRole letting the exporter label metrics with pod labels / UIDs.
+pub const READ_PODS_ROLE: &str = "nvidia-dcgm-exporter-read-pods";
+pub const PORT: i32 = 9400;
+/// Key of the metrics list in `dcgmExporter.config.name`.
+pub const METRICS_KEY: &str = "dcgm-metrics.csv";
+const METRICS_PATH: &str = "/etc/dcgm-exporter/dcgm-metrics.csv";
+const DEFAULT_COLLECTORS: &str = "/etc/dcgm-exporter/dcp-metrics-included.csv";
+const DEFAULT_HPC_DIR: &str = "/var/lib/dcgm-exporter/job-mapping";
+
+const POD_RESOURCES: &str = "pod-gpu-resources";
+const RUN_NVIDIA: &str = "run-nvidia";
+const METRICS_CONFIG: &str = "metrics-config";
+const HPC_JOB_MAPPING: &str = "hpc-job-mapping";
+
+/// The API of ServiceMonitor objects.
+pub fn service_monitor_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
+}
+
+fn health_probe(period: Option<i32>) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/health".to_owned()),
+            port: IntOrString::Int(PORT),
+            ..HTTPGetAction::default()
+        }),
+        initial_delay_seconds: Some(45),
+        period_seconds: period,
+        ..Probe::default()
+    }
+}
+
+fn is_true(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    if !spec.is_enabled(Component::DcgmExporter) {
+        return None;
+    }
+    let default_exporter = DcgmExporterSpec::default();
+    let exporter = spec.dcgm_exporter.as_ref().unwrap_or(&default_exporter);
+    let metrics_config = exporter
+        .config
+        .as_ref()
+        .and_then(|c| c.name.as_deref())
+        .filter(|n| !n.is_empty());
+    let hpc = exporter
+        .hpc_job_mapping
+        .as_ref()
+        .filter(|h| h.enabled.unwrap_or(false))
+        .map(|h| {
+            h.directory
+                .as_deref()
+                .filter(|d| !d.is_empty())
+                .unwrap_or(DEFAULT_HPC_DIR)
+                .to_owned()
+        });
+
+    let mut envs = vec![
+        env("DCGM_EXPORTER_LISTEN", &format!(":{PORT}")),
+        // Maps GPUs to the pods using them through the kubelet's pod-resources API.
+        env("DCGM_EXPORTER_KUBERNETES", "true"),
+        env(
+            "DCGM_EXPORTER_COLLECTORS",
+            if metrics_config.is_some() {
+                METRICS_PATH
+            } else {
+                DEFAULT_COLLECTORS
+            },
+        ),
+        env_field("NODE_NAME", "spec.nodeName"),
+    ];
+    if spec.is_enabled(Component::Dcgm) {
+        envs.push(env("DCGM_REMOTE_HOSTENGINE_INFO", dcgm::REMOTE_HOSTENGINE));
+    }
+    if let Some(dir) = &hpc {
+        envs.push(env("DCGM_HPC_JOB_MAPPING_DIR", dir));
+    }
+    merge_user_env(&mut envs, exporter.container.env.as_ref());
+    let pod_labels_on = is_true(env_value(
+        &envs,
+        "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS",
+    )) || is_true(env_value(&envs, "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"));
+    let configmap_data = env_value(&envs, "DCGM_EXPORTER_CONFIGMAP_DATA")
+        .is_some_and(|v| !v.is_empty() && v != "none");
+    // The exporter reads the API server only for pod labels or a metrics ConfigMap.
+    let needs_token = pod_labels_on || configmap_data;
+
+    let mut mounts = vec![mount(POD_RESOURCES, "/var/lib/kubelet/pod-resources").read_only()];
+    let mut volumes = vec![
+        host_path_volume(
+            POD_RESOURCES,
+            &common::join_path(common::kubelet_root_dir(spec), "pod-resources"),
+            HostPathType::Any,
+        ),
+        host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::Any),
+    ];
+    if let Some(name) = metrics_config {
+        volumes.push(common::config_map_volume(
+            METRICS_CONFIG,
+            name,
+            None,
+            &[(METRICS_KEY, METRICS_KEY)],
+        ));
+        mounts.push(
+            mount(METRICS_CONFIG, METRICS_PATH)
+                .sub_path(METRICS_KEY)
+                .read_only(),
+        );
+    }
+    if let Some(dir) = &hpc {
+        volumes.push(host_path_volume(
+            HPC_JOB_MAPPING,
+            dir,
+            HostPathType::DirectoryOrCreate,
+        ));
+        mounts.push(mount(HPC_JOB_MAPPING, dir).read_only());
+    }
+    let main = Container {
+        env: Some(envs),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".to_owned()),
+            container_port: PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(health_probe(Some(5))),
+        readiness_probe: Some(health_probe(None)),
+        volume_mounts: Some(mounts),
+        security_context: Some(common::privileged()),
+        ..common::container(
+            MAIN_CONTAINER,
+            &common::image(policy, ImageKind::DcgmExporter),
+            &[],
+            &[],
+        )
+    };
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        automount_service_account_token: Some(needs_token),
+        host_pid: exporter.host_pid.filter(|p| *p),
+        init_containers: Some(vec![validator::wait_for_toolkit(
+            policy,
+            mount(RUN_NVIDIA, "/run/nvidia").host_to_container(),
+        )]),
+        containers: vec![main],
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::DcgmExporter, NAME, pod, MAIN_CONTAINER);
+    ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
+    for extra in [&exporter.pod_annotations, &exporter.annotations]
+        .into_iter()
+        .flatten()
+    {
+        ds.pod_annotations.extend(extra.clone());
+    }
+    if let Some(labels) = &exporter.pod_labels {
+        ds.pod_labels = labels.clone();
+    }
+    ds.image = Some(&exporter.image);
+    ds.overrides = Some(&exporter.container);
+    ds.host_network = exporter.host_network.unwrap_or(false);
+    ds.gpu_access = GpuAccess::Runtime {
+        nri_container: MAIN_CONTAINER,
+    };
+    ds.config_hash = metrics_config
+        .and(facts.dcgm_metrics.as_ref())
+        .map(|cm| common::config_hash(&cm.data));
+
+    let mut service_meta = common::meta(Operand::DcgmExporter, NAME, facts, true);
+    common::add_labels(&mut service_meta, &[(APP_LABEL, NAME)]);
+    service_meta.annotations = Some(common::string_map(&[("prometheus.io/scrape", "true")]));
+    let service_spec = exporter.service.as_ref();
+    let service = Service {
+        metadata: service_meta,
+        spec: Some(ServiceSpec {
+            type_: Some(
+                service_spec
+                    .and_then(|s| s.type_.clone())
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(|| "ClusterIP".to_owned()),
+            ),
+            internal_traffic_policy: service_spec
+                .and_then(|s| s.internal_traffic_policy.clone())
+                .filter(|t| !t.is_empty()),
+            selector: Some(common::string_map(&[(APP_LABEL, NAME)])),
+            ports: Some(vec![ServicePort {
+                name: Some("gpu-metrics".to_owned()),
+                port: PORT,
+                target_port: Some(IntOrString::Int(PORT)),
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+
+    let mut objects = OperandObjects::default();
+    let role_rules = openshift::use_privileged_scc(facts)
+        .into_iter()
+        .chain([rule(&[""], &["configmaps"], &["get", "list"])])
+        .collect();
+    common::add_identity(
+        &mut objects,
+        Operand::DcgmExporter,
+        SERVICE_ACCOUNT,
+        role_rules,
+        Vec::new(),
+        facts,
+    );
+    if pod_labels_on {
+        common::add_cluster_role(
+            &mut objects,
+            Operand::DcgmExporter,
+            READ_PODS_ROLE,
+            SERVICE_ACCOUNT,
+            vec![rule(&[""], &["pods"], &["get", "list", "watch"])],
+            facts,
+        );
+    }
+    objects.services.push(service);
+    objects
+        .daemon_sets
+        .push(common::operand_daemon_set(policy, facts, ds));
+    if exporter.service_monitor_enabled() && facts.service_monitor_api {
+        objects.dynamic.push(service_monitor(exporter, facts));
+    }
+    objects.dynamic.extend(openshift::scc(
+        Operand::DcgmExporter,
+        SERVICE_ACCOUNT,
+        openshift::HostAccess {
+            ports: true,
+            ..Default::default()
+        },
+        facts,
+    ));
+    Some(objects)
+}
+
+fn service_monitor(exporter: &DcgmExporterSpec, facts: &ClusterFacts) -> DynamicObject {
+    let settings = exporter.service_monitor.clone().unwrap_or_default();
+    let mut object = DynamicObject::new(NAME, &service_monitor_api_resource());
+    let mut metadata = common::meta(Operand::DcgmExporter, NAME, facts, true);
+    let mut labels = settings.additional_labels.clone().unwrap_or_default();
+    labels.extend(metadata.labels.take().unwrap_or_default());
+    labels.insert(APP_LABEL.to_owned(), NAME.to_owned());
+    metadata.labels = Some(labels);
+    object.metadata = metadata;
+    let mut endpoint = json!({"port": "gpu-metrics", "path": "/metrics"});
+    if let Some(interval) = settings.interval.filter(|i| !i.is_empty()) {
+        endpoint["interval"] = json!(interval);
+    }
+    if let Some(honor) = settings.honor_labels {
+        endpoint["honorLabels"] = json!(honor);
+    }
+    if let Some(relabelings) = settings.relabelings.filter(|r| !r.is_empty()) {
+        endpoint["relabelings"] = serde_json::to_value(relabelings).unwrap_or_default();
+    }
+    object.data = json!({
+        "spec": {
+            "jobLabel": APP_LABEL,
+            "namespaceSelector": {"matchNames": [facts.namespace]},
+            "selector": {"matchLabels": {APP_LABEL: NAME}},
+            "endpoints": [endpoint],
+        }
+    });
+    object
+}

@@ -1,0 +1,345 @@
+//! Render stage, device plugin (pure, no IO): DaemonSet `nvidia-device-plugin-daemonset`
+//! advertising `nvidia.com/gpu`, and the operator-owned copy of the sharing config (decision 4)
+//! that it, GFD and the MPS control daemon mount through their config-manager containers
+//! (OPERAND-FACTS §8, CONFIG-FACTS §2).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Volume, VolumeMount};
+
+use super::common::{
+    self, DRIVER_INSTALL_DIR_VOLUME, GpuAccess, HOST_ROOT_VOLUME, HostPathType, MountExt,
+    OperandDaemonSet, VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount,
+    rule,
+};
+use super::validator::{self, VALIDATIONS_VOLUME};
+use super::{Operand, OperandObjects, openshift};
+use crate::api::{Component, DevicePluginSpec, ImageKind};
+use crate::facts::ClusterFacts;
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet name and `app` label.
+pub const NAME: &str = "nvidia-device-plugin-daemonset";
+/// ServiceAccount and ClusterRole name; the MPS control daemon runs under it too.
+pub const SERVICE_ACCOUNT: &str = "nvidia-device-plugin";
+pub const MAIN_CONTAINER: &str = "nvidia-device-plugin";
+pub const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-device-plugin-entrypoint";
+const ENTRYPOINT_KEY: &str = "entrypoint.sh";
+/// The config-manager init container (picks the node's config once, before the consumer
+/// starts) and sidecar (switches it when the node label changes, then signals the consumer).
+pub const CONFIG_MANAGER_INIT: &str = "config-manager-init";
+pub const CONFIG_MANAGER: &str = "config-manager";
+/// Node label naming the sharing config key a node uses.
+pub const CONFIG_NODE_LABEL: &str = "nvidia.com/device-plugin.config";
+/// Volume of the sharing-config copy and where it is mounted.
+pub const AVAILABLE_CONFIGS_VOLUME: &str = "available-configs";
+pub const AVAILABLE_CONFIGS_DIR: &str = "/available-configs";
+/// emptyDir holding the symlink config-manager points at the selected key.
+pub const CONFIG_VOLUME: &str = "config";
+pub const CONFIG_DIR: &str = "/config";
+/// The file the consumers read (`CONFIG_FILE`), a symlink into the copy.
+pub const CONFIG_FILE: &str = "/config/config.yaml";
+/// Label of the sharing-config copies, so the apply stage can find earlier ones.
+pub const CONFIG_COPY_LABEL: &str = "nvidia.com/gpu-operator.config-copy";
+/// Annotation of a copy naming the user's ConfigMap it was made from.
+pub const CONFIG_SOURCE_ANNOTATION: &str = "nvidia.com/gpu-operator.config-source";
+
+const DEVICE_PLUGIN_DIR: &str = "device-plugin";
+const CDI_ROOT: &str = "cdi-root";
+const MPS_ROOT: &str = "mps-root";
+const MPS_SHM: &str = "mps-shm";
+
+/// The entrypoint (our script): wait for the driver validation, take over the driver roots it
+/// found, turn on GPUDirect features whose kernel modules are loaded, run the plugin.
+const ENTRYPOINT: &str = r#"#!/bin/sh
+# Entrypoint of the NVIDIA device plugin (rendered by gpu-operator).
+ready=/run/nvidia/validations/driver-ready
+until [ -f "$ready" ]; do
+  echo "waiting for the driver validation ($ready)"
+  sleep 5
+done
+set -a
+. "$ready"
+set +a
+if [ -z "${GDRCOPY_ENABLED:-}" ] && grep -q '^gdrdrv ' /proc/modules; then
+  export GDRCOPY_ENABLED=true
+fi
+if grep -q '^nvidia_fs ' /proc/modules; then
+  export GDS_ENABLED="${GDS_ENABLED:-true}"
+  export MOFED_ENABLED="${MOFED_ENABLED:-true}"
+fi
+exec nvidia-device-plugin
+"#;
+
+/// The operator-owned, immutable copy of the sharing config that the consumers mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharingCopy {
+    /// `<source>-<first 10 hex digits of the hash>`.
+    pub name: String,
+    /// SHA-256 over every key and value: the consumers' config-hash annotation.
+    pub hash: String,
+    /// `DEFAULT_CONFIG` of the config-manager containers.
+    pub default_key: String,
+    /// The user's ConfigMap.
+    pub source: String,
+    pub data: BTreeMap<String, String>,
+}
+
+/// The sharing-config copy, when the device plugin is on, the policy names a config and the
+/// facts hold a valid (or last good) one. Without it no consumer runs config-manager.
+pub fn sharing_copy(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<SharingCopy> {
+    let spec = &policy.spec;
+    let named = spec
+        .device_plugin
+        .as_ref()
+        .and_then(|d| d.config.as_ref())
+        .and_then(|c| c.name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    if !spec.is_enabled(Component::DevicePlugin) || !named {
+        return None;
+    }
+    let sharing = facts.sharing.as_ref()?;
+    let hash = common::config_hash(&sharing.data);
+    // A ConfigMap name may be 253 characters; keep room for the suffix.
+    let base: String = sharing.source.chars().take(240).collect();
+    Some(SharingCopy {
+        name: format!("{}-{}", base.trim_end_matches(['-', '.']), &hash[..10]),
+        hash,
+        default_key: sharing.default_key.clone(),
+        source: sharing.source.clone(),
+        data: sharing.data.clone(),
+    })
+}
+
+/// The copy as an immutable ConfigMap of the device-plugin operand.
+pub fn copy_config_map(copy: &SharingCopy, facts: &ClusterFacts) -> ConfigMap {
+    let mut cm = common::config_map(Operand::DevicePlugin, &copy.name, copy.data.clone(), facts);
+    common::add_labels(&mut cm.metadata, &[(CONFIG_COPY_LABEL, "sharing")]);
+    cm.metadata.annotations = Some(BTreeMap::from([(
+        CONFIG_SOURCE_ANNOTATION.to_owned(),
+        copy.source.clone(),
+    )]));
+    // Content never changes under a name: a new config is a new copy, and pods roll to it.
+    cm.immutable = Some(true);
+    cm
+}
+
+/// Volumes of the copy and the selected-config directory.
+pub fn config_volumes(copy: &SharingCopy) -> Vec<Volume> {
+    vec![
+        common::config_map_volume(AVAILABLE_CONFIGS_VOLUME, &copy.name, None, &[]),
+        common::empty_dir_volume(CONFIG_VOLUME),
+    ]
+}
+
+/// Mounts of the copy and the selected-config directory (config-manager and consumer alike).
+pub fn config_mounts() -> Vec<VolumeMount> {
+    vec![
+        mount(AVAILABLE_CONFIGS_VOLUME, AVAILABLE_CONFIGS_DIR).read_only(),
+        mount(CONFIG_VOLUME, CONFIG_DIR),
+    ]
+}
+
+fn config_manager_env(
+    copy: &SharingCopy,
+    oneshot: bool,
+    process_to_signal: &str,
+) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    vec![
+        env("ONESHOT", if oneshot { "true" } else { "false" }),
+        // In-cluster credentials of the pod's ServiceAccount.
+        env("KUBECONFIG", ""),
+        env_field("NODE_NAME", "spec.nodeName"),
+        env("NODE_LABEL", CONFIG_NODE_LABEL),
+        env("CONFIG_FILE_SRCDIR", AVAILABLE_CONFIGS_DIR),
+        env("CONFIG_FILE_DST", CONFIG_FILE),
+        env("DEFAULT_CONFIG", &copy.default_key),
+        // A node whose label names nothing and no default: run without sharing.
+        env("FALLBACK_STRATEGIES", "empty"),
+        env("SEND_SIGNAL", if oneshot { "false" } else { "true" }),
+        env("SIGNAL", if oneshot { "" } else { "1" }),
+        env(
+            "PROCESS_TO_SIGNAL",
+            if oneshot { "" } else { process_to_signal },
+        ),
+    ]
+}
+
+/// The config-manager init container and sidecar (device-plugin image) for a consumer whose
+/// main process has `argv[0] == process_to_signal`.
+pub fn config_manager_containers(
+    policy: &ValidatedPolicy,
+    copy: &SharingCopy,
+    process_to_signal: &str,
+) -> (Container, Container) {
+    let image = common::image(policy, ImageKind::DevicePlugin);
+    let init = Container {
+        env: Some(config_manager_env(copy, true, process_to_signal)),
+        volume_mounts: Some(config_mounts()),
+        ..common::container(CONFIG_MANAGER_INIT, &image, &["config-manager"], &[])
+    };
+    let sidecar = Container {
+        env: Some(config_manager_env(copy, false, process_to_signal)),
+        volume_mounts: Some(config_mounts()),
+        security_context: Some(common::privileged()),
+        ..common::container(CONFIG_MANAGER, &image, &["config-manager"], &[])
+    };
+    (init, sidecar)
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    if !spec.is_enabled(Component::DevicePlugin) {
+        return None;
+    }
+    let default_plugin = DevicePluginSpec::default();
+    let plugin = spec.device_plugin.as_ref().unwrap_or(&default_plugin);
+    let copy = sharing_copy(policy, facts);
+    let mps_root = common::mps_root(spec);
+
+    let mut envs = vec![
+        env("PASS_DEVICE_SPECS", "true"),
+        env("FAIL_ON_INIT_ERROR", "true"),
+        env("DEVICE_LIST_STRATEGY", "envvar"),
+        env("DEVICE_ID_STRATEGY", "uuid"),
+        env("NVIDIA_VISIBLE_DEVICES", "all"),
+        env("NVIDIA_DRIVER_CAPABILITIES", "all"),
+        env("MPS_ROOT", mps_root),
+    ];
+    if copy.is_some() {
+        envs.push(env("CONFIG_FILE", CONFIG_FILE));
+    }
+    for var in common::mig_env(spec) {
+        common::set_env(&mut envs, var);
+    }
+    if common::cdi_enabled(spec) {
+        common::set_env(&mut envs, env("CDI_ENABLED", "true"));
+        common::set_env(
+            &mut envs,
+            env("DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri"),
+        );
+        common::set_env(&mut envs, env("CDI_ANNOTATION_PREFIX", "cdi.k8s.io/"));
+        if spec.is_enabled(Component::Toolkit) {
+            let hook =
+                common::join_path(common::toolkit_install_dir(spec), "toolkit/nvidia-cdi-hook");
+            common::set_env(&mut envs, env("NVIDIA_CDI_HOOK_PATH", &hook));
+        }
+    }
+    merge_user_env(&mut envs, plugin.container.env.as_ref());
+
+    let mut mounts = vec![
+        mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh")
+            .sub_path(ENTRYPOINT_KEY)
+            .read_only(),
+        mount(DEVICE_PLUGIN_DIR, "/var/lib/kubelet/device-plugins"),
+        mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR),
+        mount(DRIVER_INSTALL_DIR_VOLUME, "/driver-root").host_to_container(),
+        mount(HOST_ROOT_VOLUME, "/host")
+            .read_only()
+            .host_to_container(),
+        mount(CDI_ROOT, "/var/run/cdi"),
+        mount(MPS_ROOT, "/mps"),
+        mount(MPS_SHM, "/dev/shm"),
+    ];
+    let mut volumes = vec![
+        common::config_map_volume(
+            ENTRYPOINT_CONFIG_MAP,
+            ENTRYPOINT_CONFIG_MAP,
+            Some(0o700),
+            &[],
+        ),
+        // The kubelet's plugin directory; hostPaths.kubeletRootDir does not move it (parity).
+        host_path_volume(
+            DEVICE_PLUGIN_DIR,
+            "/var/lib/kubelet/device-plugins",
+            HostPathType::Any,
+        ),
+        host_path_volume(
+            VALIDATIONS_VOLUME,
+            VALIDATIONS_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            DRIVER_INSTALL_DIR_VOLUME,
+            common::DEFAULT_DRIVER_INSTALL_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+        host_path_volume(CDI_ROOT, "/var/run/cdi", HostPathType::DirectoryOrCreate),
+        host_path_volume(MPS_ROOT, mps_root, HostPathType::DirectoryOrCreate),
+        host_path_volume(
+            MPS_SHM,
+            &common::join_path(mps_root, "shm"),
+            HostPathType::Any,
+        ),
+    ];
+    let mut init = vec![validator::wait_for_toolkit(
+        policy,
+        mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).host_to_container(),
+    )];
+    let mut sidecars = Vec::new();
+    if let Some(copy) = &copy {
+        mounts.extend(config_mounts());
+        volumes.extend(config_volumes(copy));
+        let (cm_init, cm_sidecar) = config_manager_containers(policy, copy, MAIN_CONTAINER);
+        init.push(cm_init);
+        sidecars.push(cm_sidecar);
+    }
+    let main = Container {
+        env: Some(envs),
+        volume_mounts: Some(mounts),
+        security_context: Some(common::privileged()),
+        ..common::container(
+            MAIN_CONTAINER,
+            &common::image(policy, ImageKind::DevicePlugin),
+            &["/bin/sh", "-c"],
+            &["/bin/entrypoint.sh"],
+        )
+    };
+    let mut containers = vec![main];
+    containers.extend(sidecars);
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        // config-manager finds the plugin process to signal through the shared PID namespace.
+        share_process_namespace: copy.is_some().then_some(true),
+        init_containers: Some(init),
+        containers,
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::DevicePlugin, NAME, pod, MAIN_CONTAINER);
+    ds.annotations = openshift::scc_annotation(facts, "hostmount-anyuid");
+    ds.image = Some(&plugin.image);
+    ds.overrides = Some(&plugin.container);
+    ds.host_network = plugin.host_network.unwrap_or(false);
+    ds.gpu_access = GpuAccess::Runtime {
+        nri_container: MAIN_CONTAINER,
+    };
+    ds.config_hash = copy.as_ref().map(|c| c.hash.clone());
+
+    let mut objects = OperandObjects::default();
+    common::add_identity(
+        &mut objects,
+        Operand::DevicePlugin,
+        SERVICE_ACCOUNT,
+        openshift::use_privileged_scc(facts).into_iter().collect(),
+        // config-manager watches its node's config label.
+        vec![rule(&[""], &["nodes"], &["get", "list", "watch"])],
+        facts,
+    );
+    let mut entrypoint = common::config_map(
+        Operand::DevicePlugin,
+        ENTRYPOINT_CONFIG_MAP,
+        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
+        facts,
+    );
+    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
+    objects.config_maps.push(entrypoint);
+    if let Some(copy) = &copy {
+        objects.config_maps.push(copy_config_map(copy, facts));
+    }
+    objects
+        .daemon_sets
+        .push(common::operand_daemon_set(policy, facts, ds));
+    Some(objects)
+}

@@ -1,0 +1,678 @@
+//! Render stage, driver (pure, no IO): DaemonSet `nvidia-driver-daemonset` (always OnDelete,
+//! hostPID) with the k8s-driver-manager init container, the driver container and its startup
+//! probe, the optional nvidia-peermem sidecar, the startup-probe ConfigMap and RBAC
+//! (OPERAND-FACTS §5). The image tag carries the GPU nodes' OS suffix, added by validate.
+//!
+//! Not rendered here: precompiled and OpenShift Driver Toolkit variants (validate rejects
+//! precompiled; DTK needs ImageStream facts we do not have, so OpenShift gets the standard
+//! driver), and the GDS / GDRCopy sidecars (reported as unsupported).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMapVolumeSource, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle,
+    LifecycleHandler, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource,
+    SecretVolumeSource, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::common::{
+    self, COMPONENT_LABEL, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env,
+    env_field, host_path_volume, merge_user_env, mount, rule, set_env,
+};
+use super::{Operand, OperandObjects, openshift};
+use crate::api::{Component, ContainerProbeSpec, DriverSpec, ImageKind, KernelModuleType};
+use crate::facts::{ClusterFacts, Runtime};
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet name and `app` label.
+pub const NAME: &str = "nvidia-driver-daemonset";
+/// ServiceAccount, Role, ClusterRole and SCC name.
+pub const SERVICE_ACCOUNT: &str = "nvidia-driver";
+pub const MAIN_CONTAINER: &str = "nvidia-driver-ctr";
+pub const MANAGER_CONTAINER: &str = "k8s-driver-manager";
+pub const PEERMEM_CONTAINER: &str = "nvidia-peermem-ctr";
+/// `app.kubernetes.io/component` of driver pods; the validator finds the driver DaemonSet by
+/// it and the anti-affinity keeps one driver pod per node with it.
+pub const COMPONENT: &str = "nvidia-driver";
+/// Label telling precompiled and build-on-node driver DaemonSets apart.
+pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
+pub const STARTUP_PROBE_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
+pub const STARTUP_PROBE_KEY: &str = "startup-probe.sh";
+const STARTUP_PROBE_PATH: &str = "/usr/local/bin/startup-probe.sh";
+
+const RUN_NVIDIA: &str = "run-nvidia";
+const VAR_LOG: &str = "var-log";
+const DEV_LOG: &str = "dev-log";
+const HOST_OS_RELEASE: &str = "host-os-release";
+const RUN_FABRICMANAGER: &str = "run-nvidia-fabricmanager";
+const RUN_TOPOLOGYD: &str = "run-nvidia-topologyd";
+const MOFED_USR_SRC: &str = "mlnx-ofed-usr-src";
+const RUN_MELLANOX: &str = "run-mellanox-drivers";
+const HOST_SYS: &str = "host-sys";
+const FIRMWARE_SEARCH_PATH: &str = "firmware-search-path";
+const SYS_DEVICES_SYSTEM: &str = "host-sys-devices-system";
+const NV_FIRMWARE: &str = "nv-firmware";
+const STARTUP_PROBE_VOLUME: &str = "driver-startup-probe-script";
+const LICENSING: &str = "licensing-config";
+const TOPOLOGY: &str = "topology-config";
+const KERNEL_MODULE_CONFIG: &str = "kernel-module-config";
+const REPO_CONFIG: &str = "repo-config";
+const CERT_CONFIG: &str = "cert-config";
+const MOFED_DRIVERS_DIR: &str = "/run/mellanox/drivers";
+
+/// What the startup probe does (our script): fail until the module is loaded, the driver
+/// daemons report Ready and nvidia-smi works; then publish the container's feature flags to
+/// the validator through `.driver-ctr-ready`, written atomically.
+const STARTUP_PROBE_SCRIPT: &str = r#"#!/bin/sh
+# Startup probe of the NVIDIA driver container (rendered by gpu-operator).
+dir=/run/nvidia/validations
+mkdir -p "$dir" || exit 1
+# The kernel module must be loaded.
+[ -f /sys/module/nvidia/refcnt ] || exit 1
+# Daemons the driver container starts report their state here while they come up.
+status_file="$dir/.driver-daemons-status"
+if [ -f "$status_file" ] && [ "$(cat "$status_file")" != "Ready" ]; then
+  exit 1
+fi
+nvidia-smi >/dev/null 2>&1 || exit 1
+tmp=$(mktemp "$dir/.driver-ctr-ready.XXXXXX") || exit 1
+{
+  echo "GDRCOPY_ENABLED: ${GDRCOPY_ENABLED:-false}"
+  echo "GDS_ENABLED: ${GDS_ENABLED:-false}"
+  echo "GPU_DIRECT_RDMA_ENABLED: ${GPU_DIRECT_RDMA_ENABLED:-false}"
+} >"$tmp" && mv -f "$tmp" "$dir/.driver-ctr-ready"
+"#;
+
+/// The OS id part of an OS tag (`ubuntu22.04` -> `ubuntu`, `sl-micro6.0` -> `sl-micro`).
+pub fn os_id(os_tag: &str) -> &str {
+    let end = os_tag
+        .find(|c: char| c.is_ascii_digit())
+        .unwrap_or(os_tag.len());
+    &os_tag[..end]
+}
+
+/// Where the OS's package manager reads repository files, for `driver.repoConfig`.
+pub fn repo_dir(os_id: &str) -> Option<&'static str> {
+    match os_id {
+        "ubuntu" | "debian" => Some("/etc/apt/sources.list.d"),
+        "rhel" | "rhcos" | "centos" | "rocky" | "ol" => Some("/etc/yum.repos.d"),
+        "sles" | "sl-micro" => Some("/etc/zypp/repos.d"),
+        _ => None,
+    }
+}
+
+/// Where the OS reads extra CA certificates, for `driver.certConfig`.
+pub fn cert_dir(os_id: &str) -> Option<&'static str> {
+    match os_id {
+        "ubuntu" | "debian" => Some("/usr/local/share/ca-certificates"),
+        "rhel" | "rhcos" | "centos" | "rocky" | "ol" => Some("/etc/pki/ca-trust/extracted/pem"),
+        "sles" | "sl-micro" => Some("/etc/pki/trust/anchors"),
+        _ => None,
+    }
+}
+
+fn non_empty(s: Option<&String>) -> Option<&str> {
+    s.map(String::as_str).filter(|s| !s.is_empty())
+}
+
+/// The driver ConfigMaps the policy names: (field path, name), for validate's checks.
+pub fn referenced_config_maps(driver: &DriverSpec) -> Vec<(&'static str, &str)> {
+    let mut out = Vec::new();
+    if let Some(name) = non_empty(
+        driver
+            .repo_config
+            .as_ref()
+            .and_then(|r| r.config_map_name.as_ref()),
+    ) {
+        out.push(("spec.driver.repoConfig.configMapName", name));
+    }
+    if let Some(name) = non_empty(driver.cert_config.as_ref().and_then(|c| c.name.as_ref())) {
+        out.push(("spec.driver.certConfig.name", name));
+    }
+    if let Some(name) = non_empty(
+        driver
+            .kernel_module_config
+            .as_ref()
+            .and_then(|c| c.name.as_ref()),
+    ) {
+        out.push(("spec.driver.kernelModuleConfig.name", name));
+    }
+    out
+}
+
+fn probe(exec: &[&str], defaults: [i32; 5], custom: Option<&ContainerProbeSpec>) -> Probe {
+    let [initial_delay, period, timeout, failure, success] = defaults;
+    let custom = custom.cloned().unwrap_or_default();
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(exec.iter().map(|s| (*s).to_owned()).collect()),
+        }),
+        initial_delay_seconds: Some(custom.initial_delay_seconds.unwrap_or(initial_delay)),
+        period_seconds: Some(custom.period_seconds.unwrap_or(period)),
+        timeout_seconds: Some(custom.timeout_seconds.unwrap_or(timeout)),
+        failure_threshold: Some(custom.failure_threshold.unwrap_or(failure)),
+        success_threshold: Some(custom.success_threshold.unwrap_or(success)),
+        ..Probe::default()
+    }
+}
+
+/// Mounts of every key of a ConfigMap as its own file under `dir` (keeps files the image
+/// already has there).
+fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> {
+    keys.iter()
+        .map(|key| {
+            mount(volume, &common::join_path(dir, key))
+                .sub_path(key)
+                .read_only()
+        })
+        .collect()
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    let default_driver = DriverSpec::default();
+    let driver = spec.driver.as_ref().unwrap_or(&default_driver);
+    if !spec.is_enabled(Component::Driver) || driver.uses_nvidia_driver_crd() {
+        return None;
+    }
+    let image = common::image(policy, ImageKind::Driver);
+    let rdma = driver.rdma_enabled();
+    let host_mofed = driver.rdma.as_ref().is_some_and(|r| r.uses_host_mofed());
+    let os = facts.os_tag.as_deref().map(os_id).unwrap_or_default();
+    let keys_of = |name: &str| -> Vec<String> {
+        facts
+            .driver_config_maps
+            .get(name)
+            .map(|cm| cm.data.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+
+    let mut volumes = vec![
+        host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::DirectoryOrCreate),
+        host_path_volume(VAR_LOG, "/var/log", HostPathType::Any),
+        host_path_volume(DEV_LOG, "/dev/log", HostPathType::Any),
+        host_path_volume(HOST_OS_RELEASE, "/etc/os-release", HostPathType::Any),
+        host_path_volume(
+            RUN_FABRICMANAGER,
+            "/run/nvidia-fabricmanager",
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            RUN_TOPOLOGYD,
+            "/run/nvidia-topologyd",
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            MOFED_USR_SRC,
+            if host_mofed {
+                "/usr/src"
+            } else {
+                "/run/mellanox/drivers/usr/src"
+            },
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            RUN_MELLANOX,
+            MOFED_DRIVERS_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+        host_path_volume(HOST_SYS, "/sys", HostPathType::Directory),
+        host_path_volume(
+            FIRMWARE_SEARCH_PATH,
+            "/sys/module/firmware_class/parameters/path",
+            HostPathType::Any,
+        ),
+        host_path_volume(
+            SYS_DEVICES_SYSTEM,
+            "/sys/devices/system",
+            HostPathType::Directory,
+        ),
+        host_path_volume(
+            NV_FIRMWARE,
+            "/run/nvidia/driver/lib/firmware",
+            HostPathType::DirectoryOrCreate,
+        ),
+        common::config_map_volume(
+            STARTUP_PROBE_VOLUME,
+            STARTUP_PROBE_CONFIG_MAP,
+            Some(0o755),
+            &[],
+        ),
+    ];
+
+    let mut driver_mounts = vec![
+        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+        mount(VAR_LOG, "/var/log"),
+        mount(DEV_LOG, "/dev/log"),
+        mount(HOST_OS_RELEASE, "/host-etc/os-release").read_only(),
+        mount(RUN_FABRICMANAGER, "/run/nvidia-fabricmanager"),
+        mount(RUN_TOPOLOGYD, "/run/nvidia-topologyd"),
+        mount(MOFED_USR_SRC, "/run/mellanox/drivers/usr/src").host_to_container(),
+        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
+        mount(
+            FIRMWARE_SEARCH_PATH,
+            "/sys/module/firmware_class/parameters/path",
+        ),
+        mount(SYS_DEVICES_SYSTEM, "/sys/devices/system"),
+        mount(NV_FIRMWARE, "/lib/firmware"),
+        mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH)
+            .sub_path(STARTUP_PROBE_KEY)
+            .read_only(),
+    ];
+    let mut peermem_mounts = vec![
+        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+        mount(VAR_LOG, "/var/log"),
+        mount(DEV_LOG, "/dev/log").read_only(),
+        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
+    ];
+
+    // vGPU guest licensing: gridd.conf (and the NLS client token) from a Secret or ConfigMap.
+    if let Some(licensing) = driver.licensing_config.as_ref()
+        && driver.vgpu_licensing_enabled()
+    {
+        let mut items = vec![("gridd.conf", "gridd.conf")];
+        let nls = licensing.nls_enabled.unwrap_or(false);
+        if nls {
+            items.push((
+                "client_configuration_token.tok",
+                "client_configuration_token.tok",
+            ));
+        }
+        let to_paths = || {
+            items
+                .iter()
+                .map(|(k, p)| KeyToPath {
+                    key: (*k).to_owned(),
+                    path: (*p).to_owned(),
+                    mode: None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let volume = match non_empty(licensing.secret_name.as_ref()) {
+            Some(secret) => Volume {
+                name: LICENSING.to_owned(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.to_owned()),
+                    items: Some(to_paths()),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            None => Volume {
+                name: LICENSING.to_owned(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: non_empty(licensing.config_map_name.as_ref())
+                        .unwrap_or_default()
+                        .to_owned(),
+                    items: Some(to_paths()),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        };
+        volumes.push(volume);
+        driver_mounts.push(
+            mount(LICENSING, "/drivers/gridd.conf")
+                .sub_path("gridd.conf")
+                .read_only(),
+        );
+        if nls {
+            driver_mounts.push(
+                mount(
+                    LICENSING,
+                    "/drivers/ClientConfigToken/client_configuration_token.tok",
+                )
+                .sub_path("client_configuration_token.tok")
+                .read_only(),
+            );
+        }
+    }
+    if let Some(topology) = non_empty(
+        driver
+            .virtual_topology
+            .as_ref()
+            .and_then(|t| t.config.as_ref()),
+    ) {
+        volumes.push(common::config_map_volume(
+            TOPOLOGY,
+            topology,
+            None,
+            &[("nvidia-topologyd.conf", "nvidia-topologyd.conf")],
+        ));
+        driver_mounts.push(
+            mount(TOPOLOGY, "/etc/nvidia/nvidia-topologyd.conf")
+                .sub_path("nvidia-topologyd.conf")
+                .read_only(),
+        );
+    }
+    if let Some(name) = non_empty(
+        driver
+            .kernel_module_config
+            .as_ref()
+            .and_then(|c| c.name.as_ref()),
+    ) {
+        volumes.push(common::config_map_volume(
+            KERNEL_MODULE_CONFIG,
+            name,
+            None,
+            &[],
+        ));
+        let keys = keys_of(name);
+        driver_mounts.extend(per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys));
+        peermem_mounts.extend(per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys));
+    }
+    let repo_config = non_empty(
+        driver
+            .repo_config
+            .as_ref()
+            .and_then(|r| r.config_map_name.as_ref()),
+    );
+    if let (Some(name), Some(dir)) = (repo_config, repo_dir(os)) {
+        volumes.push(common::config_map_volume(REPO_CONFIG, name, None, &[]));
+        driver_mounts.extend(per_key_mounts(REPO_CONFIG, dir, &keys_of(name)));
+    }
+    if let (Some(name), Some(dir)) = (
+        non_empty(driver.cert_config.as_ref().and_then(|c| c.name.as_ref())),
+        cert_dir(os),
+    ) {
+        volumes.push(common::config_map_volume(CERT_CONFIG, name, None, &[]));
+        driver_mounts.extend(per_key_mounts(CERT_CONFIG, dir, &keys_of(name)));
+    }
+    // Entitled package repositories of the host, for builds on RHEL and SLES nodes when no
+    // repository config replaces them (OpenShift and CRI-O hosts provide their own).
+    let subscriptions: &[(&str, &str, HostPathType)] = match os {
+        "rhel" if !facts.openshift && facts.runtime != Runtime::CriO && repo_config.is_none() => &[
+            (
+                "/etc/pki/entitlement",
+                "/run/secrets/etc-pki-entitlement",
+                HostPathType::Directory,
+            ),
+            (
+                "/etc/yum.repos.d/redhat.repo",
+                "/run/secrets/redhat.repo",
+                HostPathType::File,
+            ),
+            ("/etc/rhsm", "/run/secrets/rhsm", HostPathType::Directory),
+        ],
+        "sles" | "sl-micro" if repo_config.is_none() => &[
+            (
+                "/etc/zypp/credentials.d",
+                "/etc/zypp/credentials.d",
+                HostPathType::Directory,
+            ),
+            (
+                "/etc/SUSEConnect",
+                "/etc/SUSEConnect",
+                HostPathType::FileOrCreate,
+            ),
+        ],
+        _ => &[],
+    };
+    let mut subscriptions = subscriptions.to_vec();
+    subscriptions.sort_by_key(|(_, mount_path, _)| *mount_path);
+    for (i, (host, path, kind)) in subscriptions.into_iter().enumerate() {
+        let name = format!("subscription-config-{i}");
+        volumes.push(host_path_volume(&name, host, kind));
+        driver_mounts.push(mount(&name, path).read_only());
+    }
+
+    // Containers.
+    let mut manager_env = vec![
+        env_field("NODE_NAME", "spec.nodeName"),
+        // The manager talks to the API server only; it must not get GPUs from the runtime.
+        env("NVIDIA_VISIBLE_DEVICES", "void"),
+        env("ENABLE_GPU_POD_EVICTION", "true"),
+        env("ENABLE_AUTO_DRAIN", "false"),
+        env("DRAIN_USE_FORCE", "false"),
+        env("DRAIN_POD_SELECTOR_LABEL", ""),
+        env("DRAIN_TIMEOUT_SECONDS", "0s"),
+        env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
+        env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
+    ];
+    let mut driver_env = vec![
+        env_field("NODE_NAME", "spec.nodeName"),
+        env_field("NODE_IP", "status.hostIP"),
+    ];
+    if let Some(kind) = driver.kernel_module_type {
+        let value = match kind {
+            KernelModuleType::Auto => "auto",
+            KernelModuleType::Open => "open",
+            KernelModuleType::Proprietary => "proprietary",
+        };
+        driver_env.push(env("KERNEL_MODULE_TYPE", value));
+        if kind == KernelModuleType::Open {
+            driver_env.push(env("OPEN_KERNEL_MODULES_ENABLED", "true"));
+        }
+    }
+    if rdma {
+        for envs in [&mut manager_env, &mut driver_env] {
+            envs.push(env("GPU_DIRECT_RDMA_ENABLED", "true"));
+            if host_mofed {
+                envs.push(env("USE_HOST_MOFED", "true"));
+            }
+        }
+    }
+    merge_user_env(&mut driver_env, driver.container.env.as_ref());
+    merge_user_env(
+        &mut manager_env,
+        driver.manager.as_ref().and_then(|m| m.env.as_ref()),
+    );
+
+    let manager = Container {
+        env: Some(manager_env),
+        security_context: Some(common::privileged()),
+        volume_mounts: Some(vec![
+            mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+            mount(HOST_ROOT_VOLUME, "/host")
+                .read_only()
+                .host_to_container(),
+            mount(HOST_SYS, "/sys"),
+            mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
+        ]),
+        ..common::container(
+            MANAGER_CONTAINER,
+            &common::image(policy, ImageKind::DriverManager),
+            &["driver-manager"],
+            &["uninstall_driver"],
+        )
+    };
+    let ready_files = "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status";
+    let main = Container {
+        env: Some(driver_env),
+        env_from: non_empty(driver.secret_env.as_ref()).map(|secret| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: secret.to_owned(),
+                    optional: None,
+                }),
+                ..EnvFromSource::default()
+            }]
+        }),
+        security_context: Some(common::privileged_s0()),
+        volume_mounts: Some(driver_mounts),
+        // Building and loading the modules can take many minutes.
+        startup_probe: Some(probe(
+            &["sh", STARTUP_PROBE_PATH],
+            [60, 10, 60, 120, 1],
+            driver.startup_probe.as_ref(),
+        )),
+        // The validator must not see a stale ready file while the driver is replaced.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "sh".to_owned(),
+                        "-c".to_owned(),
+                        ready_files.to_owned(),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        ..common::container(MAIN_CONTAINER, &image, &["nvidia-driver"], &["init"])
+    };
+    let mut containers = vec![main];
+    if rdma {
+        let mut peermem_env = Vec::new();
+        if host_mofed {
+            peermem_env.push(env("USE_HOST_MOFED", "true"));
+        }
+        let peermem_probe = &["nvidia-driver", "probe_nvidia_peermem"];
+        containers.push(Container {
+            env: (!peermem_env.is_empty()).then_some(peermem_env),
+            security_context: Some(common::privileged_s0()),
+            volume_mounts: Some(peermem_mounts),
+            startup_probe: Some(probe(peermem_probe, [10, 10, 10, 120, 1], None)),
+            liveness_probe: Some(probe(peermem_probe, [30, 30, 10, 1, 1], None)),
+            ..common::container(
+                PEERMEM_CONTAINER,
+                &image,
+                &["nvidia-driver"],
+                &["reload_nvidia_peermem"],
+            )
+        });
+    }
+
+    let component = || common::string_map(&[(COMPONENT_LABEL, COMPONENT)]);
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        host_pid: Some(true),
+        init_containers: Some(vec![manager]),
+        containers,
+        volumes: Some(volumes),
+        // One driver per node, whichever DaemonSet variant it comes from.
+        affinity: Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                    label_selector: Some(LabelSelector {
+                        match_labels: Some(component()),
+                        match_expressions: None,
+                    }),
+                    topology_key: "kubernetes.io/hostname".to_owned(),
+                    ..PodAffinityTerm::default()
+                }]),
+                ..PodAntiAffinity::default()
+            }),
+            ..Affinity::default()
+        }),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::Driver, NAME, pod, MAIN_CONTAINER);
+    ds.labels = component();
+    ds.labels
+        .insert(PRECOMPILED_LABEL.to_owned(), "false".to_owned());
+    ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
+    ds.pod_annotations =
+        common::string_map(&[("kubectl.kubernetes.io/default-container", MAIN_CONTAINER)]);
+    ds.image = Some(&driver.image);
+    ds.overrides = Some(&driver.container);
+    ds.host_network = driver.host_network.unwrap_or(false);
+    ds.always_on_delete = true;
+    let mut daemon_set = common::operand_daemon_set(policy, facts, ds);
+    add_config_digest(&mut daemon_set);
+
+    let mut objects = OperandObjects::default();
+    let mut cluster_rules = Vec::new();
+    if facts.openshift {
+        cluster_rules.push(rule(
+            &["config.openshift.io"],
+            &["clusterversions"],
+            &["get", "list"],
+        ));
+    }
+    cluster_rules.extend([
+        // The manager cordons the node and pauses operands through their deploy labels.
+        rule(
+            &[""],
+            &["nodes"],
+            &["get", "list", "patch", "update", "watch"],
+        ),
+        // ... and evicts the pods that use GPUs before unloading the driver.
+        rule(&[""], &["pods"], &["get", "list", "watch"]),
+        rule(&[""], &["pods/eviction"], &["create"]),
+        rule(&["resource.k8s.io"], &["resourceclaims"], &["get", "list"]),
+        rule(&["apps"], &["daemonsets"], &["get"]),
+    ]);
+    common::add_identity(
+        &mut objects,
+        Operand::Driver,
+        SERVICE_ACCOUNT,
+        openshift::use_privileged_scc(facts).into_iter().collect(),
+        cluster_rules,
+        facts,
+    );
+    let mut probe_config = common::config_map(
+        Operand::Driver,
+        STARTUP_PROBE_CONFIG_MAP,
+        BTreeMap::from([(
+            STARTUP_PROBE_KEY.to_owned(),
+            STARTUP_PROBE_SCRIPT.to_owned(),
+        )]),
+        facts,
+    );
+    common::add_labels(
+        &mut probe_config.metadata,
+        &[(common::APP_LABEL, NAME), (COMPONENT_LABEL, COMPONENT)],
+    );
+    objects.config_maps.push(probe_config);
+    objects.daemon_sets.push(daemon_set);
+    objects.dynamic.extend(openshift::scc(
+        Operand::Driver,
+        SERVICE_ACCOUNT,
+        openshift::HostAccess {
+            pid: true,
+            ..Default::default()
+        },
+        facts,
+    ));
+    Some(objects)
+}
+
+/// Sets `DRIVER_CONFIG_DIGEST` on the manager and driver containers: a hash of what decides
+/// the installed driver (containers' images, commands, env and mounts, and the volumes). The
+/// manager skips unloading the driver when the node's installed digest is the same.
+fn add_config_digest(daemon_set: &mut k8s_openapi::api::apps::v1::DaemonSet) {
+    let Some(pod) = daemon_set
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    else {
+        return;
+    };
+    let relevant: Vec<serde_json::Value> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(pod.containers.iter())
+        .map(|c| {
+            serde_json::json!({
+                "name": c.name,
+                "image": c.image,
+                "command": c.command,
+                "args": c.args,
+                "env": c.env,
+                "envFrom": c.env_from,
+                "volumeMounts": c.volume_mounts,
+            })
+        })
+        .collect();
+    let input = serde_json::json!({"containers": relevant, "volumes": pod.volumes});
+    let digest = common::sha256_hex(input.to_string().as_bytes());
+    let digest = &digest[..16];
+    for c in pod
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(pod.containers.iter_mut())
+    {
+        if c.name == MANAGER_CONTAINER || c.name == MAIN_CONTAINER {
+            set_env(
+                c.env.get_or_insert_with(Vec::new),
+                env("DRIVER_CONFIG_DIGEST", digest),
+            );
+        }
+    }
+}

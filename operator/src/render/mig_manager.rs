@@ -1,0 +1,292 @@
+//! Render stage, MIG manager (pure, no IO): DaemonSet `nvidia-mig-manager` that applies the
+//! MIG layout named by each node's `nvidia.com/mig.config` label, its entrypoint, the default
+//! layouts ConfigMap `default-mig-parted-config` (generated from the per-model profile table)
+//! and the default GPU-clients list (OPERAND-FACTS §13, CONFIG-FACTS §4.4 and §5). The layouts
+//! the pods read are hashed into the pod template.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use serde_json::json;
+
+use super::common::{
+    self, DRIVER_INSTALL_DIR_VOLUME, GpuAccess, HOST_ROOT_VOLUME, HostPathType, MountExt,
+    OperandDaemonSet, VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount,
+    rule,
+};
+use super::validator::{self, VALIDATIONS_VOLUME};
+use super::{Operand, OperandObjects, openshift};
+use crate::api::{Component, ImageKind, MigManagerSpec};
+use crate::facts::ClusterFacts;
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet name and `app` label.
+pub const NAME: &str = "nvidia-mig-manager";
+/// ServiceAccount, Role, ClusterRole and SCC name.
+pub const SERVICE_ACCOUNT: &str = "nvidia-mig-manager";
+pub const MAIN_CONTAINER: &str = "nvidia-mig-manager";
+pub const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-mig-manager-entrypoint";
+/// The layouts ConfigMap rendered when the policy names no other (also the CRD default name).
+pub const DEFAULT_CONFIG_MAP: &str = "default-mig-parted-config";
+/// The host services list rendered when the policy names no other.
+pub const DEFAULT_GPU_CLIENTS: &str = "default-gpu-clients";
+/// Key of the layouts in a MIG config ConfigMap.
+pub const CONFIG_KEY: &str = "config.yaml";
+/// Key of the services list in a GPU-clients ConfigMap.
+pub const CLIENTS_KEY: &str = "clients.yaml";
+const ENTRYPOINT_KEY: &str = "entrypoint.sh";
+
+const HOST_SYS: &str = "host-sys";
+const GPU_CLIENTS: &str = "gpu-clients";
+const MIG_PARTED_CONFIG: &str = "mig-parted-config";
+const CDI_ROOT: &str = "cdi-root";
+
+/// The entrypoint (our script): wait for the driver validation, take over what it found, and
+/// stop host GPU clients during a change only when the driver is installed on the host.
+const ENTRYPOINT: &str = r#"#!/bin/sh
+# Entrypoint of the NVIDIA MIG manager (rendered by gpu-operator).
+ready=/run/nvidia/validations/driver-ready
+until [ -f "$ready" ]; do
+  echo "waiting for the driver validation ($ready)"
+  sleep 5
+done
+set -a
+. "$ready"
+set +a
+export WITH_SHUTDOWN_HOST_GPU_CLIENTS="${IS_HOST_DRIVER:-false}"
+exec nvidia-mig-manager
+"#;
+
+/// Host services that hold GPUs open and are stopped while a GPU is repartitioned.
+const DEFAULT_CLIENT_SERVICES: [&str; 9] = [
+    "nvsm.service",
+    "nvsm-mqtt.service",
+    "nvsm-core.service",
+    "nvsm-api-gateway.service",
+    "nvsm-notifier.service",
+    "nv_peer_mem.service",
+    "nvidia-dcgm.service",
+    "dcgm.service",
+    "dcgm-exporter.service",
+];
+
+/// The default layouts (mig-parted `version: v1`): `all-disabled`, `all-enabled`,
+/// `all-balanced` and one `all-<profile>` per MIG profile, limited by PCI device filter to the
+/// models that offer it. Generated from the per-model profile table the MIG validation uses
+/// (`sharing::mig_profiles`), so the layouts we ship and the ones we accept cannot drift apart.
+pub fn default_mig_config() -> String {
+    crate::sharing::mig::default_config()
+}
+
+fn default_clients() -> String {
+    let config = json!({"version": "v1", "systemd-services": DEFAULT_CLIENT_SERVICES});
+    serde_yaml_ng::to_string(&config).unwrap_or_default()
+}
+
+/// The custom layouts ConfigMap the policy names, if it names one other than the default.
+pub fn custom_config_name(spec: &MigManagerSpec) -> Option<&str> {
+    spec.config
+        .as_ref()
+        .and_then(|c| c.name.as_deref())
+        .filter(|n| !n.is_empty() && *n != DEFAULT_CONFIG_MAP)
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    if !spec.is_enabled(Component::MigManager) {
+        return None;
+    }
+    let default_manager = MigManagerSpec::default();
+    let manager = spec.mig_manager.as_ref().unwrap_or(&default_manager);
+    let custom_config = custom_config_name(manager);
+    let custom_clients = manager
+        .gpu_clients_config
+        .as_ref()
+        .and_then(|c| c.name.as_deref())
+        .filter(|n| !n.is_empty());
+
+    let mut objects = OperandObjects::default();
+    let mut envs = vec![
+        env_field("NODE_NAME", "spec.nodeName"),
+        env_field("POD_NAME", "metadata.name"),
+        env_field("POD_NAMESPACE", "metadata.namespace"),
+        env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
+        // Where mig-manager looks for operand pods to wait for before repartitioning.
+        env_field("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
+    ];
+    let config_hash = match custom_config {
+        Some(_) => {
+            envs.push(env("CONFIG_FILE", "/mig-parted-config/config.yaml"));
+            facts
+                .mig_config
+                .as_ref()
+                .map(|cm| common::config_hash(&cm.data))
+        }
+        None => {
+            // mig-manager generates layouts from the hardware and falls back to these only
+            // when it finds no profiles.
+            envs.push(env(
+                "DEFAULT_CONFIG_FILE",
+                "/mig-parted-config/config-default.yaml",
+            ));
+            let data = BTreeMap::from([(CONFIG_KEY.to_owned(), default_mig_config())]);
+            let hash = common::config_hash(&data);
+            objects.config_maps.push(common::config_map(
+                Operand::MigManager,
+                DEFAULT_CONFIG_MAP,
+                data,
+                facts,
+            ));
+            Some(hash)
+        }
+    };
+    if custom_clients.is_none() {
+        objects.config_maps.push(common::config_map(
+            Operand::MigManager,
+            DEFAULT_GPU_CLIENTS,
+            BTreeMap::from([(CLIENTS_KEY.to_owned(), default_clients())]),
+            facts,
+        ));
+    }
+    if common::cdi_enabled(spec) {
+        envs.push(env("CDI_ENABLED", "true"));
+        if spec.is_enabled(Component::Toolkit) {
+            let hook =
+                common::join_path(common::toolkit_install_dir(spec), "toolkit/nvidia-cdi-hook");
+            envs.push(env("NVIDIA_CDI_HOOK_PATH", &hook));
+        }
+    }
+    merge_user_env(&mut envs, manager.container.env.as_ref());
+
+    let config_volume = match custom_config {
+        Some(name) => common::config_map_volume(MIG_PARTED_CONFIG, name, None, &[]),
+        None => common::config_map_volume(
+            MIG_PARTED_CONFIG,
+            DEFAULT_CONFIG_MAP,
+            None,
+            &[(CONFIG_KEY, "config-default.yaml")],
+        ),
+    };
+    let volumes = vec![
+        common::config_map_volume(
+            ENTRYPOINT_CONFIG_MAP,
+            ENTRYPOINT_CONFIG_MAP,
+            Some(0o700),
+            &[],
+        ),
+        host_path_volume(HOST_SYS, "/sys", HostPathType::Directory),
+        host_path_volume(
+            VALIDATIONS_VOLUME,
+            VALIDATIONS_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            DRIVER_INSTALL_DIR_VOLUME,
+            common::DEFAULT_DRIVER_INSTALL_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+        common::config_map_volume(
+            GPU_CLIENTS,
+            custom_clients.unwrap_or(DEFAULT_GPU_CLIENTS),
+            None,
+            &[],
+        ),
+        config_volume,
+        host_path_volume(CDI_ROOT, "/var/run/cdi", HostPathType::DirectoryOrCreate),
+    ];
+    let main = Container {
+        env: Some(envs),
+        volume_mounts: Some(vec![
+            mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh")
+                .sub_path(ENTRYPOINT_KEY)
+                .read_only(),
+            mount(HOST_SYS, "/sys"),
+            mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR),
+            mount(DRIVER_INSTALL_DIR_VOLUME, "/driver-root").host_to_container(),
+            // Writable: mig-manager chroots here to stop and start host GPU clients.
+            mount(HOST_ROOT_VOLUME, "/host").host_to_container(),
+            mount(GPU_CLIENTS, "/gpu-clients"),
+            mount(MIG_PARTED_CONFIG, "/mig-parted-config"),
+            mount(CDI_ROOT, "/var/run/cdi"),
+        ]),
+        security_context: Some(common::privileged()),
+        ..common::container(
+            MAIN_CONTAINER,
+            &common::image(policy, ImageKind::MigManager),
+            &["/bin/sh", "-c"],
+            &["/bin/entrypoint.sh"],
+        )
+    };
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        host_pid: Some(true),
+        host_ipc: Some(true),
+        init_containers: Some(vec![validator::wait_for_toolkit(
+            policy,
+            mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).host_to_container(),
+        )]),
+        containers: vec![main],
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::MigManager, NAME, pod, MAIN_CONTAINER);
+    ds.image = Some(&manager.image);
+    ds.overrides = Some(&manager.container);
+    ds.gpu_access = GpuAccess::Runtime {
+        nri_container: MAIN_CONTAINER,
+    };
+    ds.config_hash = config_hash;
+
+    let role_rules = openshift::use_privileged_scc(facts)
+        .into_iter()
+        .chain([
+            // It waits for operand pods to leave and deletes validator pods after a change.
+            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            // It publishes the layouts it generated as <node>-mig-config.
+            rule(
+                &[""],
+                &["configmaps"],
+                &["create", "get", "list", "update", "patch"],
+            ),
+        ])
+        .collect();
+    common::add_identity(
+        &mut objects,
+        Operand::MigManager,
+        SERVICE_ACCOUNT,
+        role_rules,
+        vec![
+            // It writes mig.config.state and pauses operands through their deploy labels.
+            rule(
+                &[""],
+                &["nodes"],
+                &["get", "list", "watch", "update", "patch"],
+            ),
+            rule(&[""], &["pods"], &["list"]),
+        ],
+        facts,
+    );
+    let mut entrypoint = common::config_map(
+        Operand::MigManager,
+        ENTRYPOINT_CONFIG_MAP,
+        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
+        facts,
+    );
+    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
+    objects.config_maps.insert(0, entrypoint);
+    objects
+        .daemon_sets
+        .push(common::operand_daemon_set(policy, facts, ds));
+    objects.dynamic.extend(openshift::scc(
+        Operand::MigManager,
+        SERVICE_ACCOUNT,
+        openshift::HostAccess {
+            pid: true,
+            ipc: true,
+            ..Default::default()
+        },
+        facts,
+    ));
+    Some(objects)
+}

@@ -1,0 +1,363 @@
+//! Render stage, container toolkit (pure, no IO): DaemonSet
+//! `nvidia-container-toolkit-daemonset` that installs the NVIDIA runtime and CDI specs and
+//! configures the cluster's one container runtime (containerd, CRI-O or Docker: config files
+//! and socket mounted per runtime), gated by the driver validation (OPERAND-FACTS §6).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+
+use super::common::{
+    self, DRIVER_INSTALL_DIR_VOLUME, HOST_DEV_CHAR_VOLUME, HOST_ROOT_VOLUME, HostPathType,
+    MountExt, OperandDaemonSet, VALIDATIONS_DIR, env, env_field, env_value, host_path_volume,
+    merge_user_env, mount, rule, set_env,
+};
+use super::validator::{self, VALIDATIONS_VOLUME};
+use super::{Operand, OperandObjects, openshift};
+use crate::api::{Component, ImageKind, ToolkitSpec};
+use crate::facts::{ClusterFacts, Runtime};
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet name and `app` label.
+pub const NAME: &str = "nvidia-container-toolkit-daemonset";
+/// ServiceAccount and Role name.
+pub const SERVICE_ACCOUNT: &str = "nvidia-container-toolkit";
+pub const MAIN_CONTAINER: &str = "nvidia-container-toolkit-ctr";
+/// ConfigMap (and volume) holding the main container's entrypoint.
+pub const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-container-toolkit-entrypoint";
+const ENTRYPOINT_KEY: &str = "entrypoint.sh";
+
+const TOOLKIT_ROOT: &str = "toolkit-root";
+const TOOLKIT_INSTALL_DIR: &str = "toolkit-install-dir";
+const CRIO_HOOKS: &str = "crio-hooks";
+const CDI_ROOT: &str = "cdi-root";
+const NRI_SOCKET_VOLUME: &str = "nri-socket";
+const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
+
+/// Container-side directories the runtime's host files are mounted under.
+const CONFIG_DIR_CTR: &str = "/runtime/config-dir/";
+const DROP_IN_DIR_CTR: &str = "/runtime/config-dir.d/";
+const SOCKET_DIR_CTR: &str = "/runtime/sock-dir/";
+const NRI_DIR_CTR: &str = "/runtime/nri-sock-dir/";
+
+/// The entrypoint (our script): wait for the driver validation, take over the driver roots it
+/// found, give containerd time to settle after a restart, then run the toolkit installer.
+const ENTRYPOINT: &str = r#"#!/bin/sh
+# Entrypoint of the NVIDIA container toolkit (rendered by gpu-operator).
+ready=/run/nvidia/validations/driver-ready
+until [ -f "$ready" ]; do
+  echo "waiting for the driver validation ($ready)"
+  sleep 5
+done
+set -a
+. "$ready"
+set +a
+# containerd >= 1.6.9 may still be restarting from an earlier configuration change.
+sleep 5
+exec nvidia-toolkit
+"#;
+
+/// One host file of the runtime's configuration, mounted through its directory.
+struct HostFile {
+    volume: &'static str,
+    host: String,
+    ctr_dir: &'static str,
+    kind: HostPathType,
+}
+
+impl HostFile {
+    fn dir(&self) -> &str {
+        match self.host.rfind('/') {
+            Some(0) => "/",
+            Some(i) => &self.host[..i],
+            None => ".",
+        }
+    }
+    fn ctr_path(&self) -> String {
+        let file = self.host.rsplit('/').next().unwrap_or_default();
+        format!("{}{file}", self.ctr_dir)
+    }
+}
+
+/// The first of `names` the user set to a non-empty host path, else `default`.
+fn user_path(envs: &[EnvVar], names: &[&str], default: &str) -> String {
+    names
+        .iter()
+        .find_map(|n| env_value(envs, n).filter(|v| !v.is_empty()))
+        .unwrap_or(default)
+        .to_owned()
+}
+
+/// The runtime's configuration and socket: variables pointing the toolkit at container paths,
+/// and the host directories mounted there. User variables name host paths (read before).
+fn runtime_files(runtime: Runtime, envs: &mut Vec<EnvVar>) -> Vec<HostFile> {
+    let config = |volume, names: &[&str], default| HostFile {
+        volume,
+        host: user_path(envs, names, default),
+        ctr_dir: CONFIG_DIR_CTR,
+        kind: HostPathType::DirectoryOrCreate,
+    };
+    let drop_in = |volume, default| HostFile {
+        volume,
+        host: user_path(envs, &["RUNTIME_DROP_IN_CONFIG"], default),
+        ctr_dir: DROP_IN_DIR_CTR,
+        kind: HostPathType::DirectoryOrCreate,
+    };
+    let socket = |volume, names: &[&str], default| HostFile {
+        volume,
+        host: user_path(envs, names, default),
+        ctr_dir: SOCKET_DIR_CTR,
+        kind: HostPathType::Any,
+    };
+    let (config, drop_in, socket, config_var, socket_var) = match runtime {
+        Runtime::Containerd => (
+            config(
+                "containerd-config",
+                &["CONTAINERD_CONFIG", "RUNTIME_CONFIG"],
+                "/etc/containerd/config.toml",
+            ),
+            Some(drop_in(
+                "containerd-drop-in-config",
+                "/etc/containerd/conf.d/99-nvidia.toml",
+            )),
+            Some(socket(
+                "containerd-socket",
+                &["CONTAINERD_SOCKET", "RUNTIME_SOCKET"],
+                "/run/containerd/containerd.sock",
+            )),
+            "CONTAINERD_CONFIG",
+            Some("CONTAINERD_SOCKET"),
+        ),
+        Runtime::CriO => (
+            config(
+                "crio-config",
+                &["CRIO_CONFIG", "RUNTIME_CONFIG"],
+                "/etc/crio/config.toml",
+            ),
+            Some(drop_in(
+                "crio-drop-in-config",
+                "/etc/crio/crio.conf.d/99-nvidia.conf",
+            )),
+            None,
+            "CRIO_CONFIG",
+            None,
+        ),
+        Runtime::Docker => (
+            config(
+                "docker-config",
+                &["DOCKER_CONFIG", "RUNTIME_CONFIG"],
+                "/etc/docker/daemon.json",
+            ),
+            None,
+            Some(socket(
+                "docker-socket",
+                &["DOCKER_SOCKET", "RUNTIME_SOCKET"],
+                "/var/run/docker.sock",
+            )),
+            "DOCKER_CONFIG",
+            Some("DOCKER_SOCKET"),
+        ),
+    };
+    set_env(envs, env("RUNTIME_CONFIG", &config.ctr_path()));
+    set_env(envs, env(config_var, &config.ctr_path()));
+    let mut files = vec![config];
+    if let Some(drop_in) = drop_in {
+        set_env(envs, env("RUNTIME_DROP_IN_CONFIG", &drop_in.ctr_path()));
+        set_env(envs, env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in.host));
+        files.push(drop_in);
+    }
+    if let (Some(socket), Some(var)) = (socket, socket_var) {
+        set_env(envs, env("RUNTIME_SOCKET", &socket.ctr_path()));
+        set_env(envs, env(var, &socket.ctr_path()));
+        files.push(socket);
+    }
+    files
+}
+
+/// `RUNTIME_CONFIG_SOURCE` names host files as `file=<path>`; the container sees the host
+/// root under `/host`.
+fn rewrite_config_source(envs: &mut [EnvVar]) {
+    if let Some(var) = envs.iter_mut().find(|e| e.name == "RUNTIME_CONFIG_SOURCE")
+        && let Some(value) = var.value.as_mut()
+    {
+        *value = value
+            .split(',')
+            .map(|entry| match entry.strip_prefix("file=") {
+                Some(path) if !path.starts_with("/host/") => format!("file=/host{path}"),
+                _ => entry.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    if !spec.is_enabled(Component::Toolkit) {
+        return None;
+    }
+    let default_toolkit = ToolkitSpec::default();
+    let toolkit = spec.toolkit.as_ref().unwrap_or(&default_toolkit);
+    let install_dir = common::toolkit_install_dir(spec);
+    let cdi = common::cdi_enabled(spec);
+    let nri = common::nri_enabled(spec);
+
+    let mut envs = vec![
+        env("ROOT", install_dir),
+        env(
+            "NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND",
+            "management.nvidia.com/gpu",
+        ),
+        // The toolkit must run under the plain runtime it is about to reconfigure.
+        env("NVIDIA_VISIBLE_DEVICES", "void"),
+        env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),
+        env_field("NRI_NAMESPACE", "metadata.namespace"),
+    ];
+    // User variables come first here: they may name non-default host paths of the runtime,
+    // which the steps below turn into mounts.
+    merge_user_env(&mut envs, toolkit.container.env.as_ref());
+    if cdi {
+        set_env(&mut envs, env("CDI_ENABLED", "true"));
+        set_env(&mut envs, env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"));
+        set_env(&mut envs, env("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"));
+        set_env(&mut envs, env("CRIO_CONFIG_MODE", "config"));
+        if nri {
+            set_env(&mut envs, env("ENABLE_NRI_PLUGIN", "true"));
+        }
+    } else if facts.runtime == Runtime::CriO {
+        // Without CDI, CRI-O gets the runtime through an OCI prestart hook.
+        set_env(&mut envs, env("CRIO_CONFIG_MODE", "hook"));
+    }
+    set_env(&mut envs, env("RUNTIME", facts.runtime.toolkit_name()));
+    if facts.runtime == Runtime::Containerd && !nri {
+        set_env(
+            &mut envs,
+            env("CONTAINERD_RUNTIME_CLASS", common::runtime_class_name(spec)),
+        );
+    }
+
+    let mut volumes = vec![
+        common::config_map_volume(
+            "nvidia-container-toolkit-entrypoint",
+            ENTRYPOINT_CONFIG_MAP,
+            Some(0o700),
+            &[],
+        ),
+        host_path_volume(
+            TOOLKIT_ROOT,
+            "/run/nvidia/toolkit",
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            VALIDATIONS_VOLUME,
+            VALIDATIONS_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(
+            DRIVER_INSTALL_DIR_VOLUME,
+            common::DEFAULT_DRIVER_INSTALL_DIR,
+            HostPathType::DirectoryOrCreate,
+        ),
+        host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+        host_path_volume(TOOLKIT_INSTALL_DIR, install_dir, HostPathType::Any),
+        host_path_volume(HOST_DEV_CHAR_VOLUME, "/dev/char", HostPathType::Any),
+        host_path_volume(CDI_ROOT, "/var/run/cdi", HostPathType::DirectoryOrCreate),
+    ];
+    let mut mounts = vec![
+        mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh")
+            .sub_path(ENTRYPOINT_KEY)
+            .read_only(),
+        mount(TOOLKIT_ROOT, "/run/nvidia/toolkit"),
+        mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR),
+        mount(DRIVER_INSTALL_DIR_VOLUME, "/driver-root").host_to_container(),
+        mount(HOST_ROOT_VOLUME, "/host")
+            .read_only()
+            .host_to_container(),
+        mount(TOOLKIT_INSTALL_DIR, install_dir),
+        mount(CDI_ROOT, "/var/run/cdi"),
+    ];
+    if facts.runtime == Runtime::CriO {
+        // OpenShift keeps OCI hooks under /run; other CRI-O hosts under /usr/share.
+        let hooks = if facts.openshift {
+            "/run/containers/oci/hooks.d"
+        } else {
+            "/usr/share/containers/oci/hooks.d"
+        };
+        volumes.push(host_path_volume(CRIO_HOOKS, hooks, HostPathType::Any));
+        mounts.push(mount(CRIO_HOOKS, "/usr/share/containers/oci/hooks.d"));
+    }
+    if nri {
+        let host = user_path(&envs, &["NRI_SOCKET"], DEFAULT_NRI_SOCKET);
+        let file = HostFile {
+            volume: NRI_SOCKET_VOLUME,
+            host,
+            ctr_dir: NRI_DIR_CTR,
+            kind: HostPathType::DirectoryOrCreate,
+        };
+        set_env(&mut envs, env("NRI_SOCKET", &file.ctr_path()));
+        volumes.push(host_path_volume(file.volume, file.dir(), file.kind));
+        mounts.push(mount(file.volume, file.ctr_dir));
+    } else {
+        for file in runtime_files(facts.runtime, &mut envs) {
+            volumes.push(host_path_volume(file.volume, file.dir(), file.kind));
+            mounts.push(mount(file.volume, file.ctr_dir));
+        }
+    }
+    rewrite_config_source(&mut envs);
+
+    let main = Container {
+        env: Some(envs),
+        volume_mounts: Some(mounts),
+        security_context: Some(common::privileged_s0()),
+        ..common::container(
+            MAIN_CONTAINER,
+            &common::image(policy, ImageKind::Toolkit),
+            &["/bin/sh", "-c"],
+            &["/bin/entrypoint.sh"],
+        )
+    };
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        host_pid: Some(true),
+        init_containers: Some(vec![validator::driver_validation(policy)]),
+        containers: vec![main],
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::Toolkit, NAME, pod, MAIN_CONTAINER);
+    ds.annotations = openshift::scc_annotation(facts, "hostmount-anyuid");
+    ds.image = Some(&toolkit.image);
+    // NVIDIA's toolkit section has no args: ours are accepted for schema parity but not applied,
+    // since replacing the entrypoint would skip the driver wait.
+    let overrides = crate::api::ContainerOverrides {
+        args: None,
+        ..toolkit.container.clone()
+    };
+    ds.overrides = Some(&overrides);
+
+    let mut objects = OperandObjects::default();
+    let role_rules = openshift::use_privileged_scc(facts)
+        .into_iter()
+        .chain([rule(&["apps"], &["daemonsets"], &["list"])])
+        .collect();
+    common::add_identity(
+        &mut objects,
+        Operand::Toolkit,
+        SERVICE_ACCOUNT,
+        role_rules,
+        Vec::new(),
+        facts,
+    );
+    let mut entrypoint = common::config_map(
+        Operand::Toolkit,
+        ENTRYPOINT_CONFIG_MAP,
+        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
+        facts,
+    );
+    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
+    objects.config_maps.push(entrypoint);
+    objects
+        .daemon_sets
+        .push(common::operand_daemon_set(policy, facts, ds));
+    Some(objects)
+}

@@ -1,0 +1,323 @@
+//! Render stage, operator-validator (pure, no IO): DaemonSet `nvidia-operator-validator` whose
+//! init containers check driver -> toolkit -> CUDA -> device plugin on each node and write
+//! `/run/nvidia/validations/<stage>-ready`, the files other operands' init containers wait for
+//! (OPERAND-FACTS §3, §7). Also the validation init containers other operands reuse.
+
+use k8s_openapi::api::core::v1::{
+    Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, VolumeMount,
+};
+
+use super::common::{
+    self, DRIVER_INSTALL_DIR_VOLUME, DRIVER_VALIDATION_CONTAINER, GpuAccess, HOST_DEV_CHAR_VOLUME,
+    HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, PART_OF, PART_OF_LABEL,
+    VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount, rule,
+};
+use super::{Operand, OperandObjects, openshift};
+use crate::api::{Component, ImageKind};
+use crate::facts::ClusterFacts;
+use crate::validate::ValidatedPolicy;
+
+/// DaemonSet name and `app` label.
+pub const NAME: &str = "nvidia-operator-validator";
+/// ServiceAccount (and Role, ClusterRole, SCC) name; the CUDA workload pod runs under it too.
+pub const SERVICE_ACCOUNT: &str = "nvidia-operator-validator";
+/// The main container: it only reports success and cleans the status files up on stop.
+pub const MAIN_CONTAINER: &str = "nvidia-operator-validator";
+pub const TOOLKIT_VALIDATION: &str = "toolkit-validation";
+pub const CUDA_VALIDATION: &str = "cuda-validation";
+pub const PLUGIN_VALIDATION: &str = "plugin-validation";
+/// The hostPath volume holding the status files.
+pub const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
+
+/// The checks the validator runs on each node, in order; each writes one status file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Driver,
+    Toolkit,
+    Cuda,
+    Plugin,
+}
+
+impl Stage {
+    /// Every stage, in the order the init containers run.
+    pub const ALL: [Stage; 4] = [Stage::Driver, Stage::Toolkit, Stage::Cuda, Stage::Plugin];
+
+    /// The `COMPONENT` value that selects the check in `nvidia-validator`.
+    pub const fn component(self) -> &'static str {
+        match self {
+            Stage::Driver => "driver",
+            Stage::Toolkit => "toolkit",
+            Stage::Cuda => "cuda",
+            Stage::Plugin => "plugin",
+        }
+    }
+
+    /// The status file the check writes when it passes.
+    pub fn ready_file(self) -> String {
+        format!("{VALIDATIONS_DIR}/{}-ready", self.component())
+    }
+}
+
+/// The `driver-validation` init container (validator and toolkit pods): waits for the driver
+/// (host-installed or containerised), creates the `/dev/char` links and writes `driver-ready`.
+pub fn driver_validation(policy: &ValidatedPolicy) -> Container {
+    Container {
+        env: Some(vec![
+            env("WITH_WAIT", "true"),
+            env("COMPONENT", Stage::Driver.component()),
+            env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
+        ]),
+        volume_mounts: Some(vec![
+            mount(HOST_ROOT_VOLUME, "/host")
+                .read_only()
+                .host_to_container(),
+            mount(
+                DRIVER_INSTALL_DIR_VOLUME,
+                common::DEFAULT_DRIVER_INSTALL_DIR,
+            )
+            .host_to_container(),
+            mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).bidirectional(),
+            mount(HOST_DEV_CHAR_VOLUME, "/host-dev-char"),
+        ]),
+        security_context: Some(common::privileged_s0()),
+        ..validator_container(policy, DRIVER_VALIDATION_CONTAINER)
+    }
+}
+
+/// A `toolkit-validation` init container for operands that need the NVIDIA runtime: it only
+/// waits until the validator wrote `toolkit-ready`. `validations` mounts the status directory
+/// at [`VALIDATIONS_DIR`] (directly or through `/run/nvidia`).
+pub fn wait_for_toolkit(policy: &ValidatedPolicy, validations: VolumeMount) -> Container {
+    let file = Stage::Toolkit.ready_file();
+    let script = format!(
+        "until [ -f {file} ]; do echo waiting for the NVIDIA container stack to be set up; sleep 5; done"
+    );
+    Container {
+        command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
+        args: Some(vec![script]),
+        volume_mounts: Some(vec![validations]),
+        security_context: Some(common::privileged()),
+        ..common::container(
+            TOOLKIT_VALIDATION,
+            &common::image(policy, ImageKind::Validator),
+            &[],
+            &[],
+        )
+    }
+}
+
+fn validator_container(policy: &ValidatedPolicy, name: &str) -> Container {
+    common::container(
+        name,
+        &common::image(policy, ImageKind::Validator),
+        &["sh", "-c"],
+        &["nvidia-validator"],
+    )
+}
+
+/// The variables that let the CUDA and plugin checks start their own workload pods with the
+/// validator's image, pull settings and runtime class.
+fn workload_env(
+    policy: &ValidatedPolicy,
+    runtime_class: Option<&str>,
+) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    let image = policy.spec.validator.as_ref().map(|v| &v.image);
+    let mut out = vec![
+        env(
+            "VALIDATOR_IMAGE",
+            &common::image(policy, ImageKind::Validator),
+        ),
+        env("VALIDATOR_IMAGE_PULL_POLICY", &common::pull_policy(image)),
+    ];
+    let secrets: Vec<&str> = image
+        .and_then(|i| i.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !secrets.is_empty() {
+        out.push(env("VALIDATOR_IMAGE_PULL_SECRETS", &secrets.join(",")));
+    }
+    if let Some(class) = runtime_class {
+        out.push(env("VALIDATOR_RUNTIME_CLASS", class));
+    }
+    out
+}
+
+pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let spec = &policy.spec;
+    if !spec.is_enabled(Component::Validator) {
+        return None;
+    }
+    let validator = spec.validator.as_ref();
+    let runtime_class = common::sets_runtime_class(spec, facts)
+        .then(|| common::runtime_class_name(spec).to_owned());
+    let validations = || mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).bidirectional();
+
+    let toolkit = Container {
+        env: Some(vec![
+            // Only a container the runtime handed GPUs to can run nvidia-smi.
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("WITH_WAIT", "false"),
+            env("COMPONENT", Stage::Toolkit.component()),
+        ]),
+        volume_mounts: Some(vec![validations()]),
+        security_context: Some(common::privileged()),
+        ..validator_container(policy, TOOLKIT_VALIDATION)
+    };
+
+    let mut cuda_env = vec![
+        env("WITH_WAIT", "false"),
+        env("COMPONENT", Stage::Cuda.component()),
+        env_field("NODE_NAME", "spec.nodeName"),
+        env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
+    ];
+    cuda_env.extend(workload_env(policy, runtime_class.as_deref()));
+    merge_user_env(
+        &mut cuda_env,
+        validator
+            .and_then(|v| v.cuda.as_ref())
+            .and_then(|s| s.env.as_ref()),
+    );
+    let cuda = Container {
+        env: Some(cuda_env),
+        volume_mounts: Some(vec![validations()]),
+        security_context: Some(common::privileged()),
+        ..validator_container(policy, CUDA_VALIDATION)
+    };
+
+    let mut init = vec![driver_validation(policy), toolkit, cuda];
+    // The plugin check needs a plugin to check.
+    if spec.is_enabled(Component::DevicePlugin) {
+        let mut plugin_env = vec![
+            env("COMPONENT", Stage::Plugin.component()),
+            env("WITH_WAIT", "false"),
+            env("WITH_WORKLOAD", "false"),
+        ];
+        if let Some(strategy) = common::mig_strategy(spec) {
+            plugin_env.push(env("MIG_STRATEGY", common::mig_strategy_name(strategy)));
+        }
+        plugin_env.push(env_field("NODE_NAME", "spec.nodeName"));
+        plugin_env.push(env_field("OPERATOR_NAMESPACE", "metadata.namespace"));
+        plugin_env.extend(workload_env(policy, runtime_class.as_deref()));
+        merge_user_env(
+            &mut plugin_env,
+            validator
+                .and_then(|v| v.plugin.as_ref())
+                .and_then(|s| s.env.as_ref()),
+        );
+        init.push(Container {
+            env: Some(plugin_env),
+            volume_mounts: Some(vec![validations()]),
+            security_context: Some(common::privileged()),
+            ..validator_container(policy, PLUGIN_VALIDATION)
+        });
+    }
+
+    let mut main_env = Vec::new();
+    merge_user_env(
+        &mut main_env,
+        validator.and_then(|v| v.container.env.as_ref()),
+    );
+    let clean_up = format!("rm -f {VALIDATIONS_DIR}/*-ready");
+    let main = Container {
+        env: (!main_env.is_empty()).then_some(main_env),
+        volume_mounts: Some(vec![validations()]),
+        security_context: Some(common::privileged()),
+        // The hidden .driver-* files belong to the driver container and are not matched.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["sh".to_owned(), "-c".to_owned(), clean_up]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        ..common::container(
+            MAIN_CONTAINER,
+            &common::image(policy, ImageKind::Validator),
+            &["sh", "-c"],
+            &["echo all validations are successful; while true; do sleep 86400; done"],
+        )
+    };
+
+    let pod = PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+        init_containers: Some(init),
+        containers: vec![main],
+        volumes: Some(vec![
+            host_path_volume(
+                VALIDATIONS_VOLUME,
+                VALIDATIONS_DIR,
+                HostPathType::DirectoryOrCreate,
+            ),
+            host_path_volume(
+                DRIVER_INSTALL_DIR_VOLUME,
+                common::DEFAULT_DRIVER_INSTALL_DIR,
+                HostPathType::Any,
+            ),
+            host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+            host_path_volume(HOST_DEV_CHAR_VOLUME, "/dev/char", HostPathType::Any),
+        ]),
+        ..PodSpec::default()
+    };
+    let mut ds = OperandDaemonSet::new(Operand::Validator, NAME, pod, MAIN_CONTAINER);
+    ds.extra_selector = vec![(PART_OF_LABEL, PART_OF)];
+    ds.image = validator.map(|v| &v.image);
+    ds.overrides = validator.map(|v| &v.container);
+    ds.host_network = validator.and_then(|v| v.host_network).unwrap_or(false);
+    ds.gpu_access = GpuAccess::Runtime {
+        nri_container: TOOLKIT_VALIDATION,
+    };
+
+    let mut objects = OperandObjects::default();
+    let role_rules = openshift::use_privileged_scc(facts)
+        .into_iter()
+        .chain([
+            // The CUDA and plugin checks run workload pods and clean them up.
+            rule(
+                &[""],
+                &["pods"],
+                &[
+                    "create", "get", "list", "watch", "update", "patch", "delete",
+                ],
+            ),
+            // The driver check looks for the driver DaemonSet.
+            rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
+        ])
+        .collect();
+    let cluster_rules = vec![
+        rule(&[""], &["nodes"], &["get", "list", "watch"]),
+        // Workload pods carry owner references that block the policy's deletion.
+        rule(
+            &["nvidia.com"],
+            &["clusterpolicies/finalizers", "nvidiadrivers/finalizers"],
+            &[
+                "create", "get", "list", "watch", "update", "patch", "delete",
+            ],
+        ),
+    ];
+    common::add_identity(
+        &mut objects,
+        Operand::Validator,
+        SERVICE_ACCOUNT,
+        role_rules,
+        cluster_rules,
+        facts,
+    );
+    objects
+        .daemon_sets
+        .push(common::operand_daemon_set(policy, facts, ds));
+    objects.dynamic.extend(openshift::scc(
+        Operand::Validator,
+        SERVICE_ACCOUNT,
+        openshift::HostAccess {
+            pid: true,
+            ..Default::default()
+        },
+        facts,
+    ));
+    Some(objects)
+}

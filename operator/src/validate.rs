@@ -1,0 +1,469 @@
+//! Validate stage (pure, no IO): a `ClusterPolicy` plus the cluster facts become a
+//! `ValidatedPolicy`; problems are recorded per operand so one bad section never blocks the
+//! others (decision 8).
+//!
+//! What validate does:
+//! - applies the CRD's server-side defaults to the spec (what the API server does on read-back),
+//!   so a policy file rendered by `gpu-operator render` and the same policy read from the
+//!   cluster render identically;
+//! - resolves the image of every enabled operand (policy fields, then `facts.image_env`, then
+//!   the pinned default), appending the GPU nodes' OS suffix to the driver tag;
+//! - checks what render cannot do without (named ConfigMaps present, OS known where a path or
+//!   tag depends on it, absolute host paths, supported driver mode).
+//!
+//! Each problem names the field and the fix; an operand with problems is `Invalid`.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::api::{ClusterPolicy, ClusterPolicySpec, ImageKind, crd};
+use crate::facts::ClusterFacts;
+use crate::render::{Operand, dcgm_exporter, driver, mig_manager};
+
+/// A policy that passed validation, with what render needs precomputed.
+#[derive(Clone, Debug, Default)]
+pub struct ValidatedPolicy {
+    /// Name of the ClusterPolicy.
+    pub name: String,
+    pub spec: ClusterPolicySpec,
+    /// Resolved image reference per image kind, for the kinds enabled operands use. The driver's
+    /// already carries the OS suffix (`...:595.91.07-ubuntu22.04`).
+    pub images: BTreeMap<ImageKind, String>,
+    /// Operands whose input is invalid, each with a message that names the field and the fix.
+    pub invalid: BTreeMap<Operand, String>,
+}
+
+/// Validates `policy` against what the cluster told us.
+pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy {
+    let spec = with_schema_defaults(&policy.spec);
+    let env = |name: &str| facts.image_env.get(name).cloned();
+    let mut images = BTreeMap::new();
+    let mut invalid = BTreeMap::new();
+    for operand in Operand::ALL {
+        if !operand.is_enabled(&spec, facts) {
+            continue;
+        }
+        let mut problems = Vec::new();
+        for kind in operand.images(&spec, facts) {
+            match resolve_image(&spec, kind, &env, facts) {
+                Ok(reference) => {
+                    images.insert(kind, reference);
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        problems.extend(check(operand, &spec, facts));
+        if !problems.is_empty() {
+            problems.dedup();
+            invalid.insert(operand, problems.join("; "));
+        }
+    }
+    ValidatedPolicy {
+        name: policy.metadata.name.clone().unwrap_or_default(),
+        spec,
+        images,
+        invalid,
+    }
+}
+
+fn resolve_image(
+    spec: &ClusterPolicySpec,
+    kind: ImageKind,
+    env: &dyn Fn(&str) -> Option<String>,
+    facts: &ClusterFacts,
+) -> Result<String, String> {
+    let resolved = spec.resolve_image(kind, env).map_err(|e| {
+        let user = if kind == ImageKind::Validator {
+            " (the validation init containers use the validator image)"
+        } else {
+            ""
+        };
+        format!(
+            "{e}{user}; set the fields or the operator's {} variable",
+            kind.env_var()
+        )
+    })?;
+    if kind != ImageKind::Driver || resolved.is_digest {
+        return Ok(resolved.reference);
+    }
+    match facts.os_tag.as_deref() {
+        Some(os) => Ok(format!("{}-{os}", resolved.reference)),
+        None => Err(format!(
+            "spec.driver: the driver image tag needs the GPU nodes' OS suffix (for example \
+             {}-ubuntu22.04), and no GPU node with NFD OS labels \
+             (feature.node.kubernetes.io/system-os_release.ID and VERSION_ID) is known yet; the \
+             driver renders once one is, or pin spec.driver.version to a sha256 digest",
+            resolved.reference
+        )),
+    }
+}
+
+/// Problems with the operand's input other than images.
+fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let mut problems = host_path_problems(operand, spec);
+    match operand {
+        Operand::Driver => problems.extend(driver_problems(spec, facts)),
+        Operand::MigManager => {
+            if let Some(name) = spec
+                .mig_manager
+                .as_ref()
+                .and_then(mig_manager::custom_config_name)
+            {
+                problems.extend(config_map_problem(
+                    "spec.migManager.config.name",
+                    name,
+                    mig_manager::CONFIG_KEY,
+                    facts.mig_config.as_ref(),
+                    facts,
+                    "or remove the field to use the default layouts",
+                ));
+            }
+        }
+        Operand::DcgmExporter => {
+            let name = spec
+                .dcgm_exporter
+                .as_ref()
+                .and_then(|d| d.config.as_ref())
+                .and_then(|c| c.name.as_deref())
+                .filter(|n| !n.is_empty());
+            if let Some(name) = name {
+                problems.extend(config_map_problem(
+                    "spec.dcgmExporter.config.name",
+                    name,
+                    dcgm_exporter::METRICS_KEY,
+                    facts.dcgm_metrics.as_ref(),
+                    facts,
+                    "or remove the field to collect the default metrics",
+                ));
+            }
+        }
+        _ => {}
+    }
+    problems
+}
+
+fn config_map_problem(
+    field: &str,
+    name: &str,
+    key: &str,
+    found: Option<&crate::facts::ConfigMapData>,
+    facts: &ClusterFacts,
+    alternative: &str,
+) -> Option<String> {
+    match found.filter(|cm| cm.name == name) {
+        None => Some(format!(
+            "{field}: ConfigMap {name} was not found in namespace {}: create it with the key \
+             {key}, {alternative}",
+            facts.namespace
+        )),
+        Some(cm) if !cm.data.contains_key(key) => Some(format!(
+            "{field}: ConfigMap {name} has no key {key}: add it, {alternative}"
+        )),
+        Some(_) => None,
+    }
+}
+
+fn driver_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let Some(driver) = spec.driver.as_ref() else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    if driver.uses_precompiled() {
+        problems.push(
+            "spec.driver.usePrecompiled: precompiled driver images (one DaemonSet per kernel) \
+             are not supported by this operator yet; set it to false"
+                .to_owned(),
+        );
+    }
+    let os = facts.os_tag.as_deref().map(driver::os_id);
+    for (field, name) in driver::referenced_config_maps(driver) {
+        if !facts.driver_config_maps.contains_key(name) {
+            problems.push(format!(
+                "{field}: ConfigMap {name} was not found in namespace {}: create it, or clear the \
+                 field",
+                facts.namespace
+            ));
+        }
+        let dir = if field.contains("certConfig") {
+            os.and_then(driver::cert_dir)
+        } else if field.contains("repoConfig") {
+            os.and_then(driver::repo_dir)
+        } else {
+            Some("/drivers")
+        };
+        if dir.is_none() {
+            problems.push(format!(
+                "{field}: where the files go depends on the GPU nodes' OS, which is {}; known are \
+                 ubuntu, debian, rhel, rhcos, centos, rocky, ol, sles and sl-micro",
+                facts.os_tag.as_deref().unwrap_or("not known yet")
+            ));
+        }
+    }
+    problems
+}
+
+/// Host paths must be absolute: a relative hostPath is rejected by the API server only when the
+/// DaemonSet is applied, which would surface far from the field that caused it.
+fn host_path_problems(operand: Operand, spec: &ClusterPolicySpec) -> Vec<String> {
+    if operand.deploy_label().is_none() {
+        return Vec::new();
+    }
+    let host_paths = spec.host_paths.as_ref();
+    let mut paths = vec![
+        (
+            "spec.hostPaths.rootFS",
+            host_paths.and_then(|h| h.root_fs.as_deref()),
+        ),
+        (
+            "spec.hostPaths.driverInstallDir",
+            host_paths.and_then(|h| h.driver_install_dir.as_deref()),
+        ),
+        (
+            "spec.hostPaths.kubeletRootDir",
+            host_paths.and_then(|h| h.kubelet_root_dir.as_deref()),
+        ),
+    ];
+    if matches!(
+        operand,
+        Operand::Toolkit | Operand::DevicePlugin | Operand::MigManager
+    ) {
+        paths.push((
+            "spec.toolkit.installDir",
+            spec.toolkit.as_ref().and_then(|t| t.install_dir.as_deref()),
+        ));
+    }
+    if matches!(operand, Operand::DevicePlugin | Operand::MpsControlDaemon) {
+        paths.push((
+            "spec.devicePlugin.mps.root",
+            spec.device_plugin
+                .as_ref()
+                .and_then(|d| d.mps.as_ref())
+                .and_then(|m| m.root.as_deref()),
+        ));
+    }
+    paths
+        .into_iter()
+        .filter_map(|(field, value)| {
+            let value = value.filter(|v| !v.is_empty())?;
+            (!value.starts_with('/')).then(|| {
+                format!("{field} must be an absolute host path such as /run/nvidia; got {value:?}")
+            })
+        })
+        .collect()
+}
+
+/// The spec schema of our CRD, where the server-side defaults are declared.
+fn spec_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let crd = serde_json::to_value(crd::crd()).unwrap_or_default();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+    })
+}
+
+/// What the API server's structural defaulting does: a property with a `default`, absent from
+/// an object that is present, gets the default; defaults are defaulted in turn.
+fn apply_defaults(value: &mut Value, schema: &Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+                for (key, property) in properties {
+                    if let Some(default) = property.get("default")
+                        && !map.contains_key(key)
+                    {
+                        map.insert(key.clone(), default.clone());
+                    }
+                }
+                for (key, child) in map.iter_mut() {
+                    if let Some(property) = properties.get(key) {
+                        apply_defaults(child, property);
+                    }
+                }
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
+                for child in map.values_mut() {
+                    apply_defaults(child, additional);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for item in items {
+                    apply_defaults(item, item_schema);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `spec` with the CRD's defaults applied; `spec` unchanged if that cannot be done.
+pub fn with_schema_defaults(spec: &ClusterPolicySpec) -> ClusterPolicySpec {
+    let Ok(mut value) = serde_json::to_value(spec) else {
+        return spec.clone();
+    };
+    apply_defaults(&mut value, spec_schema());
+    serde_json::from_value(value).unwrap_or_else(|_| spec.clone())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::facts::ConfigMapData;
+    use crate::render::tests::{facts, policy, policy_with};
+
+    #[test]
+    fn empty_policy_resolves_pinned_images_with_the_os_suffix_on_the_driver() {
+        let p = policy("{}");
+        assert!(p.invalid.is_empty(), "{:?}", p.invalid);
+        assert_eq!(
+            p.images[&ImageKind::Driver],
+            "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
+        );
+        assert_eq!(
+            p.images[&ImageKind::DevicePlugin],
+            "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+        );
+        // Node status exporter is off, so its image is not resolved.
+        assert!(!p.images.contains_key(&ImageKind::NodeStatusExporter));
+    }
+
+    #[test]
+    fn driver_without_known_os_is_invalid_but_every_other_operand_renders() {
+        let f = ClusterFacts {
+            os_tag: None,
+            ..facts()
+        };
+        let p = policy_with("{}", &f);
+        assert_eq!(p.invalid.keys().collect::<Vec<_>>(), [&Operand::Driver]);
+        assert!(p.invalid[&Operand::Driver].contains("OS suffix"));
+    }
+
+    #[test]
+    fn driver_pinned_by_digest_needs_no_os() {
+        let f = ClusterFacts {
+            os_tag: None,
+            ..facts()
+        };
+        let p = policy_with(
+            "{driver: {repository: nvcr.io/nvidia, image: driver, version: 'sha256:abc'}}",
+            &f,
+        );
+        assert!(p.invalid.is_empty());
+        assert_eq!(
+            p.images[&ImageKind::Driver],
+            "nvcr.io/nvidia/driver@sha256:abc"
+        );
+    }
+
+    #[test]
+    fn partial_image_triple_makes_only_its_operands_invalid_with_field_and_fix() {
+        let p = policy("{gfd: {repository: nvcr.io/nvidia, image: k8s-device-plugin}}");
+        assert_eq!(p.invalid.keys().collect::<Vec<_>>(), [&Operand::Gfd]);
+        let message = &p.invalid[&Operand::Gfd];
+        assert!(message.starts_with("spec.gfd:"), "{message}");
+        assert!(message.contains("version is empty"), "{message}");
+        assert!(message.contains("GFD_IMAGE"), "{message}");
+    }
+
+    #[test]
+    fn broken_validator_image_invalidates_every_operand_with_validation_init_containers() {
+        let p = policy("{validator: {repository: r.local, version: v1}}");
+        let invalid: Vec<_> = p.invalid.keys().copied().collect();
+        assert_eq!(
+            invalid,
+            [
+                Operand::Toolkit,
+                Operand::Validator,
+                Operand::DevicePlugin,
+                Operand::MpsControlDaemon,
+                Operand::Gfd,
+                Operand::Dcgm,
+                Operand::DcgmExporter,
+                Operand::MigManager,
+            ]
+        );
+        assert!(p.invalid[&Operand::Toolkit].contains("validation init containers"));
+    }
+
+    #[test]
+    fn environment_image_is_the_fallback() {
+        let f = ClusterFacts {
+            image_env: [("GFD_IMAGE".to_owned(), "mirror.local/gfd:1".to_owned())].into(),
+            ..facts()
+        };
+        let p = policy_with("{}", &f);
+        assert_eq!(p.images[&ImageKind::Gfd], "mirror.local/gfd:1");
+    }
+
+    #[test]
+    fn crd_defaults_are_applied_like_the_api_server_does() {
+        let p = policy("{driver: {}, operator: {}, cdi: {}}");
+        let spec = &p.spec;
+        assert_eq!(
+            spec.driver.as_ref().unwrap().kernel_module_type,
+            Some(crate::api::KernelModuleType::Auto)
+        );
+        assert_eq!(
+            spec.operator.as_ref().unwrap().runtime_class.as_deref(),
+            Some("nvidia")
+        );
+        assert_eq!(spec.cdi.as_ref().unwrap().enabled, Some(true));
+        // Absent sections stay absent, as on the server.
+        assert!(spec.toolkit.is_none());
+    }
+
+    #[test]
+    fn named_configmaps_must_be_present_with_their_key() {
+        let p = policy(
+            "{migManager: {config: {name: my-layouts}}, dcgmExporter: {config: {name: metrics}}}",
+        );
+        assert!(p.invalid[&Operand::MigManager].contains("ConfigMap my-layouts was not found"));
+        assert!(p.invalid[&Operand::DcgmExporter].contains("ConfigMap metrics was not found"));
+        let f = ClusterFacts {
+            mig_config: Some(ConfigMapData {
+                name: "my-layouts".to_owned(),
+                data: [("other.yaml".to_owned(), String::new())].into(),
+            }),
+            ..facts()
+        };
+        let p = policy_with("{migManager: {config: {name: my-layouts}}}", &f);
+        assert!(p.invalid[&Operand::MigManager].contains("has no key config.yaml"));
+        // The default name means the default layouts, which we render.
+        let p = policy("{migManager: {config: {name: default-mig-parted-config}}}");
+        assert!(!p.invalid.contains_key(&Operand::MigManager));
+    }
+
+    #[test]
+    fn relative_host_paths_are_rejected_per_operand() {
+        let p = policy("{devicePlugin: {mps: {root: run/mps}}}");
+        assert_eq!(
+            p.invalid.keys().collect::<Vec<_>>(),
+            [&Operand::DevicePlugin, &Operand::MpsControlDaemon]
+        );
+        assert!(p.invalid[&Operand::DevicePlugin].contains("spec.devicePlugin.mps.root"));
+    }
+
+    #[test]
+    fn precompiled_driver_is_reported_as_unsupported() {
+        let p = policy("{driver: {usePrecompiled: true}}");
+        assert!(p.invalid[&Operand::Driver].contains("usePrecompiled"));
+    }
+
+    #[test]
+    fn driver_configmaps_must_be_known_and_placeable() {
+        let p = policy("{driver: {repoConfig: {configMapName: repos}}}");
+        assert!(p.invalid[&Operand::Driver].contains("ConfigMap repos was not found"));
+        let f = ClusterFacts {
+            os_tag: Some("flatcar3975".to_owned()),
+            driver_config_maps: [("repos".to_owned(), ConfigMapData::default())].into(),
+            ..facts()
+        };
+        let p = policy_with("{driver: {repoConfig: {configMapName: repos}}}", &f);
+        assert!(p.invalid[&Operand::Driver].contains("flatcar3975"));
+    }
+}

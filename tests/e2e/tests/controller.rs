@@ -1,0 +1,858 @@
+//! The operator end to end: the real binary against the harness, with its own identity.
+//! Each test creates its own namespace and policy and removes them; tests run one at a time
+//! (`--test-threads=1`) because a ClusterPolicy is cluster-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use e2e::audit::AuditLog;
+use e2e::chaos::CrashLoop;
+use e2e::nodes::{self, FakeNode, GpuModel};
+use e2e::operator::{Operator, OperatorIdentity};
+use e2e::{cluster::unique_name, wait};
+use gpu_operator::api::{ClusterPolicy, State};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The DaemonSets a default policy renders on the fake fleet (mig-manager only on the
+/// MIG-capable A100 and H100 nodes).
+const DEFAULT_DAEMONSETS: [&str; 7] = [
+    "nvidia-driver-daemonset",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-mig-manager",
+];
+
+struct Setup {
+    admin: Client,
+    identity: OperatorIdentity,
+    operator: Operator,
+    policy: String,
+}
+
+async fn install_crd() {
+    let out = std::process::Command::new("kubectl")
+        .args(["apply", "--server-side", "-f"])
+        .arg(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../crds/nvidia.com_clusterpolicies.yaml"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "wait",
+            "--for",
+            "condition=established",
+            "crd/clusterpolicies.nvidia.com",
+            "--timeout",
+            "60s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn policies(client: &Client) -> Api<ClusterPolicy> {
+    Api::all(client.clone())
+}
+
+async fn create_policy(client: &Client, name: &str, spec: serde_json::Value) {
+    let policy: ClusterPolicy = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    policies(client)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+}
+
+async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
+    let admin = e2e::client().await.unwrap();
+    install_crd().await;
+    let identity = OperatorIdentity::create(&admin, "cluster-admin")
+        .await
+        .unwrap();
+    let operator = Operator::start(&identity, extra).unwrap();
+    let policy = unique_name("cluster-policy");
+    create_policy(&admin, &policy, spec).await;
+    Setup {
+        admin,
+        identity,
+        operator,
+        policy,
+    }
+}
+
+impl Setup {
+    fn daemonsets(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.admin.clone(), &self.identity.namespace)
+    }
+
+    async fn await_state(&self, want: State, what: &str) -> ClusterPolicy {
+        let api = policies(&self.admin);
+        let name = self.policy.clone();
+        let result = wait::until(TIMEOUT, what, || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let p = api.get(&name).await?;
+                let state = p.status.as_ref().map(|s| s.state);
+                Ok(if state == Some(want) {
+                    Ok(p)
+                } else {
+                    Err(format!("{:?}", p.status))
+                })
+            }
+        })
+        .await;
+        result.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
+    }
+
+    /// metadata.generation of every operand DaemonSet, by name.
+    async fn generations(&self) -> BTreeMap<String, i64> {
+        self.daemonsets()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|d| (d.name_any(), d.metadata.generation.unwrap_or(0)))
+            .collect()
+    }
+
+    async fn patch_policy(&self, patch: serde_json::Value) {
+        policies(&self.admin)
+            .patch(&self.policy, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+
+    /// Deletes the policy, waits until its operands are garbage-collected, stops the operator.
+    async fn teardown(mut self) {
+        policies(&self.admin)
+            .delete(&self.policy, &DeleteParams::default())
+            .await
+            .unwrap();
+        let api = self.daemonsets();
+        wait::until(TIMEOUT, "operands garbage-collected", || {
+            let api = api.clone();
+            async move {
+                let left = api.list(&ListParams::default()).await?.items.len();
+                Ok(if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} DaemonSets left"))
+                })
+            }
+        })
+        .await
+        .unwrap();
+        self.operator.terminate(Duration::from_secs(20)).unwrap();
+        self.identity.delete().await.unwrap();
+    }
+}
+
+fn generation_changes(
+    before: &BTreeMap<String, i64>,
+    after: &BTreeMap<String, i64>,
+) -> Vec<String> {
+    let mut changed: Vec<String> = after
+        .iter()
+        .filter(|(name, generation)| before.get(*name) != Some(generation))
+        .map(|(name, _)| name.clone())
+        .collect();
+    changed.sort();
+    changed
+}
+
+#[tokio::test]
+async fn policy_rolls_out_every_operand_on_gpu_nodes_only_and_becomes_ready() {
+    let s = start(json!({}), &[]).await;
+    let policy = s.await_state(State::Ready, "policy ready").await;
+    let status = policy.status.unwrap();
+    let components: Vec<String> = status
+        .components
+        .unwrap()
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    for operand in [
+        "driver",
+        "container-toolkit",
+        "operator-validator",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+        "mig-manager",
+    ] {
+        assert!(
+            components.iter().any(|c| c == operand),
+            "{operand} missing from {components:?}"
+        );
+    }
+    let names: Vec<String> = s
+        .daemonsets()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|d| d.name_any())
+        .collect();
+    for ds in DEFAULT_DAEMONSETS {
+        assert!(
+            names.contains(&ds.to_string()),
+            "{ds} missing from {names:?}"
+        );
+    }
+    // Pods only on GPU nodes.
+    let gpu_nodes = nodes::gpu_node_names(&s.admin).await.unwrap();
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &s.identity.namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for pod in pods.items.iter().filter(|p| {
+        p.labels()
+            .get("app")
+            .is_some_and(|a| a.starts_with("nvidia") || a == "gpu-feature-discovery")
+    }) {
+        let node = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .node_name
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            gpu_nodes.contains(&node),
+            "pod {} on non-GPU node {node}",
+            pod.name_any()
+        );
+    }
+    // Nodes got NVIDIA's labels.
+    let node = Api::<Node>::all(s.admin.clone())
+        .get(&gpu_nodes[0])
+        .await
+        .unwrap();
+    assert_eq!(
+        node.labels()
+            .get("nvidia.com/gpu.present")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        node.labels()
+            .get("nvidia.com/gpu.deploy.driver")
+            .map(String::as_str),
+        Some("true")
+    );
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn disabling_dcgm_exporter_removes_its_objects_and_rolls_nothing_else() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let before = s.generations().await;
+    s.patch_policy(json!({"spec": {"dcgmExporter": {"enabled": false}}}))
+        .await;
+    let ds = s.daemonsets();
+    wait::until(TIMEOUT, "dcgm-exporter DaemonSet removed", || {
+        let ds = ds.clone();
+        async move {
+            Ok(match ds.get_opt("nvidia-dcgm-exporter").await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let services = Api::<Service>::namespaced(s.admin.clone(), &s.identity.namespace);
+    assert!(
+        services
+            .get_opt("nvidia-dcgm-exporter")
+            .await
+            .unwrap()
+            .is_none(),
+        "Service left behind"
+    );
+    let rbac = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        s.admin.clone(),
+        &s.identity.namespace,
+    );
+    assert!(
+        rbac.get_opt("nvidia-dcgm-exporter")
+            .await
+            .unwrap()
+            .is_none(),
+        "ServiceAccount left behind"
+    );
+    s.await_state(State::Ready, "ready without dcgm-exporter")
+        .await;
+    let mut after = s.generations().await;
+    after.remove("nvidia-dcgm-exporter");
+    let mut before = before;
+    before.remove("nvidia-dcgm-exporter");
+    assert_eq!(
+        generation_changes(&before, &after),
+        Vec::<String>::new(),
+        "other operands rolled"
+    );
+    s.teardown().await;
+}
+
+async fn config_map(client: &Client, namespace: &str, name: &str, data: &[(&str, &str)]) {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+        .await
+        .unwrap();
+}
+
+fn time_slicing(replicas: u32) -> String {
+    format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+}
+
+#[tokio::test]
+async fn patching_the_device_plugin_config_name_rolls_the_config_consumers_only() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    config_map(
+        &s.admin,
+        &s.identity.namespace,
+        "time-slicing-config",
+        &[("any", &time_slicing(4))],
+    )
+    .await;
+    let before = s.generations().await;
+    s.patch_policy(json!({"spec": {"devicePlugin": {"config": {"name": "time-slicing-config"}}}}))
+        .await;
+    s.await_state(State::Ready, "ready with sharing config")
+        .await;
+    let changed = generation_changes(&before, &s.generations().await);
+    let consumers: Vec<String> = ["gpu-feature-discovery", "nvidia-device-plugin-daemonset"]
+        .map(String::from)
+        .to_vec();
+    assert!(
+        changed
+            .iter()
+            .all(|c| consumers.contains(c) || c == "nvidia-device-plugin-mps-control-daemon"),
+        "rolled: {changed:?}"
+    );
+    assert!(
+        changed.contains(&consumers[1]) && changed.contains(&consumers[0]),
+        "rolled: {changed:?}"
+    );
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn editing_the_referenced_configmap_rolls_the_device_plugin_within_2_seconds() {
+    let s = start(
+        json!({"devicePlugin": {"config": {"name": "time-slicing-config"}}}),
+        &[],
+    )
+    .await;
+    config_map(
+        &s.admin,
+        &s.identity.namespace,
+        "time-slicing-config",
+        &[("any", &time_slicing(4))],
+    )
+    .await;
+    s.await_state(State::Ready, "ready with sharing config")
+        .await;
+    let before = s.generations().await;
+    let edited = Instant::now();
+    config_map(
+        &s.admin,
+        &s.identity.namespace,
+        "time-slicing-config",
+        &[("any", &time_slicing(8))],
+    )
+    .await;
+    let ds = s.daemonsets();
+    let old = before["nvidia-device-plugin-daemonset"];
+    wait::until(
+        Duration::from_secs(2),
+        "device plugin template updated",
+        || {
+            let ds = ds.clone();
+            async move {
+                let g = ds
+                    .get("nvidia-device-plugin-daemonset")
+                    .await?
+                    .metadata
+                    .generation
+                    .unwrap_or(0);
+                Ok(if g > old {
+                    Ok(())
+                } else {
+                    Err(format!("generation {g}"))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
+    eprintln!(
+        "device plugin template updated {:?} after the ConfigMap edit",
+        edited.elapsed()
+    );
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn deleting_or_editing_a_managed_daemonset_is_undone_within_2_seconds() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let ds = s.daemonsets();
+    ds.delete("gpu-feature-discovery", &DeleteParams::background())
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    wait::until(
+        Duration::from_secs(2),
+        "deleted DaemonSet recreated",
+        || {
+            let ds = ds.clone();
+            async move {
+                Ok(match ds.get_opt("gpu-feature-discovery").await? {
+                    Some(d) if d.metadata.deletion_timestamp.is_none() => Ok(()),
+                    _ => Err("absent".to_string()),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("recreated after {:?}", deleted.elapsed());
+
+    let patch =
+        json!({"spec": {"template": {"spec": {"priorityClassName": "system-cluster-critical"}}}});
+    ds.patch(
+        "nvidia-device-plugin-daemonset",
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .unwrap();
+    wait::until(Duration::from_secs(2), "hand edit undone", || {
+        let ds = ds.clone();
+        async move {
+            let d = ds.get("nvidia-device-plugin-daemonset").await?;
+            let pc = d
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|s| s.priority_class_name);
+            Ok(if pc.as_deref() == Some("system-node-critical") {
+                Ok(())
+            } else {
+                Err(format!("{pc:?}"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_lease() {
+    let mut s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    s.operator.terminate(Duration::from_secs(20)).unwrap();
+    let log = AuditLog::from_env().unwrap();
+    let mark = log.mark().unwrap();
+    s.operator = Operator::start(&s.identity, &[]).unwrap();
+    // Wait until the new process has reconciled at least twice, then a few quiet seconds.
+    let port = s.operator.metrics_port;
+    wait::until(TIMEOUT, "new operator reconciled", || async move {
+        let body = reqwest_metrics(port).await;
+        let n = body
+            .lines()
+            .find_map(|l| l.strip_prefix("gpu_operator_reconciles_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        Ok(if n >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} reconciles"))
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes: Vec<_> = log
+        .mutating_since(mark, &s.identity.username())
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.resource() != "leases")
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "writes after restart: {writes:#?}\n{}",
+        s.operator.log_text()
+    );
+    s.teardown().await;
+}
+
+/// Reads the operator's /metrics with a plain HTTP/1.0 request.
+async fn reqwest_metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let _ = stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await;
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body).await;
+    body
+}
+
+#[tokio::test]
+async fn crash_looping_validator_pods_turn_the_status_not_ready_until_they_recover() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let victim = nodes::gpu_node_names(&s.admin).await.unwrap()[0].clone();
+    let crash = CrashLoop::start(&s.admin, &victim, "nvidia-operator-validator")
+        .await
+        .unwrap();
+    let policy = s
+        .await_state(State::NotReady, "not ready while the validator crash-loops")
+        .await;
+    let ready = policy
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "OperandNotReady");
+    assert!(
+        ready.message.contains("operator-validator"),
+        "{}",
+        ready.message
+    );
+    assert!(ready.message.contains("1 of"), "{}", ready.message);
+    assert!(ready.message.contains(&victim), "{}", ready.message);
+    crash.recover().await.unwrap();
+    s.await_state(State::Ready, "ready after recovery").await;
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn a_second_policy_is_ignored_and_deleting_the_active_one_removes_every_operand() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let second = unique_name("second-policy");
+    create_policy(&s.admin, &second, json!({"driver": {"enabled": false}})).await;
+    let api = policies(&s.admin);
+    let ignored = wait::until(TIMEOUT, "second policy ignored", || {
+        let api = api.clone();
+        let second = second.clone();
+        async move {
+            let p = api.get(&second).await?;
+            Ok(match p.status.clone() {
+                Some(st) if st.state == State::Ignored => Ok(p),
+                other => Err(format!("{other:?}")),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let condition = ignored
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        condition.message.contains(&s.policy),
+        "{}",
+        condition.message
+    );
+    api.delete(&second, &DeleteParams::default()).await.unwrap();
+    // The driver of the active policy is untouched by the ignored one.
+    assert!(
+        s.daemonsets()
+            .get_opt("nvidia-driver-daemonset")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_them() {
+    let s = start(json!({}), &["--gpu-label-grace-seconds", "3"]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let name = unique_name("late-t4");
+    nodes::create(&s.admin, &[FakeNode::gpu(&name, GpuModel::T4)])
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &s.identity.namespace);
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={name}"));
+    wait::until(TIMEOUT, "operand pods on the new node", || {
+        let pods = pods.clone();
+        let on_node = on_node.clone();
+        async move {
+            let n = pods.list(&on_node).await?.items.len();
+            Ok(if n >= 5 {
+                Ok(())
+            } else {
+                Err(format!("{n} pods"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let node_api = Api::<Node>::all(s.admin.clone());
+    let labels = node_api.get(&name).await.unwrap().metadata.labels.unwrap();
+    assert_eq!(
+        labels
+            .get("nvidia.com/gpu.deploy.device-plugin")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(
+        !labels.contains_key("nvidia.com/gpu.deploy.mig-manager"),
+        "a T4 is not MIG-capable"
+    );
+
+    // NFD loses the label for good: after the grace period the node is unmarked and emptied.
+    let unlabel = json!({"metadata": {"labels": {
+        "feature.node.kubernetes.io/pci-10de.present": null,
+        "feature.node.kubernetes.io/pci-0302_10de.present": null}}});
+    node_api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(unlabel))
+        .await
+        .unwrap();
+    wait::until(TIMEOUT, "operand pods gone from the node", || {
+        let pods = pods.clone();
+        let on_node = on_node.clone();
+        async move {
+            let n = pods
+                .list(&on_node)
+                .await?
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .count();
+            Ok(if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} pods"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let labels = node_api.get(&name).await.unwrap().metadata.labels.unwrap();
+    assert!(!labels.contains_key("nvidia.com/gpu.present"));
+    nodes::delete(&s.admin, &[name]).await.unwrap();
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes_nothing() {
+    let s = start(json!({}), &["--gpu-label-grace-seconds", "30"]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let node_api = Api::<Node>::all(s.admin.clone());
+    let name = unique_name("tainted-h100");
+    let node = FakeNode::gpu(&name, GpuModel::H100Sxm80Gb).build();
+    node_api
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let taint = json!({"spec": {"taints": [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}});
+    node_api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(taint))
+        .await
+        .unwrap();
+    let policy = s
+        .await_state(
+            State::NotReady,
+            "not ready: labelled node without operand pods",
+        )
+        .await;
+    let message = policy
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("nodes labelled for it but the DaemonSet wants"),
+        "{message}"
+    );
+    nodes::delete(&s.admin, &[name]).await.unwrap();
+    s.await_state(State::Ready, "ready again").await;
+
+    // A GPU node loses NFD's label briefly (NFD restart): nothing is deleted.
+    let victim = nodes::gpu_node_names(&s.admin).await.unwrap()[0].clone();
+    let before = s.generations().await;
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &s.identity.namespace);
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={victim}"));
+    let pods_before = pods.list(&on_node).await.unwrap().items.len();
+    let labels = node_api
+        .get(&victim)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    let nfd: Vec<&str> = nodes::NFD_GPU_LABEL_KEYS
+        .iter()
+        .copied()
+        .filter(|k| labels.contains_key(*k))
+        .collect();
+    let remove: serde_json::Map<String, serde_json::Value> = nfd
+        .iter()
+        .map(|k| (k.to_string(), serde_json::Value::Null))
+        .collect();
+    node_api
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": remove}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restore: serde_json::Map<String, serde_json::Value> =
+        nfd.iter().map(|k| (k.to_string(), json!("true"))).collect();
+    node_api
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": restore}})),
+        )
+        .await
+        .unwrap();
+    let labels = node_api
+        .get(&victim)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(
+        labels.get("nvidia.com/gpu.present").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(pods.list(&on_node).await.unwrap().items.len(), pods_before);
+    assert_eq!(
+        generation_changes(&before, &s.generations().await),
+        Vec::<String>::new()
+    );
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm_and_sigkill() {
+    let lease = ["--lease-duration-seconds", "6"];
+    let mut s = start(json!({}), &lease).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let mut standby = Operator::start(&s.identity, &lease).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(s.operator.log_text().contains("became leader"));
+    assert!(
+        !standby.log_text().contains("became leader"),
+        "two leaders:\n{}",
+        standby.log_text()
+    );
+
+    // SIGTERM: the leader releases the Lease, the standby takes over at once.
+    let code = s.operator.terminate(Duration::from_secs(20)).unwrap();
+    assert_eq!(code, Some(0), "{}", s.operator.log_text());
+    let released = Instant::now();
+    wait::until(
+        Duration::from_secs(5),
+        "standby became leader after SIGTERM",
+        || {
+            let text = standby.log_text();
+            async move {
+                Ok(if text.contains("became leader") {
+                    Ok(())
+                } else {
+                    Err("waiting".to_string())
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("handover after SIGTERM took {:?}", released.elapsed());
+
+    // SIGKILL: the next standby takes over once the Lease expires.
+    let mut third = Operator::start(&s.identity, &lease).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    standby.kill().unwrap();
+    let killed = Instant::now();
+    wait::until(
+        Duration::from_secs(6 + 6),
+        "third replica became leader after SIGKILL",
+        || {
+            let text = third.log_text();
+            async move {
+                Ok(if text.contains("became leader") {
+                    Ok(())
+                } else {
+                    Err("waiting".to_string())
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("handover after SIGKILL took {:?}", killed.elapsed());
+    assert!(third.is_running());
+    s.operator = third;
+    s.await_state(State::Ready, "ready under the third replica")
+        .await;
+    s.teardown().await;
+}
