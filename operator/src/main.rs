@@ -5,5 +5,7 @@ use clap::Parser;
 use gpu_operator::cli::Cli;
 
 fn main() -> anyhow::Result<()> {
-    Cli::parse().run(&mut std::io::stdout().lock())
+    // Not `stdout().lock()`: `run` logs to stdout from its runtime's worker threads, which would
+    // block forever on a lock the main thread holds for the whole command.
+    Cli::parse().run(&mut std::io::stdout())
 }

@@ -87,9 +87,53 @@ async fn create_policy(client: &Client, name: &str, spec: serde_json::Value) {
         .unwrap();
 }
 
+/// Label of nodes a test adds to the standard fleet; removed again by the next test if the
+/// test that made them failed.
+const EPHEMERAL: &str = "gpu-operator.test/ephemeral";
+
+fn ephemeral_gpu_node(name: &str, model: GpuModel) -> FakeNode {
+    FakeNode::gpu(name, model).label(EPHEMERAL, "true")
+}
+
+/// Removes what a failed test left behind (its policy would make the next test's ignored, its
+/// nodes would change every count).
+async fn remove_leftovers(admin: &Client) {
+    let node_api = Api::<Node>::all(admin.clone());
+    let extra = node_api
+        .list_metadata(&ListParams::default().labels(&format!("{EPHEMERAL}=true")))
+        .await
+        .unwrap();
+    let names: Vec<String> = extra
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    nodes::delete(admin, &names).await.unwrap();
+    let api = policies(admin);
+    for p in api.list(&ListParams::default()).await.unwrap().items {
+        api.delete(&p.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait::until(TIMEOUT, "leftover policies gone", || {
+        let api = api.clone();
+        async move {
+            let n = api.list(&ListParams::default()).await?.items.len();
+            Ok(if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} policies"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
 async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
     let admin = e2e::client().await.unwrap();
     install_crd().await;
+    remove_leftovers(&admin).await;
     let identity = OperatorIdentity::create(&admin, "cluster-admin")
         .await
         .unwrap();
@@ -173,6 +217,13 @@ impl Setup {
     }
 }
 
+/// Pods of GPU operands (NFD's worker runs on every node and is not one).
+fn is_gpu_operand(pod: &Pod) -> bool {
+    pod.labels()
+        .get("app")
+        .is_some_and(|a| a.starts_with("nvidia-") || a == "gpu-feature-discovery")
+}
+
 fn generation_changes(
     before: &BTreeMap<String, i64>,
     after: &BTreeMap<String, i64>,
@@ -232,11 +283,7 @@ async fn policy_rolls_out_every_operand_on_gpu_nodes_only_and_becomes_ready() {
         .list(&ListParams::default())
         .await
         .unwrap();
-    for pod in pods.items.iter().filter(|p| {
-        p.labels()
-            .get("app")
-            .is_some_and(|a| a.starts_with("nvidia") || a == "gpu-feature-discovery")
-    }) {
+    for pod in pods.items.iter().filter(|p| is_gpu_operand(p)) {
         let node = pod
             .spec
             .as_ref()
@@ -672,17 +719,18 @@ async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_th
         let pods = pods.clone();
         let on_node = on_node.clone();
         async move {
-            let n = pods
+            let left: Vec<String> = pods
                 .list(&on_node)
                 .await?
                 .items
                 .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .count();
-            Ok(if n == 0 {
+                .filter(|p| is_gpu_operand(p) && p.metadata.deletion_timestamp.is_none())
+                .map(|p| p.name_any())
+                .collect();
+            Ok(if left.is_empty() {
                 Ok(())
             } else {
-                Err(format!("{n} pods"))
+                Err(format!("pods left: {left:?}"))
             })
         }
     })
@@ -699,8 +747,8 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
     let s = start(json!({}), &["--gpu-label-grace-seconds", "30"]).await;
     s.await_state(State::Ready, "policy ready").await;
     let node_api = Api::<Node>::all(s.admin.clone());
-    let name = unique_name("tainted-h100");
-    let node = FakeNode::gpu(&name, GpuModel::H100Sxm80Gb).build();
+    let name = unique_name("taint-probe");
+    let node = ephemeral_gpu_node(&name, GpuModel::H100Sxm80Gb).build();
     node_api
         .create(&PostParams::default(), &node)
         .await
