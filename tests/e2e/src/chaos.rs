@@ -175,6 +175,18 @@ impl CrashLoop {
     }
 }
 
+/// Deletes every crash-loop Stage (left behind by a test that failed before recovering).
+pub async fn remove_all(client: &Client) -> Result<()> {
+    let api = stages(client);
+    for stage in api.list(&ListParams::default()).await?.items {
+        let name = stage.metadata.name.unwrap_or_default();
+        if name.starts_with("crashloop-") {
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
+}
+
 fn name_of(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }

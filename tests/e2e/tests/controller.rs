@@ -109,6 +109,7 @@ async fn remove_leftovers(admin: &Client) {
         .filter_map(|n| n.metadata.name)
         .collect();
     nodes::delete(admin, &names).await.unwrap();
+    e2e::chaos::remove_all(admin).await.unwrap();
     let api = policies(admin);
     for p in api.list(&ListParams::default()).await.unwrap().items {
         api.delete(&p.name_any(), &DeleteParams::default())
@@ -162,11 +163,20 @@ impl Setup {
             async move {
                 let p = api.get(&name).await?;
                 let state = p.status.as_ref().map(|s| s.state);
-                Ok(if state == Some(want) {
-                    Ok(p)
-                } else {
-                    Err(format!("{:?}", p.status))
-                })
+                // The status must describe the policy as it is now, not before a patch.
+                let observed = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .and_then(|c| c.observed_generation);
+                Ok(
+                    if state == Some(want) && observed >= p.metadata.generation {
+                        Ok(p)
+                    } else {
+                        Err(format!("{:?}", p.status))
+                    },
+                )
             }
         })
         .await;
@@ -207,6 +217,26 @@ impl Setup {
                     Ok(())
                 } else {
                     Err(format!("{left} DaemonSets left"))
+                })
+            }
+        })
+        .await
+        .unwrap();
+        // Cluster-scoped operand objects (RuntimeClass nvidia, ClusterRoles) have fixed names:
+        // the next test's operator must not race their garbage collection.
+        let bindings =
+            Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.admin.clone());
+        let classes = Api::<k8s_openapi::api::node::v1::RuntimeClass>::all(self.admin.clone());
+        let managed = ListParams::default().labels("app.kubernetes.io/managed-by=gpu-operator");
+        wait::until(TIMEOUT, "cluster-scoped operand objects collected", || {
+            let (bindings, classes, managed) = (bindings.clone(), classes.clone(), managed.clone());
+            async move {
+                let n = bindings.list_metadata(&managed).await?.items.len()
+                    + classes.list_metadata(&managed).await?.items.len();
+                Ok(if n == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} left"))
                 })
             }
         })
@@ -345,17 +375,25 @@ async fn disabling_dcgm_exporter_removes_its_objects_and_rolls_nothing_else() {
             .is_none(),
         "Service left behind"
     );
-    let rbac = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+    let accounts = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
         s.admin.clone(),
         &s.identity.namespace,
     );
-    assert!(
-        rbac.get_opt("nvidia-dcgm-exporter")
-            .await
-            .unwrap()
-            .is_none(),
-        "ServiceAccount left behind"
-    );
+    wait::until(
+        Duration::from_secs(10),
+        "dcgm-exporter ServiceAccount pruned",
+        || {
+            let accounts = accounts.clone();
+            async move {
+                Ok(match accounts.get_opt("nvidia-dcgm-exporter").await? {
+                    None => Ok(()),
+                    Some(_) => Err("still there".to_string()),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
     s.await_state(State::Ready, "ready without dcgm-exporter")
         .await;
     let mut after = s.generations().await;
