@@ -30,8 +30,12 @@ fn merge_patch(node: &NodeView, changes: &LabelPatch) -> Value {
     json!({ "metadata": metadata })
 }
 
-/// Labels every node that needs it. Returns the earliest moment a node's vanished GPU label
-/// reaches the grace period, so the caller can requeue for it.
+/// How soon to retry a node whose patch met a newer version (kwok or a kubelet updated its
+/// status meanwhile). Such an update changes no label we read, so no watch event would wake us.
+const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+
+/// Labels every node that needs it. Returns when to look again, if needed: when a node's
+/// vanished GPU label reaches the grace period, or shortly after a conflict.
 pub async fn label_nodes(
     client: &Client,
     nodes: &[NodeView],
@@ -40,6 +44,7 @@ pub async fn label_nodes(
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let now = Instant::now();
+    let mut retry = None;
     for node in nodes {
         let gone_for = loss.lock().ok().and_then(|mut l| l.observe(node, now));
         let changes = desired_label_changes(node, gone_for, grace);
@@ -60,13 +65,16 @@ pub async fn label_nodes(
                 }
             }
             // Stale resourceVersion or the node is gone: the watch brings the news.
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
-                tracing::debug!(node = %node.name, code = e.code, "node changed meanwhile; will label on its next event");
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(node = %node.name, "node changed meanwhile; retrying shortly");
+                retry = Some(Instant::now() + CONFLICT_RETRY);
             }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(loss.lock().ok().and_then(|l| l.next_deadline(grace)))
+    let grace_deadline = loss.lock().ok().and_then(|l| l.next_deadline(grace));
+    Ok(grace_deadline.into_iter().chain(retry).min())
 }
 
 #[cfg(test)]

@@ -301,7 +301,7 @@ async fn report_failure(
 async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
     // Nodes first: the deploy labels decide where operands run.
     let nodes = ctx.stores.nodes.snapshot();
-    let grace_deadline = labeller::label_nodes(
+    let label_deadline = labeller::label_nodes(
         &ctx.client,
         &nodes,
         &ctx.label_loss,
@@ -408,7 +408,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .any(|s| matches!(s.outcome, Outcome::Invalid(_)));
     let not_ready =
         (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
-    let grace = grace_deadline
+    let grace = label_deadline
         .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
     Ok(not_ready.into_iter().chain(grace).min())
 }

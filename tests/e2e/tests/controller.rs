@@ -878,6 +878,22 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
     s.teardown().await;
 }
 
+/// Waits until `operator` logs that it holds the Lease.
+async fn await_leadership(operator: &Operator, timeout: Duration, what: &str) {
+    wait::until(timeout, what, || {
+        let text = operator.log_text();
+        async move {
+            Ok(if text.contains("became leader") {
+                Ok(())
+            } else {
+                Err("not leader yet".to_string())
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm_and_sigkill() {
     let lease = ["--lease-duration-seconds", "6"];
@@ -896,22 +912,12 @@ async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm_and_sigkill() {
     let code = s.operator.terminate(Duration::from_secs(20)).unwrap();
     assert_eq!(code, Some(0), "{}", s.operator.log_text());
     let released = Instant::now();
-    wait::until(
+    await_leadership(
+        &standby,
         Duration::from_secs(5),
         "standby became leader after SIGTERM",
-        || {
-            let text = standby.log_text();
-            async move {
-                Ok(if text.contains("became leader") {
-                    Ok(())
-                } else {
-                    Err("waiting".to_string())
-                })
-            }
-        },
     )
-    .await
-    .unwrap();
+    .await;
     eprintln!("handover after SIGTERM took {:?}", released.elapsed());
 
     // SIGKILL: the next standby takes over once the Lease expires.
@@ -919,22 +925,13 @@ async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm_and_sigkill() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     standby.kill().unwrap();
     let killed = Instant::now();
-    wait::until(
+    // Lease duration 6 s, plus one renewal period of slack.
+    await_leadership(
+        &third,
         Duration::from_secs(6 + 6),
         "third replica became leader after SIGKILL",
-        || {
-            let text = third.log_text();
-            async move {
-                Ok(if text.contains("became leader") {
-                    Ok(())
-                } else {
-                    Err("waiting".to_string())
-                })
-            }
-        },
     )
-    .await
-    .unwrap();
+    .await;
     eprintln!("handover after SIGKILL took {:?}", killed.elapsed());
     assert!(third.is_running());
     s.operator = third;
