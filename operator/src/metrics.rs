@@ -72,12 +72,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe_reconcile(&self, took: Duration, error: Option<&str>) {
+    pub fn observe_reconcile(&self, took: Duration) {
         self.reconciles.inc();
         self.duration.observe(took.as_secs_f64());
-        if let Some(reason) = error {
-            self.observe_error(reason);
-        }
     }
 
     pub fn observe_error(&self, reason: &str) {
@@ -112,7 +109,8 @@ mod tests {
     #[test]
     fn reconciles_and_errors_are_exported() {
         let m = Metrics::default();
-        m.observe_reconcile(Duration::from_millis(3), Some("ApplyFailed"));
+        m.observe_reconcile(Duration::from_millis(3));
+        m.observe_error("ApplyFailed");
         m.observe_state(6, 5);
         let text = m.encode();
         assert!(text.contains("gpu_operator_reconciles_total 1"), "{text}");

@@ -94,8 +94,6 @@ pub struct Context {
     label_loss: Mutex<GpuLabelLoss>,
     recorder: Recorder,
     metrics: Metrics,
-    /// Failures of the previous pass, shown in status until a pass succeeds.
-    last_failure: Mutex<Option<String>>,
 }
 
 /// The policy that is in force: the oldest decodable one, name breaking ties.
@@ -247,20 +245,11 @@ async fn reconcile(
     }
 
     let result = run_pass(policy, ctx, now.clone()).await;
-    ctx.metrics
-        .observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::reason));
+    ctx.metrics.observe_reconcile(started.elapsed());
     match result {
-        Ok(action) => {
-            if let Ok(mut f) = ctx.last_failure.lock() {
-                *f = None;
-            }
-            Ok(action)
-        }
+        Ok(action) => Ok(action),
         Err(e) => {
             tracing::warn!(policy = %name, error = %e, "reconcile failed");
-            if let Ok(mut f) = ctx.last_failure.lock() {
-                *f = Some(e.to_string());
-            }
             // Show the failure in status (best effort; the error itself drives the backoff).
             let _ = report_failure(policy, ctx, &e, now).await;
             Err(e)
@@ -486,7 +475,6 @@ pub async fn run(
         policies,
         label_loss: Mutex::default(),
         metrics,
-        last_failure: Mutex::default(),
     };
 
     let mut shutdown = std::pin::pin!(shutdown.fuse());
@@ -517,6 +505,7 @@ pub async fn run(
             match reconcile(&guard, &ctx).await {
                 Ok(requeue) => next = next.into_iter().chain(requeue).min(),
                 Err(e) => {
+                    // Counted here, once, for the active and the ignored policies alike.
                     ctx.metrics.observe_error(e.reason());
                     failed = true;
                 }

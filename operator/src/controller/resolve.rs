@@ -11,9 +11,11 @@ use kube::{Client, Resource};
 
 use super::stores::Stores;
 use crate::api::ClusterPolicy;
-use crate::facts::{ClusterFacts, ConfigMapData, Runtime, SharingConfig};
-use crate::nodes::{NodeView, OS_ID, OS_VERSION_ID};
+use crate::facts::{ClusterFacts, ConfigMapData, Runtime};
+use crate::nodes::{DEVICE_PLUGIN_CONFIG, NodeView, OS_ID, OS_VERSION_ID};
 use crate::render::Operand;
+use crate::render::common::mig_strategy_name;
+use crate::sharing::select::{SharingDecision, select_config};
 
 /// Optional APIs and coexistence facts found at start-up (decision 14).
 #[derive(Clone, Debug, Default)]
@@ -210,22 +212,33 @@ impl Resolver {
                 .and_then(|c| c.name.as_ref()),
         );
 
+        // Validated as the plugin would (decision 5) before any node sees it; a key named by a
+        // node's nvidia.com/device-plugin.config label must exist (decision 4).
+        let node_keys: BTreeMap<String, String> = gpu_nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.label(DEVICE_PLUGIN_CONFIG)?.to_string())))
+            .collect();
+        let mig_strategy = spec
+            .mig
+            .as_ref()
+            .and_then(|m| m.strategy)
+            .map(mig_strategy_name);
         let sharing = sharing_source.and_then(|cm| {
-            let default = plugin_config.and_then(|c| c.default.clone()).filter(|d| !d.is_empty());
-            match select_default(&cm, default.as_deref()) {
-                Ok((default_key, inferred)) => {
-                    if inferred {
-                        notes.push(format!("device-plugin config: default inferred (key {default_key:?}, the only key of ConfigMap {})", cm.name));
+            let default = plugin_config.and_then(|c| c.default.as_deref()).filter(|d| !d.is_empty());
+            match select_config(&cm.name, &cm.data, default, &node_keys, mig_strategy) {
+                SharingDecision::Valid { config, warnings, .. } => {
+                    if config.default_inferred {
+                        notes.push(format!(
+                            "device-plugin config: default inferred (key {:?}, the only key of ConfigMap {})",
+                            config.default_key, cm.name
+                        ));
                     }
-                    Some(SharingConfig {
-                        source: cm.name,
-                        data: cm.data,
-                        default_key,
-                        default_inferred: inferred,
-                    })
+                    notes.extend(warnings);
+                    Some(config)
                 }
-                Err(message) => {
-                    problems.insert(Operand::DevicePlugin, message);
+                SharingDecision::Invalid { problems: found, .. } => {
+                    let messages: Vec<String> = found.iter().map(ToString::to_string).collect();
+                    problems.insert(Operand::DevicePlugin, messages.join("; "));
                     None
                 }
             }
@@ -334,35 +347,6 @@ fn os_tag(gpu_nodes: &[&NodeView]) -> Option<String> {
     })
 }
 
-/// Which key of the sharing ConfigMap is the default: `devicePlugin.config.default`, else the
-/// only key (decision 6), else an error naming the fix.
-pub fn select_default(cm: &ConfigMapData, default: Option<&str>) -> Result<(String, bool), String> {
-    match default {
-        Some(key) if cm.data.contains_key(key) => Ok((key.to_string(), false)),
-        Some(key) => Err(format!(
-            "spec.devicePlugin.config.default is {key:?} but ConfigMap {} has no such key (keys: {}): add the key or change default",
-            cm.name,
-            cm.data.keys().cloned().collect::<Vec<_>>().join(", ")
-        )),
-        None => match cm.data.keys().collect::<Vec<_>>().as_slice() {
-            [only] => Ok(((*only).clone(), true)),
-            [] => Err(format!(
-                "ConfigMap {} (spec.devicePlugin.config.name) has no keys: add a device-plugin config",
-                cm.name
-            )),
-            keys => Err(format!(
-                "ConfigMap {} has {} keys ({}) and spec.devicePlugin.config.default is not set: set it to the key nodes without the nvidia.com/device-plugin.config label should use",
-                cm.name,
-                keys.len(),
-                keys.iter()
-                    .map(|k| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-        },
-    }
-}
-
 /// Controller owner reference to the policy, so deleting it garbage-collects every operand.
 pub fn owner_reference(policy: &ClusterPolicy) -> Option<OwnerReference> {
     let mut reference = policy.controller_owner_ref(&())?;
@@ -409,36 +393,5 @@ mod tests {
         assert_eq!(parse_runtime("cri-o://1.33.2"), Runtime::CriO);
         assert_eq!(parse_runtime("docker://28.2.2"), Runtime::Docker);
         assert_eq!(parse_runtime(""), Runtime::Containerd);
-    }
-
-    #[test]
-    fn default_key_is_explicit_inferred_from_a_single_key_or_an_error() {
-        let one = ConfigMapData {
-            name: "ts".into(),
-            data: [("any".to_string(), "v".to_string())].into(),
-        };
-        assert_eq!(select_default(&one, None), Ok(("any".to_string(), true)));
-        assert_eq!(
-            select_default(&one, Some("any")),
-            Ok(("any".to_string(), false))
-        );
-        assert!(
-            select_default(&one, Some("other"))
-                .unwrap_err()
-                .contains("has no such key")
-        );
-        let two = ConfigMapData {
-            name: "ts".into(),
-            data: [
-                ("a".to_string(), "v".to_string()),
-                ("b".to_string(), "v".to_string()),
-            ]
-            .into(),
-        };
-        assert!(
-            select_default(&two, None)
-                .unwrap_err()
-                .contains("spec.devicePlugin.config.default is not set")
-        );
     }
 }

@@ -171,31 +171,31 @@ impl Stores {
         client: &Client,
         namespace: &str,
     ) -> (Stores, impl Stream<Item = ()> + Send + 'static) {
-        let ns = |c: &Client| c.clone();
         let (config_maps, cm_changes) = watched(
-            Api::<ConfigMap>::namespaced(ns(client), namespace),
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
             watcher::Config::default(),
         );
         let (daemon_sets, ds_changes) =
-            managed(Api::<DaemonSet>::namespaced(ns(client), namespace));
+            managed(Api::<DaemonSet>::namespaced(client.clone(), namespace));
         let (deployments, deploy_changes) =
-            managed(Api::<Deployment>::namespaced(ns(client), namespace));
-        let (services, svc_changes) = managed(Api::<Service>::namespaced(ns(client), namespace));
+            managed(Api::<Deployment>::namespaced(client.clone(), namespace));
+        let (services, svc_changes) =
+            managed(Api::<Service>::namespaced(client.clone(), namespace));
         let (service_accounts, sa_changes) =
-            managed(Api::<ServiceAccount>::namespaced(ns(client), namespace));
-        let (roles, role_changes) = managed(Api::<Role>::namespaced(ns(client), namespace));
+            managed(Api::<ServiceAccount>::namespaced(client.clone(), namespace));
+        let (roles, role_changes) = managed(Api::<Role>::namespaced(client.clone(), namespace));
         let (role_bindings, rb_changes) =
-            managed(Api::<RoleBinding>::namespaced(ns(client), namespace));
-        let (cluster_roles, cr_changes) = managed(Api::<ClusterRole>::all(ns(client)));
+            managed(Api::<RoleBinding>::namespaced(client.clone(), namespace));
+        let (cluster_roles, cr_changes) = managed(Api::<ClusterRole>::all(client.clone()));
         let (cluster_role_bindings, crb_changes) =
-            managed(Api::<ClusterRoleBinding>::all(ns(client)));
-        let (runtime_classes, rc_changes) = managed(Api::<RuntimeClass>::all(ns(client)));
+            managed(Api::<ClusterRoleBinding>::all(client.clone()));
+        let (runtime_classes, rc_changes) = managed(Api::<RuntimeClass>::all(client.clone()));
 
         let nodes = NodeCache::default();
         let node_cache = nodes.clone();
         let mut pending = None;
         let node_changes = watcher::watcher(
-            Api::<PartialObjectMeta<Node>>::all(ns(client)),
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
             watcher::Config::default(),
         )
         .default_backoff()
