@@ -187,7 +187,10 @@ wait_for kube-scheduler 120 curl -sfk "https://127.0.0.1:$SCHEDULER_PORT/healthz
 kwok_dir=$(cd "$here/go/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
 export KUBECONFIG="$work/admin.kubeconfig"
 kubectl apply --server-side -f "$kwok_dir/kustomize/crd/bases/kwok.x-k8s.io_stages.yaml" >/dev/null
-kubectl wait --for condition=established --timeout 60s crd/stages.kwok.x-k8s.io >/dev/null
+# Polled, not `kubectl wait`: a CRD created a moment ago has no status.conditions yet, which
+# `kubectl wait --for condition=...` reports as an error instead of waiting.
+wait_for "Stage CRD" 60 sh -c "kubectl get crd stages.kwok.x-k8s.io \
+  -o jsonpath='{.status.conditions[?(@.type==\"Established\")].status}' | grep -qx True"
 for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
   pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
   kubectl apply --server-side -f "$kwok_dir/kustomize/stage/$stage.yaml" >/dev/null

@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod chaos;
 pub mod cluster;
+pub mod crd;
 pub mod nodes;
 pub mod operator;
 pub mod procs;

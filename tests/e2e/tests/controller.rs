@@ -39,38 +39,6 @@ struct Setup {
     policy: String,
 }
 
-async fn install_crd() {
-    let out = std::process::Command::new("kubectl")
-        .args(["apply", "--server-side", "-f"])
-        .arg(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../crds/nvidia.com_clusterpolicies.yaml"),
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = std::process::Command::new("kubectl")
-        .args([
-            "wait",
-            "--for",
-            "condition=established",
-            "crd/clusterpolicies.nvidia.com",
-            "--timeout",
-            "60s",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn policies(client: &Client) -> Api<ClusterPolicy> {
     Api::all(client.clone())
 }
@@ -133,7 +101,9 @@ async fn remove_leftovers(admin: &Client) {
 
 async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
     let admin = e2e::client().await.unwrap();
-    install_crd().await;
+    e2e::crd::install_cluster_policy_crd(&admin, "e2e-controller-test")
+        .await
+        .unwrap();
     remove_leftovers(&admin).await;
     let identity = OperatorIdentity::create(&admin, "cluster-admin")
         .await

@@ -9,10 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use e2e::cluster::{kubectl_output, unique_name};
 use e2e::{client, kubectl, wait};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::runtime::wait::conditions;
 use kube::{Client, Error};
 use serde_json::{Value, json};
 
@@ -57,26 +55,8 @@ fn cluster_policies(client: &Client) -> Api<DynamicObject> {
 /// Applies `crds/nvidia.com_clusterpolicies.yaml` server-side, waits until it is established
 /// and returns its `openAPIV3Schema`.
 async fn install_crd(client: &Client) -> Result<Value> {
-    let path = repo_root().join("crds/nvidia.com_clusterpolicies.yaml");
-    let crd: CustomResourceDefinition = serde_json::from_value(read_yaml(&path))?;
-    let name = crd.metadata.name.clone().context("CRD without a name")?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .with_context(|| format!("applying {}", path.display()))?;
-    wait::for_object(
-        api,
-        &name,
-        TIMEOUT,
-        "CRD established",
-        conditions::is_crd_established(),
-    )
-    .await?;
-    let crd = serde_json::to_value(&crd)?;
+    e2e::crd::install_cluster_policy_crd(client, FIELD_MANAGER).await?;
+    let crd = serde_json::to_value(e2e::crd::cluster_policy_crd()?)?;
     Ok(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone())
 }
 

@@ -1,0 +1,54 @@
+//! Installing the ClusterPolicy CRD from `crds/` the same way in every test binary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::conditions;
+
+use crate::wait;
+
+/// The CRD's name as the API server knows it.
+pub const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
+
+/// `crds/nvidia.com_clusterpolicies.yaml` in this checkout.
+pub fn cluster_policy_crd_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds/nvidia.com_clusterpolicies.yaml")
+}
+
+/// The CRD as committed.
+pub fn cluster_policy_crd() -> Result<CustomResourceDefinition> {
+    let path = cluster_policy_crd_path();
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Applies the committed CRD server-side as `field_manager` and waits until it is established.
+///
+/// Waits by watching the object rather than with `kubectl wait`: right after creation the CRD
+/// has no `status.conditions` at all, which `kubectl wait --for condition=...` reports as an
+/// error instead of waiting.
+pub async fn install_cluster_policy_crd(client: &Client, field_manager: &str) -> Result<()> {
+    let crd = cluster_policy_crd()?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        CLUSTER_POLICY_CRD,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .with_context(|| format!("applying {}", cluster_policy_crd_path().display()))?;
+    wait::for_object(
+        api,
+        CLUSTER_POLICY_CRD,
+        Duration::from_secs(60),
+        "CRD established",
+        conditions::is_crd_established(),
+    )
+    .await?;
+    Ok(())
+}
