@@ -181,6 +181,22 @@ pub fn desired_label_changes(
     patch
 }
 
+/// Decision 7: the `nvidia.com/mig.config` label for a MIG-capable GPU node that has none,
+/// when the policy's `migManager.config.default` asks for one (`default_layout`, normally
+/// `all-disabled`). A value already there, whoever wrote it, is never overwritten.
+pub fn mig_config_default(node: &NodeView, default_layout: Option<&str>) -> LabelPatch {
+    let mut patch = LabelPatch::new();
+    if let Some(layout) = default_layout
+        && node.has_nfd_gpu()
+        && node.label(DEPLOY_OPERANDS) != Some("false")
+        && node.label(MIG_CAPABLE) == Some("true")
+        && node.label(MIG_CONFIG).is_none()
+    {
+        patch.insert(MIG_CONFIG.to_string(), Some(layout.to_string()));
+    }
+    patch
+}
+
 /// Tracks since when marked GPU nodes have been missing NFD's GPU labels.
 #[derive(Debug, Default)]
 pub struct GpuLabelLoss {
@@ -244,6 +260,38 @@ mod tests {
             // Not MIG-capable: no mig-manager.
             assert_eq!(set(&patch, "nvidia.com/gpu.deploy.mig-manager"), None);
         }
+    }
+
+    #[test]
+    fn mig_config_is_defaulted_only_on_mig_capable_gpu_nodes_without_one() {
+        let capable = [(NFD_GPU_LABELS[0], "true"), (MIG_CAPABLE, "true")];
+        assert_eq!(
+            set(
+                &mig_config_default(&node(&capable), Some("all-disabled")),
+                MIG_CONFIG
+            ),
+            Some(Some("all-disabled"))
+        );
+        // migManager.config.default is "" (leave nodes alone): nothing.
+        assert!(mig_config_default(&node(&capable), None).is_empty());
+        // Not MIG-capable, or taken out of everything: nothing.
+        assert!(
+            mig_config_default(&node(&[(NFD_GPU_LABELS[0], "true")]), Some("all-disabled"))
+                .is_empty()
+        );
+        let out = [
+            (NFD_GPU_LABELS[0], "true"),
+            (MIG_CAPABLE, "true"),
+            (DEPLOY_OPERANDS, "false"),
+        ];
+        assert!(mig_config_default(&node(&out), Some("all-disabled")).is_empty());
+        // A layout someone chose is never overwritten.
+        let chosen = [
+            (NFD_GPU_LABELS[0], "true"),
+            (MIG_CAPABLE, "true"),
+            (MIG_CONFIG, "all-1g.5gb"),
+        ];
+        assert!(mig_config_default(&node(&chosen), Some("all-disabled")).is_empty());
     }
 
     #[test]

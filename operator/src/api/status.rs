@@ -52,7 +52,8 @@ pub struct ClusterPolicyStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentStatus {
-    /// The operand, by its key in the spec (for example driver, devicePlugin, nfd).
+    /// The operand (driver, device-plugin, mig-manager, ...), or operand/workload where an
+    /// operand has several (node-feature-discovery/node-feature-discovery-worker).
     pub name: String,
     /// Name of the operand's DaemonSet, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

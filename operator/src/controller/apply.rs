@@ -18,7 +18,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::stores::Stores;
+use crate::render::device_plugin::{self, CONFIG_COPY_LABEL};
 use crate::render::{DesiredState, MANAGER, OPERAND_LABEL, OperandObjects, Outcome};
+use crate::render::{gfd, mps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -337,6 +339,22 @@ async fn prune(
 ) -> Result<Vec<String>, ApplyError> {
     let operands = prunable(desired);
     let mut pruned = Vec::new();
+    // Old sharing-config copies stay while pods that mount them may still run (decision 4).
+    let daemon_sets: Vec<_> = stores.daemon_sets.state();
+    let keep = &if daemon_sets.iter().any(|ds| copy_rollout_in_progress(ds)) {
+        let mut keep = keep.clone();
+        keep.extend(
+            stores
+                .config_maps
+                .state()
+                .iter()
+                .filter(|cm| cm.labels().contains_key(CONFIG_COPY_LABEL))
+                .map(|cm| key(cm.as_ref())),
+        );
+        keep
+    } else {
+        keep.clone()
+    };
     // Reverse apply order: workloads first, then what they use.
     prune_kind(
         client,
@@ -423,6 +441,20 @@ async fn prune(
     Ok(pruned)
 }
 
+/// Whether `ds` is a sharing-config consumer (device plugin, GFD, MPS daemon) with pods that
+/// may still mount an older copy: its rollout is not yet observed, or not every pod runs the
+/// current template.
+fn copy_rollout_in_progress(ds: &DaemonSet) -> bool {
+    let consumers = [device_plugin::NAME, gfd::NAME, mps::NAME];
+    if !consumers.contains(&ds.name_any().as_str()) {
+        return false;
+    }
+    let status = ds.status.clone().unwrap_or_default();
+    status.observed_generation.unwrap_or(0) < ds.metadata.generation.unwrap_or(0)
+        || status.updated_number_scheduled.unwrap_or(0) < status.desired_number_scheduled
+        || status.number_available.unwrap_or(0) < status.desired_number_scheduled
+}
+
 /// Deletes live objects of kind `K` that belong to a prunable operand, are owned by the active
 /// policy (when its UID is known), and were not rendered in this pass.
 async fn prune_kind<K>(
@@ -473,6 +505,43 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn consumer(
+        name: &str,
+        generation: i64,
+        observed: i64,
+        desired: i32,
+        updated: i32,
+    ) -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "generation": generation},
+            "status": {"observedGeneration": observed, "desiredNumberScheduled": desired,
+                "updatedNumberScheduled": updated, "numberAvailable": desired,
+                "currentNumberScheduled": desired, "numberMisscheduled": 0, "numberReady": desired}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn old_config_copies_are_kept_while_a_consumer_rolls_out() {
+        assert!(copy_rollout_in_progress(&consumer(
+            device_plugin::NAME,
+            3,
+            3,
+            4,
+            2
+        )));
+        assert!(copy_rollout_in_progress(&consumer(gfd::NAME, 3, 2, 4, 4)));
+        assert!(!copy_rollout_in_progress(&consumer(mps::NAME, 3, 3, 4, 4)));
+        // Other operands' rollouts do not hold copies back.
+        assert!(!copy_rollout_in_progress(&consumer(
+            "nvidia-dcgm-exporter",
+            3,
+            3,
+            4,
+            2
+        )));
+    }
 
     #[test]
     fn server_defaults_and_foreign_fields_do_not_count_as_differences() {

@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
-use crate::nodes::{GpuLabelLoss, LabelPatch, NodeView, desired_label_changes};
+use crate::nodes::{GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default};
 
 fn merge_patch(node: &NodeView, changes: &LabelPatch) -> Value {
     let labels: Map<String, Value> = changes
@@ -41,13 +41,15 @@ pub async fn label_nodes(
     nodes: &[NodeView],
     loss: &Mutex<GpuLabelLoss>,
     grace: Duration,
+    mig_default_layout: Option<&str>,
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let now = Instant::now();
     let mut retry = None;
     for node in nodes {
         let gone_for = loss.lock().ok().and_then(|mut l| l.observe(node, now));
-        let changes = desired_label_changes(node, gone_for, grace);
+        let mut changes = desired_label_changes(node, gone_for, grace);
+        changes.extend(mig_config_default(node, mig_default_layout));
         if changes.is_empty() {
             continue;
         }

@@ -272,6 +272,7 @@ async fn report_failure(
         deployments: &BTreeMap::new(),
         nodes: &[],
         failures: &[error.to_string()],
+        config_problems: &BTreeMap::new(),
         notes: &[],
         diagnoses: &BTreeMap::new(),
         previous: policy.status.as_ref(),
@@ -287,6 +288,21 @@ async fn report_failure(
     Ok(())
 }
 
+/// The layout MIG-capable nodes without a `nvidia.com/mig.config` label get (decision 7):
+/// `all-disabled` while mig-manager is on and `migManager.config.default` is `all-disabled`
+/// (its default).
+fn mig_default_layout(spec: &crate::api::ClusterPolicySpec) -> Option<&'static str> {
+    use crate::api::{Component, MigDefault};
+    let default = spec
+        .mig_manager
+        .as_ref()
+        .and_then(|m| m.config.as_ref())
+        .and_then(|c| c.default)
+        .unwrap_or(MigDefault::AllDisabled);
+    (spec.is_enabled(Component::MigManager) && default == MigDefault::AllDisabled)
+        .then_some("all-disabled")
+}
+
 async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
     // Nodes first: the deploy labels decide where operands run.
     let nodes = ctx.stores.nodes.snapshot();
@@ -295,6 +311,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         &nodes,
         &ctx.label_loss,
         ctx.settings.gpu_label_grace,
+        mig_default_layout(&policy.spec),
     )
     .await
     .map_err(Error::Labels)?;
@@ -356,6 +373,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         deployments: &deployments,
         nodes: &nodes,
         failures: &coexistence,
+        config_problems: &resolved.config_problems,
         notes: &notes,
         diagnoses: &diagnoses,
         previous: policy.status.as_ref(),

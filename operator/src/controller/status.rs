@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{ClusterPolicyStatus, ComponentStatus, State};
 use crate::nodes::NodeView;
-use crate::render::{CONFIG_HASH_ANNOTATION, DesiredState, Operand, Outcome};
+use crate::render::{CONFIG_HASH_ANNOTATION, DesiredState, Operand, Outcome, device_plugin};
 
 pub const READY: &str = "Ready";
 pub const ERROR: &str = "Error";
@@ -35,6 +35,9 @@ pub struct StatusInputs<'a> {
     pub nodes: &'a [NodeView],
     /// Problems found while resolving or applying (reconcile failed when non-empty).
     pub failures: &'a [String],
+    /// Invalid configs of operands that still render (with their last good config): reported
+    /// like an invalid operand, on its component and in the conditions.
+    pub config_problems: &'a BTreeMap<Operand, String>,
     /// Warnings that do not make the policy unready (e.g. "default inferred").
     pub notes: &'a [String],
     /// Per DaemonSet, a diagnosis of pods that are missing or not ready (from on-demand reads).
@@ -205,37 +208,37 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                             .filter_map(|d| d.metadata.name.clone())
                             .map(|n| (n, false)),
                     );
+                let config_problem = inputs.config_problems.get(&operand);
+                if let Some(problem) = config_problem {
+                    invalid.push(format!("{}: {problem}", operand.name()));
+                }
                 for (name, is_daemonset) in workloads {
-                    let hash = objects
+                    let rendered_ds = objects
                         .daemon_sets
                         .iter()
-                        .find(|d| d.metadata.name.as_deref() == Some(name.as_str()))
-                        .and_then(|d| {
-                            d.spec
-                                .as_ref()?
-                                .template
-                                .metadata
-                                .as_ref()?
-                                .annotations
-                                .as_ref()?
-                                .get(CONFIG_HASH_ANNOTATION)
-                                .cloned()
-                        });
+                        .find(|d| d.metadata.name.as_deref() == Some(name.as_str()));
+                    let hash = rendered_ds.and_then(|d| {
+                        d.spec
+                            .as_ref()?
+                            .template
+                            .metadata
+                            .as_ref()?
+                            .annotations
+                            .as_ref()?
+                            .get(CONFIG_HASH_ANNOTATION)
+                            .cloned()
+                    });
                     // Nodes that carry every label the DaemonSet selects on (the deploy label, and
                     // e.g. mps.capable for the MPS daemon).
-                    let selector = objects
-                        .daemon_sets
-                        .iter()
-                        .find(|d| d.metadata.name.as_deref() == Some(name.as_str()))
-                        .and_then(|d| {
-                            d.spec
-                                .as_ref()?
-                                .template
-                                .spec
-                                .as_ref()?
-                                .node_selector
-                                .clone()
-                        });
+                    let selector = rendered_ds.and_then(|d| {
+                        d.spec
+                            .as_ref()?
+                            .template
+                            .spec
+                            .as_ref()?
+                            .node_selector
+                            .clone()
+                    });
                     let labelled = match (labelled, selector) {
                         (Some(_), Some(selector)) => Some(
                             inputs
@@ -265,6 +268,18 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                     });
                     if let Some(diagnosis) = inputs.diagnoses.get(&name) {
                         readiness.message.push_str(&format!(" ({diagnosis})"));
+                    }
+                    // The sharing config in effect, and the rollout towards it.
+                    if let Some((copy, default_key)) =
+                        rendered_ds.and_then(device_plugin::mounted_copy)
+                    {
+                        readiness
+                            .message
+                            .push_str(&format!("; config {copy} (default key {default_key:?})"));
+                    }
+                    if let Some(problem) = config_problem {
+                        readiness.message =
+                            format!("invalid configuration: {problem}; {}", readiness.message);
                     }
                     if !readiness.ready {
                         not_ready.push(format!("{}: {}", operand.name(), readiness.message));

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Volume, VolumeMount};
 
 use super::common::{
@@ -100,15 +101,21 @@ pub fn sharing_copy(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<Sh
     }
     let sharing = facts.sharing.as_ref()?;
     let hash = common::config_hash(&sharing.data);
-    // A ConfigMap name may be 253 characters; keep room for the suffix.
-    let base: String = sharing.source.chars().take(240).collect();
     Some(SharingCopy {
-        name: format!("{}-{}", base.trim_end_matches(['-', '.']), &hash[..10]),
+        name: copy_name(&sharing.source, &hash),
         hash,
         default_key: sharing.default_key.clone(),
         source: sharing.source.clone(),
         data: sharing.data.clone(),
     })
+}
+
+/// `<source>-<first 10 hex digits of hash>`, the name of the copy of `source` whose data has
+/// the config hash `hash`.
+pub fn copy_name(source: &str, hash: &str) -> String {
+    // A ConfigMap name may be 253 characters; keep room for the suffix.
+    let base: String = source.chars().take(240).collect();
+    format!("{}-{}", base.trim_end_matches(['-', '.']), &hash[..10])
 }
 
 /// The copy as an immutable ConfigMap of the device-plugin operand.
@@ -122,6 +129,34 @@ pub fn copy_config_map(copy: &SharingCopy, facts: &ClusterFacts) -> ConfigMap {
     // Content never changes under a name: a new config is a new copy, and pods roll to it.
     cm.immutable = Some(true);
     cm
+}
+
+/// The sharing-config copy a live consumer DaemonSet mounts, and the `DEFAULT_CONFIG` its
+/// config-manager uses: the inverse of [`config_volumes`] and [`config_manager_containers`].
+/// This is "last good" (decision 4): it lives in the cluster, so it survives an operator
+/// restart. `None` when the DaemonSet runs without a sharing config.
+pub fn mounted_copy(ds: &DaemonSet) -> Option<(String, String)> {
+    let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
+    let copy = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == AVAILABLE_CONFIGS_VOLUME)?
+        .config_map
+        .as_ref()?
+        .name
+        .clone();
+    let default_key = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .filter(|c| c.name == CONFIG_MANAGER_INIT || c.name == CONFIG_MANAGER)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == "DEFAULT_CONFIG")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default();
+    Some((copy, default_key))
 }
 
 /// Volumes of the copy and the selected-config directory.

@@ -1054,6 +1054,32 @@ fn sharing_config_is_mounted_as_an_immutable_hashed_copy_by_all_three_consumers(
 }
 
 #[test]
+fn the_copy_a_live_consumer_mounts_is_read_back_with_its_default_key() {
+    let facts = sharing(&[("default", TS4), ("big", TS8)]);
+    let plugin = objects(SHARED, &facts, Operand::DevicePlugin);
+    let copy_name = plugin
+        .config_maps
+        .iter()
+        .find(|c| c.immutable == Some(true))
+        .and_then(|c| c.metadata.name.clone())
+        .unwrap();
+    for op in [
+        Operand::DevicePlugin,
+        Operand::Gfd,
+        Operand::MpsControlDaemon,
+    ] {
+        let ds = daemon_set(SHARED, &facts, op);
+        assert_eq!(
+            super::device_plugin::mounted_copy(&ds),
+            Some((copy_name.clone(), "default".to_owned())),
+            "{op:?}"
+        );
+    }
+    let plain = daemon_set("{}", &super::tests::facts(), Operand::DevicePlugin);
+    assert_eq!(super::device_plugin::mounted_copy(&plain), None);
+}
+
+#[test]
 fn sharing_hash_changes_with_content_and_never_with_the_default_key() {
     let hash = |f: &ClusterFacts| {
         template_annotations(&daemon_set(SHARED, f, Operand::DevicePlugin))[CONFIG_HASH_ANNOTATION]

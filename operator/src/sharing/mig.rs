@@ -873,6 +873,48 @@ fn describe_gpus(gpus: &[u32]) -> String {
     }
 }
 
+/// At most this many nodes are named in one status line; the rest are counted.
+const NODES_IN_MESSAGE: usize = 10;
+
+/// What status says about the nodes' MIG layouts: every GPU node whose
+/// `nvidia.com/mig.config` names a layout that is missing from `config` or does not fit its
+/// GPUs, and every node whose `nvidia.com/mig.config.state` is `failed` (mig-manager gave up on
+/// it). `None` when every node is fine.
+pub fn node_report(config: &MigConfigFile, nodes: &[&crate::nodes::NodeView]) -> Option<String> {
+    use crate::nodes::{GPU_COUNT, GPU_PRODUCT, MIG_CONFIG_STATE};
+    let mut problems = Vec::new();
+    for node in nodes {
+        if let Some(layout) = node.label(MIG_CONFIG_LABEL) {
+            let product = node.label(GPU_PRODUCT).unwrap_or_default();
+            if let Err(why) = check_node(config, layout, product, node.label(GPU_COUNT)) {
+                let hint = if layout == "all-disabled" && !config.configs.contains_key(layout) {
+                    " (all-disabled is what the operator gives MIG-capable nodes without a layout: add it to the config, or set spec.migManager.config.default to \"\")"
+                } else {
+                    ""
+                };
+                problems.push(format!("node {}: {why}{hint}", node.name));
+                continue;
+            }
+        }
+        if node.label(MIG_CONFIG_STATE) == Some("failed") {
+            problems.push(format!(
+                "node {}: mig-manager failed to apply layout {:?} ({MIG_CONFIG_STATE}=failed); see the nvidia-mig-manager pod log on that node",
+                node.name,
+                node.label(MIG_CONFIG_LABEL).unwrap_or_default()
+            ));
+        }
+    }
+    if problems.is_empty() {
+        return None;
+    }
+    let total = problems.len();
+    problems.truncate(NODES_IN_MESSAGE);
+    if total > NODES_IN_MESSAGE {
+        problems.push(format!("{} more nodes", total - NODES_IN_MESSAGE));
+    }
+    Some(problems.join("; "))
+}
+
 /// A mig-parted config with `all-disabled`, `all-enabled`, `all-balanced` and one
 /// `all-<profile>` per profile name (`+` written as `.`), each entry limited to the models that
 /// offer it by `device-filter`. Generated from [`MODELS`], in the shape of gpu-operator's
@@ -953,6 +995,75 @@ fn group_by_devices(per_model: Vec<(&GpuModel, BTreeMap<String, u32>)>) -> Vec<G
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mig_node(name: &str, labels: &[(&str, &str)]) -> crate::nodes::NodeView {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        crate::nodes::NodeView::from_labels(name, None, &labels)
+    }
+
+    #[test]
+    fn node_report_names_unfitting_unknown_and_failed_layouts_and_passes_fitting_ones() {
+        let config = parse_yaml("mig-config", "config.yaml", SCENARIO_4).unwrap();
+        let a100_40 = mig_node(
+            "a100-40",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/gpu.count", "8"),
+                ("nvidia.com/mig.config", "inference-7"),
+            ],
+        );
+        assert_eq!(node_report(&config, &[&a100_40]), None);
+
+        let h100 = mig_node(
+            "h100",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+                ("nvidia.com/gpu.count", "8"),
+                ("nvidia.com/mig.config", "inference-7"),
+            ],
+        );
+        let training = mig_node(
+            "a100-training",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/gpu.count", "8"),
+                ("nvidia.com/mig.config", "training-4"),
+            ],
+        );
+        let unknown = mig_node(
+            "typo",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/mig.config", "inference-8"),
+            ],
+        );
+        let failed = mig_node(
+            "stuck",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/mig.config", "inference-7"),
+                ("nvidia.com/mig.config.state", "failed"),
+            ],
+        );
+        let report =
+            node_report(&config, &[&a100_40, &h100, &training, &unknown, &failed]).unwrap();
+        assert!(!report.contains("a100-40:"), "{report}");
+        assert!(report.contains("node h100: "), "{report}");
+        assert!(report.contains("1g.5gb"), "{report}");
+        assert!(report.contains("node a100-training: "), "{report}");
+        assert!(
+            report.contains("node typo: MIG layout \"inference-8\" is not in the MIG config"),
+            "{report}"
+        );
+        assert!(report.contains("node stuck: "), "{report}");
+        assert!(
+            report.contains("nvidia.com/mig.config.state=failed"),
+            "{report}"
+        );
+    }
 
     /// Scenario 4's ConfigMap, as published.
     const SCENARIO_4: &str = r#"version: v1

@@ -9,6 +9,7 @@ pub mod crd;
 pub mod nodes;
 pub mod operator;
 pub mod procs;
+pub mod session;
 pub mod wait;
 
 pub use cluster::{client, kubectl};

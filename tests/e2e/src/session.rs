@@ -1,0 +1,264 @@
+//! One operator session for an end-to-end test: the ClusterPolicy CRD installed, leftovers of
+//! failed tests removed, the operator binary running with its own ServiceAccount identity and
+//! a policy created; plus the waits and edits the tests share. A failed step panics: this is
+//! test support, and the panic message is the test's failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gpu_operator::api::{ClusterPolicy, State};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::cluster::unique_name;
+use crate::nodes::{self, FakeNode, GpuModel};
+use crate::operator::{Operator, OperatorIdentity};
+use crate::wait;
+
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The DaemonSets a default policy renders on the fake fleet (mig-manager only on the
+/// MIG-capable A100 and H100 nodes).
+pub const DEFAULT_DAEMONSETS: [&str; 7] = [
+    "nvidia-driver-daemonset",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-mig-manager",
+];
+
+pub struct Setup {
+    pub admin: Client,
+    pub identity: OperatorIdentity,
+    pub operator: Operator,
+    pub policy: String,
+}
+
+pub fn policies(client: &Client) -> Api<ClusterPolicy> {
+    Api::all(client.clone())
+}
+
+pub async fn create_policy(client: &Client, name: &str, spec: serde_json::Value) {
+    let policy: ClusterPolicy = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    policies(client)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+}
+
+/// Label of nodes a test adds to the standard fleet; removed again by the next test if the
+/// test that made them failed.
+pub const EPHEMERAL: &str = "gpu-operator.test/ephemeral";
+
+pub fn ephemeral_gpu_node(name: &str, model: GpuModel) -> FakeNode {
+    FakeNode::gpu(name, model).label(EPHEMERAL, "true")
+}
+
+/// Removes what a failed test left behind (its policy would make the next test's ignored, its
+/// nodes would change every count).
+pub async fn remove_leftovers(admin: &Client) {
+    let node_api = Api::<Node>::all(admin.clone());
+    let extra = node_api
+        .list_metadata(&ListParams::default().labels(&format!("{EPHEMERAL}=true")))
+        .await
+        .unwrap();
+    let names: Vec<String> = extra
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    nodes::delete(admin, &names).await.unwrap();
+    crate::chaos::remove_all(admin).await.unwrap();
+    let api = policies(admin);
+    for p in api.list(&ListParams::default()).await.unwrap().items {
+        api.delete(&p.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait::until(TIMEOUT, "leftover policies gone", || {
+        let api = api.clone();
+        async move {
+            let n = api.list(&ListParams::default()).await?.items.len();
+            Ok(if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} policies"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+pub async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
+    let admin = crate::client().await.unwrap();
+    crate::crd::install_cluster_policy_crd(&admin, "e2e-controller-test")
+        .await
+        .unwrap();
+    remove_leftovers(&admin).await;
+    let identity = OperatorIdentity::create(&admin, "cluster-admin")
+        .await
+        .unwrap();
+    let operator = Operator::start(&identity, extra).unwrap();
+    let policy = unique_name("cluster-policy");
+    create_policy(&admin, &policy, spec).await;
+    Setup {
+        admin,
+        identity,
+        operator,
+        policy,
+    }
+}
+
+impl Setup {
+    pub fn daemonsets(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.admin.clone(), &self.identity.namespace)
+    }
+
+    pub async fn await_state(&self, want: State, what: &str) -> ClusterPolicy {
+        let api = policies(&self.admin);
+        let name = self.policy.clone();
+        let result = wait::until(TIMEOUT, what, || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let p = api.get(&name).await?;
+                let state = p.status.as_ref().map(|s| s.state);
+                // The status must describe the policy as it is now, not before a patch.
+                let observed = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .and_then(|c| c.observed_generation);
+                Ok(
+                    if state == Some(want) && observed >= p.metadata.generation {
+                        Ok(p)
+                    } else {
+                        Err(format!("{:?}", p.status))
+                    },
+                )
+            }
+        })
+        .await;
+        result.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
+    }
+
+    /// metadata.generation of every operand DaemonSet, by name.
+    pub async fn generations(&self) -> BTreeMap<String, i64> {
+        self.daemonsets()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|d| (d.name_any(), d.metadata.generation.unwrap_or(0)))
+            .collect()
+    }
+
+    pub async fn patch_policy(&self, patch: serde_json::Value) {
+        policies(&self.admin)
+            .patch(&self.policy, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+
+    /// Deletes the policy, waits until its operands are garbage-collected, stops the operator.
+    pub async fn teardown(mut self) {
+        policies(&self.admin)
+            .delete(&self.policy, &DeleteParams::default())
+            .await
+            .unwrap();
+        let api = self.daemonsets();
+        wait::until(TIMEOUT, "operands garbage-collected", || {
+            let api = api.clone();
+            async move {
+                let left = api.list(&ListParams::default()).await?.items.len();
+                Ok(if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} DaemonSets left"))
+                })
+            }
+        })
+        .await
+        .unwrap();
+        // Cluster-scoped operand objects (RuntimeClass nvidia, ClusterRoles) have fixed names:
+        // the next test's operator must not race their garbage collection.
+        let bindings =
+            Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.admin.clone());
+        let classes = Api::<k8s_openapi::api::node::v1::RuntimeClass>::all(self.admin.clone());
+        let managed = ListParams::default().labels("app.kubernetes.io/managed-by=gpu-operator");
+        wait::until(TIMEOUT, "cluster-scoped operand objects collected", || {
+            let (bindings, classes, managed) = (bindings.clone(), classes.clone(), managed.clone());
+            async move {
+                let n = bindings.list_metadata(&managed).await?.items.len()
+                    + classes.list_metadata(&managed).await?.items.len();
+                Ok(if n == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} left"))
+                })
+            }
+        })
+        .await
+        .unwrap();
+        self.operator.terminate(Duration::from_secs(20)).unwrap();
+        self.identity.delete().await.unwrap();
+    }
+}
+
+/// Pods of GPU operands (NFD's worker runs on every node and is not one).
+pub fn is_gpu_operand(pod: &Pod) -> bool {
+    pod.labels()
+        .get("app")
+        .is_some_and(|a| a.starts_with("nvidia-") || a == "gpu-feature-discovery")
+}
+
+pub fn generation_changes(
+    before: &BTreeMap<String, i64>,
+    after: &BTreeMap<String, i64>,
+) -> Vec<String> {
+    let mut changed: Vec<String> = after
+        .iter()
+        .filter(|(name, generation)| before.get(*name) != Some(generation))
+        .map(|(name, _)| name.clone())
+        .collect();
+    changed.sort();
+    changed
+}
+
+pub async fn config_map(client: &Client, namespace: &str, name: &str, data: &[(&str, &str)]) {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+        .await
+        .unwrap();
+}
+
+pub fn time_slicing(replicas: u32) -> String {
+    format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+}

@@ -1,0 +1,445 @@
+//! GPU sharing configs end to end (issue 6): scenario 3 of USER-SCENARIOS.md exactly
+//! (time-slicing by patching the live policy, edits, a broken edit that never reaches the
+//! nodes, the fix), a node label naming a missing key, and scenario 4's MIG layouts checked
+//! against each fake GPU model.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use e2e::cluster::unique_name;
+use e2e::nodes::{self, FakeNode, GpuModel};
+use e2e::session::*;
+use e2e::wait;
+use gpu_operator::api::{ClusterPolicy, State};
+use gpu_operator::render::device_plugin::{CONFIG_COPY_LABEL, mounted_copy};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const PLUGIN: &str = "nvidia-device-plugin-daemonset";
+const GFD: &str = "gpu-feature-discovery";
+
+/// The copy each sharing consumer's template mounts, and its generation.
+async fn consumers(s: &Setup) -> BTreeMap<String, (Option<String>, i64)> {
+    let api = s.daemonsets();
+    let mut out = BTreeMap::new();
+    for name in [PLUGIN, GFD] {
+        let ds = api.get(name).await.unwrap();
+        out.insert(
+            name.to_string(),
+            (
+                mounted_copy(&ds).map(|(copy, _)| copy),
+                ds.metadata.generation.unwrap_or(0),
+            ),
+        );
+    }
+    out
+}
+
+/// Waits until both consumers mount a copy other than `old` (the same one) and returns it.
+async fn await_new_copy(s: &Setup, old: Option<&str>) -> String {
+    let api = s.daemonsets();
+    let old = old.map(str::to_string);
+    wait::until(
+        TIMEOUT,
+        "device plugin and GFD on a new config copy",
+        || {
+            let (api, old) = (api.clone(), old.clone());
+            async move {
+                let plugin = mounted_copy(&api.get(PLUGIN).await?).map(|(c, _)| c);
+                let gfd = mounted_copy(&api.get(GFD).await?).map(|(c, _)| c);
+                Ok(match (&plugin, &gfd) {
+                    (Some(p), Some(g)) if p == g && Some(p) != old.as_ref() => Ok(p.clone()),
+                    _ => Err(format!("plugin {plugin:?}, gfd {gfd:?}")),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
+}
+
+async fn policy(client: &Client, name: &str) -> ClusterPolicy {
+    Api::<ClusterPolicy>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap()
+}
+
+fn component_message(p: &ClusterPolicy, component: &str) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.components.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == component))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+fn ready_condition(p: &ClusterPolicy) -> (String, String) {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
+/// Waits until the policy's status is not ready for an invalid config whose message has
+/// every one of `needles`.
+async fn await_invalid_config(s: &Setup, needles: &[&str]) -> ClusterPolicy {
+    let (admin, name) = (s.admin.clone(), s.policy.clone());
+    let needles: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
+    wait::until(TIMEOUT, "status reports the invalid config", || {
+        let (admin, name, needles) = (admin.clone(), name.clone(), needles.clone());
+        async move {
+            let p = policy(&admin, &name).await;
+            let (reason, message) = ready_condition(&p);
+            let state = p.status.as_ref().map(|s| s.state);
+            Ok(
+                if state == Some(State::NotReady)
+                    && reason == "InvalidConfig"
+                    && needles.iter().all(|n| message.contains(n.as_str()))
+                {
+                    Ok(p)
+                } else {
+                    Err(format!("{state:?} {reason}: {message}"))
+                },
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
+}
+
+async fn copies(s: &Setup) -> Vec<String> {
+    let mut names: Vec<String> =
+        Api::<ConfigMap>::namespaced(s.admin.clone(), &s.identity.namespace)
+            .list_metadata(&ListParams::default().labels(CONFIG_COPY_LABEL))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| c.name_any())
+            .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn scenario_3_time_slicing_by_patching_the_live_policy() {
+    let s = start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    let ns = s.identity.namespace.clone();
+
+    // kubectl create configmap time-slicing-config --from-file=any=any.yaml; kubectl patch.
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(4))],
+    )
+    .await;
+    s.patch_policy(json!({"spec": {"devicePlugin": {"config": {"name": "time-slicing-config"}}}}))
+        .await;
+    let first = await_new_copy(&s, None).await;
+    assert!(first.starts_with("time-slicing-config-"), "{first}");
+    let p = s
+        .await_state(State::Ready, "ready with the sharing config")
+        .await;
+    let message = component_message(&p, "device-plugin");
+    assert!(
+        message.contains(&format!("config {first} (default key \"any\")")),
+        "status names the config in effect: {message}"
+    );
+    let (_, ready) = ready_condition(&p);
+    eprintln!("with time-slicing-config: device-plugin component: {message}; Ready: {ready}");
+    assert!(ready.contains("default inferred"), "{ready}");
+
+    // Replicas 4 -> 8: both consumers roll to a new copy, no manual restart.
+    let before = consumers(&s).await;
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(8))],
+    )
+    .await;
+    let second = await_new_copy(&s, Some(&first)).await;
+    let after = consumers(&s).await;
+    for name in [PLUGIN, GFD] {
+        assert!(after[name].1 > before[name].1, "{name} rolled: {after:?}");
+    }
+    s.await_state(State::Ready, "ready after 4 -> 8").await;
+
+    // Break the YAML: reported, nothing rolls.
+    let rolled_to_8 = consumers(&s).await;
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", "version: v1\nsharing:\n  timeSlicing: [\n")],
+    )
+    .await;
+    let p = await_invalid_config(&s, &["time-slicing-config", "any", &second]).await;
+    eprintln!("broken YAML, Ready condition: {:?}", ready_condition(&p));
+    assert!(
+        component_message(&p, "device-plugin").contains("invalid configuration"),
+        "{}",
+        component_message(&p, "device-plugin")
+    );
+
+    // A node added meanwhile still gets the last good config.
+    let late = unique_name("late-a100");
+    nodes::create(
+        &s.admin,
+        &[FakeNode::gpu(&late, GpuModel::A100Sxm40Gb).label(EPHEMERAL, "true")],
+    )
+    .await
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &ns);
+    let on_late = ListParams::default()
+        .labels(&format!("app={PLUGIN}"))
+        .fields(&format!("spec.nodeName={late}"));
+    let pod = wait::until(TIMEOUT, "device plugin pod on the new node", || {
+        let (pods, on_late) = (pods.clone(), on_late.clone());
+        async move {
+            let list = pods.list(&on_late).await?.items;
+            Ok(list
+                .into_iter()
+                .next()
+                .ok_or_else(|| "no pod yet".to_string()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
+    let mounted: Vec<String> = pod
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.config_map.map(|c| c.name))
+        .collect();
+    assert!(
+        mounted.contains(&second),
+        "new node mounts {mounted:?}, not the last good {second}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        consumers(&s).await,
+        rolled_to_8,
+        "a broken config rolled something"
+    );
+
+    // Fixing it back to the very content that runs: reported as fixed, no roll.
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(8))],
+    )
+    .await;
+    s.await_state(State::Ready, "ready once fixed back").await;
+    assert_eq!(consumers(&s).await, rolled_to_8, "identical content rolled");
+
+    // Break it again, then fix it with new content: they roll exactly once.
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(0))],
+    )
+    .await;
+    await_invalid_config(&s, &["replicas"]).await;
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(6))],
+    )
+    .await;
+    let third = await_new_copy(&s, Some(&second)).await;
+    s.await_state(State::Ready, "ready after the fix").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let fixed = consumers(&s).await;
+    for name in [PLUGIN, GFD] {
+        assert_eq!(
+            fixed[name].1,
+            rolled_to_8[name].1 + 1,
+            "{name} rolled once: {fixed:?}"
+        );
+        assert_eq!(fixed[name].0.as_deref(), Some(third.as_str()));
+    }
+    // Copies of finished rollouts are pruned; the one in use stays.
+    let (setup, third) = (&s, &third);
+    wait::until(TIMEOUT, "old copies pruned", || async move {
+        let left = copies(setup).await;
+        Ok(if left == [third.clone()] {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        })
+    })
+    .await
+    .unwrap();
+
+    nodes::delete(&s.admin, &[late]).await.unwrap();
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
+    let s = start(
+        json!({"devicePlugin": {"config": {"name": "sharing", "default": "default"}}}),
+        &[],
+    )
+    .await;
+    let ns = s.identity.namespace.clone();
+    config_map(
+        &s.admin,
+        &ns,
+        "sharing",
+        &[("default", &time_slicing(2)), ("big", &time_slicing(8))],
+    )
+    .await;
+    s.await_state(State::Ready, "ready with two keys").await;
+    let copy = consumers(&s).await[PLUGIN].0.clone().unwrap();
+
+    let node = unique_name("typo-t4");
+    nodes::create(
+        &s.admin,
+        &[FakeNode::gpu(&node, GpuModel::T4)
+            .label(EPHEMERAL, "true")
+            .label("nvidia.com/device-plugin.config", "huge")],
+    )
+    .await
+    .unwrap();
+    let p = await_invalid_config(&s, &[&node, "\"huge\"", "nvidia.com/device-plugin.config"]).await;
+    let (_, message) = ready_condition(&p);
+    assert!(
+        message.contains(&copy),
+        "keeps the last good copy: {message}"
+    );
+
+    nodes::delete(&s.admin, std::slice::from_ref(&node))
+        .await
+        .unwrap();
+    s.await_state(State::Ready, "ready once the node is gone")
+        .await;
+    s.teardown().await;
+}
+
+/// Scenario 4 of USER-SCENARIOS.md, as published.
+const SCENARIO_4: &str = r#"version: v1
+mig-configs:
+  inference-7:
+    - devices: [0,1,2,3]
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 7
+  training-4:
+    - devices: [4,5,6,7]
+      mig-enabled: true
+      mig-devices:
+        "2g.10gb": 4
+"#;
+
+#[tokio::test]
+async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
+    let s = start(
+        json!({"migManager": {"config": {"name": "mig-config"}}, "mig": {"strategy": "single"}}),
+        &[],
+    )
+    .await;
+    config_map(
+        &s.admin,
+        &s.identity.namespace,
+        "mig-config",
+        &[("config.yaml", SCENARIO_4)],
+    )
+    .await;
+    let layout = "nvidia.com/mig.config";
+    let node = |model, layout_name: &str| {
+        let name = unique_name(&format!("mig-{}", layout_name));
+        (
+            name.clone(),
+            FakeNode::gpu(name, model)
+                .label(EPHEMERAL, "true")
+                .label(layout, layout_name),
+        )
+    };
+    let (fits, fits_node) = node(GpuModel::A100Sxm40Gb, "inference-7");
+    let (a100_80, a100_80_node) = node(GpuModel::A100Sxm80Gb, "inference-7");
+    let (h100, h100_node) = node(GpuModel::H100Sxm80Gb, "inference-7");
+    let (training, training_node) = node(GpuModel::A100Sxm40Gb, "training-4");
+    let (t4, t4_node) = node(GpuModel::T4, "inference-7");
+    let (unknown, unknown_node) = node(GpuModel::A100Sxm40Gb, "inference-8");
+    let (failed, failed_node) = node(GpuModel::A100Sxm40Gb, "inference-7");
+    let failed_node = failed_node.label("nvidia.com/mig.config.state", "failed");
+    let all = [
+        fits_node,
+        a100_80_node,
+        h100_node,
+        training_node,
+        t4_node,
+        unknown_node,
+        failed_node,
+    ];
+    nodes::create(&s.admin, &all).await.unwrap();
+
+    let p = await_invalid_config(&s, &[&a100_80, &h100, &training, &t4, &unknown, &failed]).await;
+    let message = component_message(&p, "mig-manager");
+    eprintln!("mig-manager component: {message}");
+    assert!(
+        !message.contains(&format!("node {fits}:")),
+        "inference-7 fits an A100-40GB: {message}"
+    );
+    for (node, why) in [
+        (&a100_80, "1g.5gb does not exist on A100-80GB"),
+        (&h100, "1g.5gb does not exist on H100"),
+        (&training, "more than the 3 that fit"),
+        (&unknown, "is not in the MIG config"),
+        (&failed, "nvidia.com/mig.config.state=failed"),
+    ] {
+        let line = message
+            .split("; node ")
+            .find(|l| l.contains(node.as_str()))
+            .unwrap_or_else(|| panic!("{node} not reported: {message}"));
+        assert!(line.contains(why), "{node}: {line}");
+    }
+
+    // A MIG-capable node without a layout gets all-disabled (decision 7), never overwritten.
+    let node_api = Api::<k8s_openapi::api::core::v1::Node>::all(s.admin.clone());
+    let bare = unique_name("mig-unlabelled");
+    let bare_node = FakeNode::gpu(&bare, GpuModel::H100Sxm80Gb).label(EPHEMERAL, "true");
+    nodes::create(&s.admin, &[bare_node]).await.unwrap();
+    wait::until(TIMEOUT, "mig.config defaulted", || {
+        let (node_api, bare) = (node_api.clone(), bare.clone());
+        async move {
+            let labels = node_api
+                .get(&bare)
+                .await?
+                .metadata
+                .labels
+                .unwrap_or_default();
+            Ok(match labels.get(layout).map(String::as_str) {
+                Some("all-disabled") => Ok(()),
+                other => Err(format!("{other:?}")),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let chosen = node_api.get(&h100).await.unwrap().labels()[layout].clone();
+    assert_eq!(
+        chosen, "inference-7",
+        "a chosen layout is never overwritten"
+    );
+
+    let mut names: Vec<String> = vec![fits, a100_80, h100, training, t4, unknown, failed, bare];
+    names.sort();
+    nodes::delete(&s.admin, &names).await.unwrap();
+    s.teardown().await;
+}
