@@ -116,15 +116,23 @@ async fn disabling_dcgm_exporter_removes_its_objects_and_rolls_nothing_else() {
     })
     .await
     .unwrap();
+    // The same prune pass deletes the Service a moment after the DaemonSet.
     let services = Api::<Service>::namespaced(s.admin.clone(), &s.identity.namespace);
-    assert!(
-        services
-            .get_opt("nvidia-dcgm-exporter")
-            .await
-            .unwrap()
-            .is_none(),
-        "Service left behind"
-    );
+    wait::until(
+        Duration::from_secs(10),
+        "dcgm-exporter Service pruned",
+        || {
+            let services = services.clone();
+            async move {
+                Ok(match services.get_opt("nvidia-dcgm-exporter").await? {
+                    None => Ok(()),
+                    Some(_) => Err("still there".to_string()),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
     let accounts = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
         s.admin.clone(),
         &s.identity.namespace,
