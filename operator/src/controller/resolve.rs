@@ -298,13 +298,16 @@ impl Resolver {
         let sharing_name = plugin_config
             .and_then(|c| c.name.as_deref())
             .filter(|n| !n.is_empty());
+        // The schema defaults the name to the operator's own ConfigMap, which render creates.
+        let custom_mig_config = spec
+            .mig_manager
+            .as_ref()
+            .and_then(crate::render::mig_manager::custom_config_name)
+            .map(str::to_string);
         let mig_config = referenced(
             Operand::MigManager,
             "spec.migManager.config.name",
-            spec.mig_manager
-                .as_ref()
-                .and_then(|m| m.config.as_ref())
-                .and_then(|c| c.name.as_ref()),
+            custom_mig_config.as_ref(),
         );
         let dcgm_metrics = referenced(
             Operand::DcgmExporter,

@@ -443,3 +443,93 @@ async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
     nodes::delete(&s.admin, &names).await.unwrap();
     s.teardown().await;
 }
+
+#[tokio::test]
+async fn an_mps_config_runs_the_mps_control_daemon_on_the_nodes_gfd_marks() {
+    let s = start(
+        json!({"devicePlugin": {"config": {"name": "mps-config", "default": "mps"}}}),
+        &[],
+    )
+    .await;
+    let ns = s.identity.namespace.clone();
+    let mps = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+    config_map(&s.admin, &ns, "mps-config", &[("mps", mps)]).await;
+    s.await_state(State::Ready, "ready with an MPS config")
+        .await;
+
+    // GFD labels nodes whose selected config uses MPS; here the test plays GFD.
+    let node = unique_name("mps-h100");
+    nodes::create(
+        &s.admin,
+        &[FakeNode::gpu(&node, GpuModel::H100Sxm80Gb)
+            .label(EPHEMERAL, "true")
+            .label("nvidia.com/mps.capable", "true")],
+    )
+    .await
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &ns);
+    let daemon = ListParams::default().labels("app=nvidia-device-plugin-mps-control-daemon");
+    let pod = wait::until(TIMEOUT, "MPS control daemon pod", || {
+        let (pods, daemon) = (pods.clone(), daemon.clone());
+        async move {
+            let list = pods.list(&daemon).await?.items;
+            let on: Vec<String> = list
+                .iter()
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect();
+            Ok(match list.into_iter().next() {
+                Some(p) if on.len() == 1 => Ok(p),
+                _ => Err(format!("pods on {on:?}")),
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
+    let spec = pod.spec.unwrap();
+    assert_eq!(
+        spec.node_name.as_deref(),
+        Some(node.as_str()),
+        "only where GFD marks MPS"
+    );
+    let volumes = spec.volumes.unwrap_or_default();
+    let host_paths: Vec<String> = volumes
+        .iter()
+        .filter_map(|v| Some(v.host_path.as_ref()?.path.clone()))
+        .collect();
+    assert!(
+        host_paths.iter().any(|p| p == "/run/nvidia/mps"),
+        "{host_paths:?}"
+    );
+    let copy = consumers(&s).await[PLUGIN].0.clone().unwrap();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.config_map.as_ref().is_some_and(|c| c.name == copy)),
+        "the daemon mounts the same copy {copy}"
+    );
+    nodes::delete(&s.admin, std::slice::from_ref(&node))
+        .await
+        .unwrap();
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
+    // The schema defaults migManager.config.name to default-mig-parted-config, the ConfigMap
+    // the operator renders itself (NVIDIA's chart sets exactly this section).
+    let s = start(
+        json!({"migManager": {"config": {"default": "all-disabled"}}}),
+        &[],
+    )
+    .await;
+    let p = s
+        .await_state(State::Ready, "ready with the default MIG config")
+        .await;
+    let name = p
+        .spec
+        .mig_manager
+        .and_then(|m| m.config)
+        .and_then(|c| c.name);
+    assert_eq!(name.as_deref(), Some("default-mig-parted-config"));
+    s.teardown().await;
+}
