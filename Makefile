@@ -9,6 +9,14 @@ export CARGO_TARGET_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-operator/c
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
+.PHONY: demo
+demo: ## the operator on fake T4/A100/H100 nodes: chart installed, policy ready, time-slicing rolled out; stays up
+	tests/demo/demo.sh
+
+.PHONY: demo-down
+demo-down: ## stop what `make demo` started
+	tests/demo/demo-down.sh
+
 .PHONY: test
 test: unit e2e ## everything: unit tests, then the harness and the end-to-end tests
 
@@ -28,6 +36,14 @@ harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
 .PHONY: scale
 scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)
 	tests/cluster/scale.sh $(or $(N),1000)
+
+.PHONY: chart
+chart: ## regenerate the chart's copies of the CRD and of the operator's ClusterRole (a test checks them)
+	cargo build --quiet -p gpu-operator
+	$(CARGO_TARGET_DIR)/debug/gpu-operator crd > charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new
+	mv charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml
+	scripts/chart-clusterrole.sh $(CARGO_TARGET_DIR)/debug/gpu-operator > charts/gpu-operator/templates/clusterrole.yaml.new
+	mv charts/gpu-operator/templates/clusterrole.yaml.new charts/gpu-operator/templates/clusterrole.yaml
 
 .PHONY: lint
 lint: ## formatting and clippy, as CI wants them

@@ -65,6 +65,11 @@ pub struct RunArgs {
     /// Log as JSON lines (as in a cluster) instead of text.
     #[arg(long, env = "LOG_JSON")]
     pub json_logs: bool,
+    /// At start-up, replace the served ClusterPolicy CRD with this operator's when it is ours
+    /// and out of date (Helm never upgrades a chart's CRDs); a CRD of NVIDIA's operator or one
+    /// written by a newer operator is left alone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "UPGRADE_CRD")]
+    pub upgrade_crd: bool,
 }
 
 /// Arguments of `gpu-operator crd` (none yet).
@@ -219,6 +224,7 @@ impl Cli {
                     identity: args.identity,
                     gpu_label_grace: std::time::Duration::from_secs(args.gpu_label_grace_seconds),
                     json_logs: args.json_logs,
+                    upgrade_crd: args.upgrade_crd,
                 };
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)

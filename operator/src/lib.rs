@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod crd_upgrade;
 pub mod facts;
 pub mod http;
 pub mod metrics;

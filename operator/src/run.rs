@@ -30,6 +30,8 @@ pub struct RunOptions {
     pub identity: Option<String>,
     pub gpu_label_grace: Duration,
     pub json_logs: bool,
+    /// Check the served ClusterPolicy CRD and upgrade it when it is ours ([`crate::crd_upgrade`]).
+    pub upgrade_crd: bool,
 }
 
 fn init_logging(json: bool) {
@@ -102,6 +104,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
 
     if !options.leader_elect {
         ready.store(true, Ordering::Relaxed);
+        if options.upgrade_crd {
+            crate::crd_upgrade::ensure_and_log(&client).await;
+        }
         controller::run(client, settings, metrics, stopped()).await?;
         http.abort();
         return Ok(());
@@ -160,6 +165,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         })
     };
 
+    // Only the leader writes the CRD, before the controller probes its schema.
+    if options.upgrade_crd {
+        crate::crd_upgrade::ensure_and_log(&client).await;
+    }
     controller::run(client, settings, metrics, stopped()).await?;
     renewer.abort();
     if let Err(e) = lease.release().await {

@@ -151,11 +151,13 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["customresourcedefinitions"],
             &["get", "list", "watch"],
         ),
+        // Upgrading our own CRD at start-up (crd_upgrade), never any other CRD. `create` cannot
+        // be scoped to a name, so the chart's crds/ installs it.
         rule_named(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],
-            &["clusterpolicies.nvidia.com"],
-            &["patch", "update"],
+            &[crate::crd_upgrade::CRD_NAME],
+            &["get", "update"],
         ),
         // OpenShift detection and its cluster proxy.
         rule(
@@ -427,5 +429,31 @@ mod tests {
             Some("nfd-master.nfd.kubernetes.io")
         ));
         assert!(!has("", "secrets", "get", None));
+    }
+
+    #[test]
+    fn operator_role_may_update_its_own_crd_and_no_other() {
+        let rules = operator_cluster_role().rules.unwrap();
+        let update = |name: Option<&str>| {
+            allows(
+                &rules,
+                &Grant {
+                    group: "apiextensions.k8s.io".to_owned(),
+                    resource: "customresourcedefinitions".to_owned(),
+                    verb: "update".to_owned(),
+                    name: name.map(str::to_owned),
+                },
+            )
+        };
+        assert!(update(Some(crate::crd_upgrade::CRD_NAME)));
+        assert!(!update(Some("nvidiadrivers.nvidia.com")));
+        assert!(!update(None));
+        let create = Grant {
+            group: "apiextensions.k8s.io".to_owned(),
+            resource: "customresourcedefinitions".to_owned(),
+            verb: "create".to_owned(),
+            name: None,
+        };
+        assert!(!allows(&rules, &create));
     }
 }

@@ -1,0 +1,1095 @@
+//! The Helm chart (`charts/gpu-operator`) checked by the real helm against the harness:
+//! lint and template for the default values, user scenario 1's flags and scenario 2's values
+//! file; misspelt values rejected with a message that names them; the chart's generated copies
+//! (CRD, operator ClusterRole) equal to what the operator prints; `helm install --wait`, the
+//! operator running with nothing but the chart's ServiceAccount, `helm upgrade` rolling the
+//! sharing-config consumers and `helm uninstall` leaving no operand behind; and a CRD change
+//! reaching the cluster on `helm upgrade` through the operator (Helm never upgrades `crds/`).
+//!
+//! Tests that touch the cluster run one at a time (`--test-threads=1`, as tests/e2e.sh runs
+//! them): the ClusterPolicy and the CRD are cluster-wide. Each removes what an earlier failed run
+//! left and cleans up after itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::audit::{AuditLog, service_account_user};
+use e2e::cluster::{pinned_version, service_account_token, unique_name};
+use e2e::{nodes, wait};
+use futures::FutureExt;
+use gpu_operator::api::image::ImageKind;
+use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, State};
+use gpu_operator::crd_upgrade::{CRD_VERSION_ANNOTATION, OPERATOR_VERSION};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::wait::conditions;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const RELEASE: &str = "gpu-operator";
+/// The ClusterPolicy the chart creates (NVIDIA's name, which users' `kubectl patch` names).
+const POLICY: &str = "cluster-policy";
+/// The ServiceAccount, ClusterRole and binding the chart creates.
+const OPERATOR_ACCOUNT: &str = "gpu-operator";
+/// Label of the namespaces these tests install into, to find a failed run's leftovers.
+const TEST_LABEL: &str = "gpu-operator.test/helm";
+const CRD_NAME: &str = "clusterpolicies.nvidia.com";
+const CONFIG_HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.config-hash";
+const MANAGED_BY_OPERATOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// User scenario 1's flags, as NVIDIA's documentation writes them.
+const SCENARIO_1: [&str; 10] = [
+    "--set",
+    "driver.enabled=true",
+    "--set",
+    "toolkit.enabled=true",
+    "--set",
+    "devicePlugin.enabled=true",
+    "--set",
+    "dcgmExporter.enabled=true",
+    "--set",
+    "migManager.enabled=true",
+];
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn chart() -> String {
+    repo_root()
+        .join("charts/gpu-operator")
+        .display()
+        .to_string()
+}
+
+/// User scenario 2's values file (time-slicing, NFD workers on GPU nodes).
+fn scenario_2_values() -> String {
+    repo_root()
+        .join("charts/gpu-operator/ci/time-slicing-values.yaml")
+        .display()
+        .to_string()
+}
+
+fn scenario_2() -> Vec<String> {
+    vec!["-f".into(), scenario_2_values()]
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Runs helm from PATH (the harness env puts it there).
+fn helm(args: &[String]) -> Output {
+    Command::new("helm").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "running helm: {e}; put the harness's bin folder on PATH (`source $HARNESS_DIR/env`, or the folder tests/cluster/build.sh prints)"
+        )
+    })
+}
+
+/// Runs helm and returns its stdout, failing with its stderr.
+fn helm_ok(args: &[String]) -> String {
+    let out = helm(args);
+    assert!(
+        out.status.success(),
+        "helm {} failed:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The Kubernetes version `helm template` renders for (it defaults to an old one, which the
+/// chart's kubeVersion rejects).
+fn kube_version() -> String {
+    pinned_version("KUBERNETES_VERSION").unwrap()
+}
+
+fn template_args(extra: &[String]) -> Vec<String> {
+    let mut args = strings(&["template", RELEASE]);
+    args.push(chart());
+    args.extend(strings(&["--namespace", "gpu-operator", "--kube-version"]));
+    args.push(kube_version());
+    args.extend(extra.iter().cloned());
+    args
+}
+
+/// The objects `helm template` renders, as JSON.
+fn template(extra: &[String]) -> Vec<Value> {
+    use serde::Deserialize as _;
+    let text = helm_ok(&template_args(extra));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+fn policy_spec(docs: &[Value]) -> Value {
+    find(docs, "ClusterPolicy", POLICY).expect("no ClusterPolicy cluster-policy rendered")["spec"]
+        .clone()
+}
+
+/// The chart sets no key the API types do not know: the spec reads back unchanged through them.
+fn assert_spec_uses_only_api_fields(case: &str, spec: &Value) {
+    let typed: ClusterPolicySpec = serde_json::from_value(spec.clone())
+        .unwrap_or_else(|e| panic!("{case}: the rendered spec is not a ClusterPolicy spec: {e}"));
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(
+        &back, spec,
+        "{case}: the rendered spec has keys the API does not know"
+    );
+}
+
+#[test]
+fn chart_lints_and_renders_the_policy_for_default_values_scenario_1_and_scenario_2() {
+    let cases: [(&str, Vec<String>); 3] = [
+        ("default values", Vec::new()),
+        ("scenario 1 flags", strings(&SCENARIO_1)),
+        ("scenario 2 values", scenario_2()),
+    ];
+    for (case, args) in &cases {
+        let mut lint = strings(&["lint", "--strict"]);
+        lint.push(chart());
+        lint.extend(args.iter().cloned());
+        helm_ok(&lint);
+
+        let docs = template(args);
+        let spec = policy_spec(&docs);
+        assert_spec_uses_only_api_fields(case, &spec);
+        for operand in [
+            "driver",
+            "toolkit",
+            "devicePlugin",
+            "dcgmExporter",
+            "gfd",
+            "migManager",
+        ] {
+            assert_eq!(spec[operand]["enabled"], true, "{case}: {operand}: {spec}");
+        }
+        assert_eq!(spec["dcgm"]["enabled"], false, "{case}");
+        assert_eq!(spec["nodeStatusExporter"]["enabled"], false, "{case}");
+        assert_eq!(spec["nfd"]["enabled"], true, "{case}");
+        assert_eq!(spec["mig"]["strategy"], "single", "{case}");
+        assert_eq!(spec["operator"]["runtimeClass"], "nvidia", "{case}");
+        assert_eq!(
+            spec["daemonsets"]["tolerations"],
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]),
+            "{case}"
+        );
+        // The images are those the operator pins, so the chart and `gpu-operator render` agree.
+        for (path, kind) in [
+            ("/driver", ImageKind::Driver),
+            ("/driver/manager", ImageKind::DriverManager),
+            ("/toolkit", ImageKind::Toolkit),
+            ("/devicePlugin", ImageKind::DevicePlugin),
+            ("/gfd", ImageKind::Gfd),
+            ("/dcgm", ImageKind::Dcgm),
+            ("/dcgmExporter", ImageKind::DcgmExporter),
+            ("/migManager", ImageKind::MigManager),
+            ("/nodeStatusExporter", ImageKind::NodeStatusExporter),
+            ("/validator", ImageKind::Validator),
+        ] {
+            let section = spec.pointer(path).unwrap();
+            let image = format!(
+                "{}/{}:{}",
+                section["repository"].as_str().unwrap(),
+                section["image"].as_str().unwrap(),
+                section["version"].as_str().unwrap()
+            );
+            assert_eq!(
+                Some(image.as_str()),
+                kind.pinned(),
+                "{case}: spec{path} image differs from the operator's pin (update charts/gpu-operator/values.yaml)"
+            );
+        }
+
+        // The operator's Deployment: namespace from the downward API, probes, leader election,
+        // CRD upgrade on, the chart's ServiceAccount.
+        let deployment = find(&docs, "Deployment", "gpu-operator").expect("no Deployment");
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], OPERATOR_ACCOUNT, "{case}");
+        let container = &pod["containers"][0];
+        let env = container["env"].as_array().unwrap();
+        let env_field = |name: &str| {
+            env.iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone())
+        };
+        assert_eq!(
+            env_field("OPERATOR_NAMESPACE"),
+            Some(json!("metadata.namespace")),
+            "{case}"
+        );
+        assert_eq!(
+            env_field("POD_NAME"),
+            Some(json!("metadata.name")),
+            "{case}"
+        );
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for arg in ["run", "--leader-elect=true", "--upgrade-crd=true"] {
+            assert!(args.contains(&arg), "{case}: {arg} missing from {args:?}");
+        }
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert!(container["resources"]["limits"]["memory"].is_string());
+        let binding = find(&docs, "ClusterRoleBinding", "gpu-operator").expect("no binding");
+        assert_eq!(binding["subjects"][0]["namespace"], "gpu-operator");
+        assert!(find(&docs, "ClusterRole", "gpu-operator").is_some());
+
+        let sharing_config = find(&docs, "ConfigMap", "device-plugin-config");
+        if *case == "scenario 2 values" {
+            assert_eq!(
+                spec["devicePlugin"]["config"],
+                json!({"name": "device-plugin-config", "default": "default"})
+            );
+            let config = sharing_config.expect("scenario 2: no ConfigMap device-plugin-config");
+            assert_eq!(config["metadata"]["namespace"], "gpu-operator");
+            let default = config["data"]["default"].as_str().unwrap();
+            assert!(default.contains("replicas: 4"), "{default}");
+            let terms = &spec["nfd"]["worker"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"];
+            assert_eq!(
+                terms[0]["matchExpressions"][0]["key"],
+                "feature.node.kubernetes.io/pci-10de.present"
+            );
+        } else {
+            assert!(spec["devicePlugin"].get("config").is_none(), "{case}");
+            assert!(sharing_config.is_none(), "{case}");
+        }
+    }
+}
+
+#[test]
+fn misspelt_and_unsupported_values_fail_with_a_message_naming_the_value() {
+    let cases: [(&[&str], &[&str]); 8] = [
+        (
+            &["--set", "devicePlugin.enable=true"],
+            &["/devicePlugin", "'enable' not allowed"],
+        ),
+        (
+            &["--set", "dcgmExporter.serviceMonitor.enable=true"],
+            &["/dcgmExporter/serviceMonitor", "'enable' not allowed"],
+        ),
+        (
+            &["--set", "node-feature-discovery.worker.tolerance=x"],
+            &["/node-feature-discovery/worker", "'tolerance' not allowed"],
+        ),
+        (
+            &["--set", "mig.strategy=mixd"],
+            &["/mig/strategy", "'mixed'"],
+        ),
+        (
+            &["--set", "devicePlugin.config.create=true"],
+            &["devicePlugin.config.name is empty"],
+        ),
+        (
+            &[
+                "--set",
+                "devicePlugin.config.create=true",
+                "--set",
+                "devicePlugin.config.name=sharing",
+                "--set",
+                "devicePlugin.config.default=b",
+                "--set-string",
+                "devicePlugin.config.data.a=version: v1",
+            ],
+            &["devicePlugin.config.default is \"b\"", "(keys: a)"],
+        ),
+        (
+            &["--set", "operator.cleanupCRD=true"],
+            &["operator.cleanupCRD", "not supported"],
+        ),
+        (
+            &[
+                "--set",
+                "node-feature-discovery.image.repository=example.com/nfd",
+            ],
+            &["node-feature-discovery.image.tag"],
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = helm(&template_args(&strings(args)));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "helm template {args:?} succeeded, expected a failure"
+        );
+        for text in expected {
+            assert!(
+                stderr.contains(text),
+                "helm template {args:?}: {text:?} not in:\n{stderr}"
+            );
+        }
+    }
+}
+
+// ---- against the cluster ----
+
+fn policies(client: &Client) -> Api<ClusterPolicy> {
+    Api::all(client.clone())
+}
+
+/// The committed CRD (`crds/`).
+fn committed_crd() -> CustomResourceDefinition {
+    e2e::crd::cluster_policy_crd().unwrap()
+}
+
+/// Replaces the served CRD's spec and annotations (a PUT, so that fields the replacement
+/// lacks really go), and waits until it is established.
+async fn put_crd(
+    admin: &Client,
+    spec_from: CustomResourceDefinition,
+    annotations: BTreeMap<String, String>,
+) -> CustomResourceDefinition {
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let mut served = match api.get_opt(CRD_NAME).await.unwrap() {
+        Some(served) => served,
+        None => {
+            e2e::crd::install_cluster_policy_crd(admin, "e2e-helm-test")
+                .await
+                .unwrap();
+            api.get(CRD_NAME).await.unwrap()
+        }
+    };
+    served.spec = spec_from.spec;
+    served.metadata.annotations = Some(annotations);
+    served.metadata.managed_fields = None;
+    served.status = None;
+    let written = api
+        .replace(CRD_NAME, &PostParams::default(), &served)
+        .await
+        .unwrap();
+    wait::for_object(
+        api,
+        CRD_NAME,
+        Duration::from_secs(60),
+        "CRD established",
+        conditions::is_crd_established(),
+    )
+    .await
+    .unwrap();
+    written
+}
+
+/// The committed CRD with `edit` applied to its v1 schema.
+fn crd_with_schema(edit: impl FnOnce(&mut Value)) -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(committed_crd()).unwrap();
+    edit(&mut value["spec"]["versions"][0]["schema"]["openAPIV3Schema"]);
+    serde_json::from_value(value).unwrap()
+}
+
+fn schema_has(crd: &CustomResourceDefinition, pointer: &str) -> bool {
+    let value = serde_json::to_value(crd).unwrap();
+    value["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        .pointer(pointer)
+        .is_some()
+}
+
+const SPEC_NFD: &str = "/properties/spec/properties/nfd";
+
+async fn wait_until_gone<K>(api: Api<K>, params: ListParams, what: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    wait::until(TIMEOUT, what, || {
+        let (api, params) = (api.clone(), params.clone());
+        async move {
+            let left: Vec<String> = api
+                .list_metadata(&params)
+                .await?
+                .items
+                .into_iter()
+                .map(|o| o.name_any())
+                .collect();
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?} left"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Removes what an earlier failed run (of these tests or others) left: releases of these tests,
+/// every ClusterPolicy (another one would make ours `ignored`), failure-injection stages, a
+/// modified CRD; then waits for the garbage collector to finish with cluster-scoped operand
+/// objects, so that nothing races the next install.
+async fn remove_leftovers(admin: &Client) {
+    let namespaces = Api::<Namespace>::all(admin.clone());
+    let labelled = ListParams::default().labels(&format!("{TEST_LABEL}=true"));
+    for ns in namespaces.list_metadata(&labelled).await.unwrap().items {
+        let name = ns.name_any();
+        let _ = helm(&strings(&[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            &name,
+            "--wait",
+        ]));
+        let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+    }
+    // A release whose namespace went first leaves its cluster-scoped objects behind.
+    let roles = Api::<ClusterRole>::all(admin.clone());
+    let bindings = Api::<ClusterRoleBinding>::all(admin.clone());
+    let ours = |meta: &ObjectMeta| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get("meta.helm.sh/release-namespace"))
+            .is_some_and(|ns| ns.starts_with("helm-"))
+    };
+    if let Some(role) = roles.get_opt(OPERATOR_ACCOUNT).await.unwrap()
+        && ours(&role.metadata)
+    {
+        let _ = roles
+            .delete(OPERATOR_ACCOUNT, &DeleteParams::default())
+            .await;
+    }
+    if let Some(binding) = bindings.get_opt(OPERATOR_ACCOUNT).await.unwrap()
+        && ours(&binding.metadata)
+    {
+        let _ = bindings
+            .delete(OPERATOR_ACCOUNT, &DeleteParams::default())
+            .await;
+    }
+    e2e::chaos::remove_all(admin).await.unwrap();
+    // Installs the CRD on a fresh harness too.
+    put_crd(admin, committed_crd(), BTreeMap::new()).await;
+    let api = policies(admin);
+    for p in api.list(&ListParams::default()).await.unwrap().items {
+        let _ = api.delete(&p.name_any(), &DeleteParams::default()).await;
+    }
+    wait_until_gone(api, ListParams::default(), "leftover policies gone").await;
+    let managed = ListParams::default().labels(MANAGED_BY_OPERATOR);
+    wait_until_gone(
+        Api::<ClusterRoleBinding>::all(admin.clone()),
+        managed.clone(),
+        "operand ClusterRoleBindings collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<RuntimeClass>::all(admin.clone()),
+        managed,
+        "operand RuntimeClasses collected",
+    )
+    .await;
+}
+
+/// A namespace for a release, labelled so a later run can clean it up.
+async fn release_namespace(admin: &Client) -> String {
+    let name = unique_name("helm");
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(TEST_LABEL.to_owned(), "true".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    name
+}
+
+/// `helm install|upgrade RELEASE chart -n ns ARGS --wait`, returning how long it took.
+fn helm_release(verb: &str, namespace: &str, args: &[String]) -> Duration {
+    let mut all = strings(&[verb, RELEASE]);
+    all.push(chart());
+    all.extend(strings(&[
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]));
+    if verb == "install" {
+        all.push("--create-namespace".into());
+    }
+    all.extend(args.iter().cloned());
+    let started = Instant::now();
+    helm_ok(&all);
+    started.elapsed()
+}
+
+/// `gpu-operator run` as the pod would run it: the chart's ServiceAccount token as its only
+/// credential, the namespace in OPERATOR_NAMESPACE; killed when dropped.
+struct ChartOperator {
+    child: Option<Child>,
+    log: PathBuf,
+    kubeconfig: PathBuf,
+    username: String,
+}
+
+impl ChartOperator {
+    async fn start(admin: &Client, namespace: &str) -> Self {
+        let token = service_account_token(admin, namespace, OPERATOR_ACCOUNT)
+            .await
+            .unwrap();
+        let kubeconfig = write_token_kubeconfig(namespace, &token);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name(namespace)));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(e2e::operator::binary().unwrap())
+            .args(["run", "--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("OPERATOR_NAMESPACE", namespace)
+            .env("POD_NAME", format!("{RELEASE}-e2e"))
+            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        ChartOperator {
+            child: Some(child),
+            log,
+            kubeconfig,
+            username: service_account_user(namespace, OPERATOR_ACCOUNT),
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log has `text`.
+    async fn await_log(&self, text: &str) {
+        let log = self.log.clone();
+        wait::until(TIMEOUT, &format!("operator log line {text:?}"), || {
+            let log = log.clone();
+            async move {
+                let now = std::fs::read_to_string(&log).unwrap_or_default();
+                Ok(if now.contains(text) {
+                    Ok(())
+                } else {
+                    Err(now.lines().last().unwrap_or_default().to_owned())
+                })
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    /// SIGTERM, then waits for the exit (it may have exited already, for example when
+    /// `helm uninstall` deleted its ServiceAccount).
+    fn stop(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("operator did not stop within 20 s:\n{}", self.log_text());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl Drop for ChartOperator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
+/// A kubeconfig with the harness server and CA that authenticates with `token` only.
+fn write_token_kubeconfig(name: &str, token: &str) -> PathBuf {
+    let admin = std::env::var("KUBECONFIG").expect("KUBECONFIG is not set");
+    let mut config: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    let cluster = config["clusters"][0]["name"].clone();
+    config["users"] = json!([{"name": "operator", "user": {"token": token}}]);
+    config["contexts"] =
+        json!([{"name": "operator", "context": {"cluster": cluster, "user": "operator"}}]);
+    config["current-context"] = json!("operator");
+    let path = std::env::temp_dir().join(format!("{name}-chart-operator.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// Waits until the policy is `ready` for its current generation.
+async fn await_ready(admin: &Client, operator: &ChartOperator, what: &str) -> ClusterPolicy {
+    let api = policies(admin);
+    let result = wait::until(TIMEOUT, what, || {
+        let api = api.clone();
+        async move {
+            let p = api.get(POLICY).await?;
+            let state = p.status.as_ref().map(|s| s.state);
+            let observed = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .and_then(|c| c.observed_generation);
+            Ok(
+                if state == Some(State::Ready) && observed >= p.metadata.generation {
+                    Ok(p)
+                } else {
+                    Err(format!("{:?}", p.status))
+                },
+            )
+        }
+    })
+    .await;
+    result.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()))
+}
+
+fn config_hash(ds: &DaemonSet) -> Option<String> {
+    ds.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH_ANNOTATION)
+        .cloned()
+}
+
+/// Whether a RollingUpdate DaemonSet finished rolling out its current template.
+fn rolled_out(ds: &DaemonSet) -> bool {
+    let Some(status) = ds.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation == ds.metadata.generation
+        && status.updated_number_scheduled == Some(status.desired_number_scheduled)
+        && status.number_available == Some(status.desired_number_scheduled)
+}
+
+/// Waits until nothing the operator applied is left in `namespace` or cluster-wide.
+async fn await_no_operands(admin: &Client, namespace: &str) {
+    let managed = ListParams::default().labels(MANAGED_BY_OPERATOR);
+    let c = admin.clone();
+    wait_until_gone(
+        Api::<DaemonSet>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand DaemonSets collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<Deployment>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand Deployments collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<ConfigMap>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand ConfigMaps collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<Service>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand Services collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<ServiceAccount>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand ServiceAccounts collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<Role>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand Roles collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<RoleBinding>::namespaced(c.clone(), namespace),
+        managed.clone(),
+        "operand RoleBindings collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<ClusterRole>::all(c.clone()),
+        managed.clone(),
+        "operand ClusterRoles collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<ClusterRoleBinding>::all(c.clone()),
+        managed.clone(),
+        "operand ClusterRoleBindings collected",
+    )
+    .await;
+    wait_until_gone(
+        Api::<RuntimeClass>::all(c),
+        managed,
+        "operand RuntimeClasses collected",
+    )
+    .await;
+}
+
+/// Operand DaemonSets of a default policy on the fake fleet.
+const OPERAND_DAEMONSETS: [&str; 7] = [
+    "nvidia-driver-daemonset",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-mig-manager",
+];
+
+#[tokio::test]
+async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac_only() {
+    let admin = e2e::client().await.unwrap();
+    remove_leftovers(&admin).await;
+    let namespace = release_namespace(&admin).await;
+
+    // Scenario 1: install with the documented flags, waiting for the operator Deployment (its
+    // pod lands on a fake node, where kwok marks it ready).
+    let took = helm_release("install", &namespace, &strings(&SCENARIO_1));
+    println!("helm install --wait: {took:?}");
+    let deployment = Api::<Deployment>::namespaced(admin.clone(), &namespace)
+        .get("gpu-operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        deployment
+            .status
+            .as_ref()
+            .and_then(|s| s.available_replicas),
+        Some(1),
+        "operator Deployment not available after helm install --wait"
+    );
+
+    // The operator with the chart's ServiceAccount (and so only the chart's RBAC).
+    let operator = ChartOperator::start(&admin, &namespace).await;
+    let started = Instant::now();
+    await_ready(&admin, &operator, "policy ready after helm install").await;
+    println!(
+        "policy ready {:?} after the operator started",
+        started.elapsed()
+    );
+    let daemonsets = Api::<DaemonSet>::namespaced(admin.clone(), &namespace);
+    let before: BTreeMap<String, DaemonSet> = daemonsets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|d| (d.name_any(), d))
+        .collect();
+    for name in OPERAND_DAEMONSETS {
+        assert!(
+            before.contains_key(name),
+            "{name} missing: {:?}",
+            before.keys()
+        );
+    }
+    // Operand pods run on GPU nodes only.
+    let gpu_nodes = nodes::gpu_node_names(&admin).await.unwrap();
+    for pod in Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default().labels(MANAGED_BY_OPERATOR))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| {
+            p.labels()
+                .get("app")
+                .is_some_and(|a| OPERAND_DAEMONSETS.contains(&a.as_str()))
+        })
+    {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        assert!(
+            gpu_nodes.contains(&node),
+            "{} on non-GPU node {node}",
+            pod.name_any()
+        );
+    }
+
+    // Scenario 2: time-slicing through values rolls the config consumers, nothing else.
+    let took = helm_release(
+        "upgrade",
+        &namespace,
+        &[strings(&SCENARIO_1), scenario_2()].concat(),
+    );
+    println!("helm upgrade --wait with scenario 2: {took:?}");
+    let started = Instant::now();
+    for consumer in ["nvidia-device-plugin-daemonset", "gpu-feature-discovery"] {
+        let old = config_hash(&before[consumer]);
+        let ds = daemonsets.clone();
+        wait::until(
+            TIMEOUT,
+            &format!("{consumer} rolled with the new config"),
+            || {
+                let (ds, old) = (ds.clone(), old.clone());
+                async move {
+                    let now = ds.get(consumer).await?;
+                    let hash = config_hash(&now);
+                    Ok(if hash.is_some() && hash != old && rolled_out(&now) {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "hash {hash:?} (was {old:?}), status {:?}",
+                            now.status
+                        ))
+                    })
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    }
+    println!(
+        "plugin and GFD rolled {:?} after helm upgrade",
+        started.elapsed()
+    );
+    let policy = await_ready(&admin, &operator, "policy ready after helm upgrade").await;
+    assert_eq!(
+        serde_json::to_value(&policy.spec.device_plugin.as_ref().unwrap().config).unwrap(),
+        json!({"name": "device-plugin-config", "default": "default"})
+    );
+    for unrelated in [
+        "nvidia-driver-daemonset",
+        "nvidia-container-toolkit-daemonset",
+        "nvidia-dcgm-exporter",
+    ] {
+        let now = daemonsets.get(unrelated).await.unwrap();
+        assert_eq!(
+            now.metadata.generation, before[unrelated].metadata.generation,
+            "{unrelated} rolled, but the sharing config does not concern it"
+        );
+    }
+
+    // Uninstall: the policy goes, the garbage collector takes every operand with it.
+    let started = Instant::now();
+    helm_ok(&strings(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        &namespace,
+        "--wait",
+    ]));
+    await_no_operands(&admin, &namespace).await;
+    println!(
+        "no operand left {:?} after helm uninstall",
+        started.elapsed()
+    );
+    assert!(
+        Api::<ClusterRole>::all(admin.clone())
+            .get_opt(OPERATOR_ACCOUNT)
+            .await
+            .unwrap()
+            .is_none(),
+        "the chart's ClusterRole is left"
+    );
+    assert!(policies(&admin).get_opt(POLICY).await.unwrap().is_none());
+    operator.stop();
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// Writes to the CRD by `username` after `mark`.
+fn crd_writes(log: &AuditLog, mark: e2e::audit::Mark, username: &str) -> Vec<String> {
+    log.mutating_since(mark, username)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.resource() == "customresourcedefinitions")
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_crd_change_reaches_the_cluster_on_helm_upgrade_and_nvidias_crd_is_left_alone() {
+    let admin = e2e::client().await.unwrap();
+    remove_leftovers(&admin).await;
+    let namespace = release_namespace(&admin).await;
+    let outcome = AssertUnwindSafe(crd_upgrade_steps(&admin, &namespace))
+        .catch_unwind()
+        .await;
+    // Whatever happened, the next test finds the committed CRD.
+    put_crd(&admin, committed_crd(), BTreeMap::new()).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    helm_ok(&strings(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        &namespace,
+        "--wait",
+    ]));
+    await_no_operands(&admin, &namespace).await;
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let audit = AuditLog::from_env().unwrap();
+    helm_release("install", namespace, &[]);
+
+    // The CRD an older chart installed: no spec.nfd yet, an older description.
+    let older = crd_with_schema(|schema| {
+        schema["properties"]["spec"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("nfd");
+        schema["description"] = json!("ClusterPolicy of an older release");
+    });
+    put_crd(admin, older, BTreeMap::new()).await;
+
+    // helm upgrade alone leaves it as it is.
+    helm_release("upgrade", namespace, &strings(&SCENARIO_1));
+    let served = crds.get(CRD_NAME).await.unwrap();
+    assert!(
+        !schema_has(&served, SPEC_NFD),
+        "helm upgrade changed the CRD; this test assumes it never does"
+    );
+
+    // The upgraded operator starts (as its new pod would) and brings the CRD up to date.
+    let mark = audit.mark().unwrap();
+    let operator = ChartOperator::start(admin, namespace).await;
+    let crds_poll = crds.clone();
+    let upgraded = wait::until(TIMEOUT, "CRD upgraded by the operator", || {
+        let crds = crds_poll.clone();
+        async move {
+            let served = crds.get(CRD_NAME).await?;
+            let version = served.annotations().get(CRD_VERSION_ANNOTATION).cloned();
+            Ok(
+                if schema_has(&served, SPEC_NFD) && version.as_deref() == Some(OPERATOR_VERSION) {
+                    Ok(served)
+                } else {
+                    Err(format!(
+                        "spec.nfd served: {}, version annotation {version:?}",
+                        schema_has(&served, SPEC_NFD)
+                    ))
+                },
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    // The versions (schemas, printer columns) are stored exactly as the operator wrote them, which
+    // is what its "up to date" comparison relies on.
+    assert_eq!(
+        upgraded.spec.versions,
+        committed_crd().spec.versions,
+        "served versions are not the operator's"
+    );
+    operator.await_log("CRD upgraded").await;
+    await_ready(admin, &operator, "policy ready with the upgraded CRD").await;
+    let writes = crd_writes(&audit, mark, &operator.username);
+    assert_eq!(writes.len(), 1, "expected one CRD update: {writes:?}");
+    assert!(writes[0].starts_with("update "), "{writes:?}");
+    operator.stop();
+
+    // A restart with the CRD up to date writes nothing to it.
+    let mark = audit.mark().unwrap();
+    let operator = ChartOperator::start(admin, namespace).await;
+    operator.await_log("CRD is up to date").await;
+    operator.await_log("caches ready").await;
+    assert_eq!(
+        crd_writes(&audit, mark, &operator.username),
+        Vec::<String>::new()
+    );
+    operator.stop();
+
+    // NVIDIA's CRD (controller-gen's annotation, none of our fields) is reported, never written.
+    let nvidias = crd_with_schema(|schema| {
+        schema["properties"]["spec"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("nfd");
+        schema["properties"]["status"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("components");
+    });
+    let written = put_crd(
+        admin,
+        nvidias,
+        [(
+            "controller-gen.kubebuilder.io/version".to_owned(),
+            "v0.18.0".to_owned(),
+        )]
+        .into(),
+    )
+    .await;
+    let mark = audit.mark().unwrap();
+    let operator = ChartOperator::start(admin, namespace).await;
+    operator
+        .await_log("leaving the ClusterPolicy CRD alone")
+        .await;
+    operator.await_log("caches ready").await;
+    assert!(
+        operator
+            .log_text()
+            .contains("installed by NVIDIA's GPU Operator"),
+        "{}",
+        operator.log_text()
+    );
+    // Reported where users look (decision 14).
+    let api = policies(admin);
+    wait::until(TIMEOUT, "policy status names the foreign CRD", || {
+        let api = api.clone();
+        async move {
+            let status = serde_json::to_string(&api.get(POLICY).await?.status)?;
+            Ok(if status.contains("ClusterPolicy CRD lacks") {
+                Ok(())
+            } else {
+                Err(status)
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    let served = crds.get(CRD_NAME).await.unwrap();
+    assert_eq!(
+        served.metadata.resource_version, written.metadata.resource_version,
+        "NVIDIA's CRD was written"
+    );
+    assert_eq!(
+        crd_writes(&audit, mark, &operator.username),
+        Vec::<String>::new()
+    );
+    operator.stop();
+}
