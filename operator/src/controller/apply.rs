@@ -117,6 +117,17 @@ fn comparable<K: Serialize>(desired: &K) -> Result<Value, serde_json::Error> {
     Ok(value)
 }
 
+/// The API resource of an optional kind we render. kube guesses the plural from the kind, and
+/// the guess for SecurityContextConstraints (a kind that is already plural) is wrong.
+fn api_resource(gvk: &kube::core::GroupVersionKind) -> kube::core::ApiResource {
+    match gvk.kind.as_str() {
+        "SecurityContextConstraints" => {
+            kube::core::ApiResource::from_gvk_with_plural(gvk, "securitycontextconstraints")
+        }
+        _ => kube::core::ApiResource::from_gvk(gvk),
+    }
+}
+
 /// How to reach the API of a typed kind: namespaced kinds in the object's namespace, cluster
 /// kinds at the root.
 pub trait ScopedApi: Resource<DynamicType = ()> + Sized {
@@ -215,8 +226,9 @@ impl Applier<'_> {
         Ok(())
     }
 
-    /// Objects of APIs without a store (ServiceMonitor, SCC) are applied on every pass that
-    /// renders them; they exist only where those optional APIs are served.
+    /// Objects of optional APIs without a store (ServiceMonitor, SCC): read one by one and
+    /// applied only when the live object lacks a field we set, like the stored kinds (a read
+    /// per object and pass, but no write when nothing changed).
     async fn apply_dynamic(&mut self, objects: &[DynamicObject]) -> Result<(), ApplyError> {
         for obj in objects {
             let Some(types) = obj.types.clone() else {
@@ -227,7 +239,7 @@ impl Applier<'_> {
                 .split_once('/')
                 .unwrap_or(("", types.api_version.as_str()));
             let gvk = kube::core::GroupVersionKind::gvk(group, version, &types.kind);
-            let resource = kube::core::ApiResource::from_gvk(&gvk);
+            let resource = api_resource(&gvk);
             let name = obj.name_any();
             self.desired_keys.insert(format!(
                 "{}/{}/{}",
@@ -239,13 +251,30 @@ impl Applier<'_> {
                 Some(ns) => Api::namespaced_with(self.client.clone(), &ns, &resource),
                 None => Api::all_with(self.client.clone(), &resource),
             };
-            api.patch(&name, &self.params, &Patch::Apply(obj))
-                .await
-                .map_err(|source| ApplyError::Apply {
+            let apply_error = |source| ApplyError::Apply {
+                kind: "dynamic",
+                name: name.clone(),
+                source,
+            };
+            if let Some(live) = api.get_opt(&name).await.map_err(apply_error)? {
+                let desired = comparable(obj).map_err(|source| ApplyError::Serialize {
                     kind: "dynamic",
                     name: name.clone(),
                     source,
                 })?;
+                let live = comparable(&live).map_err(|source| ApplyError::Serialize {
+                    kind: "dynamic",
+                    name: name.clone(),
+                    source,
+                })?;
+                if is_subset(&desired, &live) {
+                    self.report.unchanged += 1;
+                    continue;
+                }
+            }
+            api.patch(&name, &self.params, &Patch::Apply(obj))
+                .await
+                .map_err(apply_error)?;
             self.report.applied.push(format!("{}/{name}", types.kind));
         }
         Ok(())
@@ -541,6 +570,19 @@ mod tests {
             4,
             2
         )));
+    }
+
+    #[test]
+    fn optional_kinds_reach_their_real_resource_names() {
+        let scc = kube::core::GroupVersionKind::gvk(
+            "security.openshift.io",
+            "v1",
+            "SecurityContextConstraints",
+        );
+        assert_eq!(api_resource(&scc).plural, "securitycontextconstraints");
+        let monitor =
+            kube::core::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+        assert_eq!(api_resource(&monitor).plural, "servicemonitors");
     }
 
     #[test]
