@@ -9,7 +9,9 @@ use std::process::Command;
 const FIX: &str = "regenerate them with `make chart` and review the diff";
 
 fn repo_file(path: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
