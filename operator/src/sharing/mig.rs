@@ -873,46 +873,72 @@ fn describe_gpus(gpus: &[u32]) -> String {
     }
 }
 
-/// At most this many nodes are named in one status line; the rest are counted.
-const NODES_IN_MESSAGE: usize = 10;
+/// At most this many nodes are named per reason; the rest are counted.
+const NODES_IN_MESSAGE: usize = 5;
+/// At most this many distinct reasons are shown; the rest are counted.
+const REASONS_IN_MESSAGE: usize = 8;
 
-/// What status says about the nodes' MIG layouts: every GPU node whose
-/// `nvidia.com/mig.config` names a layout that is missing from `config` or does not fit its
-/// GPUs, and every node whose `nvidia.com/mig.config.state` is `failed` (mig-manager gave up on
-/// it). `None` when every node is fine.
+/// What status says about the nodes' MIG layouts: the GPU nodes whose `nvidia.com/mig.config`
+/// names a layout that is missing from `config` or does not fit their GPUs, and the nodes whose
+/// `nvidia.com/mig.config.state` is `failed` (mig-manager gave up on them), grouped by reason
+/// (`node a: why` or `nodes a, b and 3 more: why`), so a thousand nodes with the same problem
+/// make one line. `None` when every node is fine.
 pub fn node_report(config: &MigConfigFile, nodes: &[&crate::nodes::NodeView]) -> Option<String> {
     use crate::nodes::{GPU_COUNT, GPU_PRODUCT, MIG_CONFIG_STATE};
-    let mut problems = Vec::new();
+    let mut by_reason: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for node in nodes {
-        if let Some(layout) = node.label(MIG_CONFIG_LABEL) {
-            let product = node.label(GPU_PRODUCT).unwrap_or_default();
-            if let Err(why) = check_node(config, layout, product, node.label(GPU_COUNT)) {
-                let hint = if layout == "all-disabled" && !config.configs.contains_key(layout) {
-                    " (all-disabled is what the operator gives MIG-capable nodes without a layout: add it to the config, or set spec.migManager.config.default to \"\")"
-                } else {
-                    ""
-                };
-                problems.push(format!("node {}: {why}{hint}", node.name));
-                continue;
+        let layout = node.label(MIG_CONFIG_LABEL);
+        let checked = layout.map(|layout| {
+            check_node(
+                config,
+                layout,
+                node.label(GPU_PRODUCT).unwrap_or_default(),
+                node.label(GPU_COUNT),
+            )
+        });
+        let reason = match checked {
+            Some(Err(why))
+                if layout == Some("all-disabled")
+                    && !config.configs.contains_key("all-disabled") =>
+            {
+                format!(
+                    "{why} (all-disabled is what the operator gives MIG-capable nodes without a layout: add it to the config, or set spec.migManager.config.default to \"\")"
+                )
             }
-        }
-        if node.label(MIG_CONFIG_STATE) == Some("failed") {
-            problems.push(format!(
-                "node {}: mig-manager failed to apply layout {:?} ({MIG_CONFIG_STATE}=failed); see the nvidia-mig-manager pod log on that node",
-                node.name,
-                node.label(MIG_CONFIG_LABEL).unwrap_or_default()
-            ));
-        }
+            Some(Err(why)) => why,
+            _ if node.label(MIG_CONFIG_STATE) == Some("failed") => format!(
+                "mig-manager failed to apply layout {:?} ({MIG_CONFIG_STATE}=failed); see the nvidia-mig-manager pod log on the node",
+                layout.unwrap_or_default()
+            ),
+            _ => continue,
+        };
+        by_reason.entry(reason).or_default().push(&node.name);
     }
-    if problems.is_empty() {
+    if by_reason.is_empty() {
         return None;
     }
-    let total = problems.len();
-    problems.truncate(NODES_IN_MESSAGE);
-    if total > NODES_IN_MESSAGE {
-        problems.push(format!("{} more nodes", total - NODES_IN_MESSAGE));
+    let reasons = by_reason.len();
+    let mut lines: Vec<String> = by_reason
+        .into_iter()
+        .take(REASONS_IN_MESSAGE)
+        .map(|(reason, mut names)| {
+            names.sort_unstable();
+            let mut listed: Vec<String> = names
+                .iter()
+                .take(NODES_IN_MESSAGE)
+                .map(|n| (*n).to_string())
+                .collect();
+            if names.len() > NODES_IN_MESSAGE {
+                listed.push(format!("{} more", names.len() - NODES_IN_MESSAGE));
+            }
+            let noun = if names.len() == 1 { "node" } else { "nodes" };
+            format!("{noun} {}: {reason}", list_words(&listed))
+        })
+        .collect();
+    if reasons > REASONS_IN_MESSAGE {
+        lines.push(format!("{} more problems", reasons - REASONS_IN_MESSAGE));
     }
-    Some(problems.join("; "))
+    Some(lines.join("; "))
 }
 
 /// A mig-parted config with `all-disabled`, `all-enabled`, `all-balanced` and one
@@ -1063,6 +1089,27 @@ mod tests {
             report.contains("nvidia.com/mig.config.state=failed"),
             "{report}"
         );
+
+        // Many nodes with one problem make one line.
+        let many: Vec<crate::nodes::NodeView> = (0..40)
+            .map(|i| {
+                mig_node(
+                    &format!("n{i:02}"),
+                    &[
+                        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+                        ("nvidia.com/mig.config", "inference-7"),
+                    ],
+                )
+            })
+            .collect();
+        let refs: Vec<&crate::nodes::NodeView> = many.iter().chain([&unknown]).collect();
+        let report = node_report(&config, &refs).unwrap();
+        assert_eq!(report.matches("does not fit").count(), 1, "{report}");
+        assert!(
+            report.starts_with("nodes n00, n01, n02, n03, n04 and 35 more: MIG layout"),
+            "{report}"
+        );
+        assert!(report.contains("; node typo: "), "{report}");
     }
 
     /// Scenario 4's ConfigMap, as published.

@@ -393,7 +393,7 @@ async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
     let message = component_message(&p, "mig-manager");
     eprintln!("mig-manager component: {message}");
     assert!(
-        !message.contains(&format!("node {fits}:")),
+        !message.contains(fits.as_str()),
         "inference-7 fits an A100-40GB: {message}"
     );
     for (node, why) in [
@@ -403,11 +403,13 @@ async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
         (&unknown, "is not in the MIG config"),
         (&failed, "nvidia.com/mig.config.state=failed"),
     ] {
-        let line = message
-            .split("; node ")
-            .find(|l| l.contains(node.as_str()))
+        // Groups read `node a: why` or `nodes a, b and c: why`, joined by "; ".
+        let at = message
+            .find(node.as_str())
             .unwrap_or_else(|| panic!("{node} not reported: {message}"));
-        assert!(line.contains(why), "{node}: {line}");
+        let group = &message[at..];
+        let group = &group[..group.find("; node").unwrap_or(group.len())];
+        assert!(group.contains(why), "{node}: {group}");
     }
 
     // A MIG-capable node without a layout gets all-disabled (decision 7), never overwritten.
