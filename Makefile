@@ -37,6 +37,10 @@ harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
 scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)
 	tests/cluster/scale.sh $(or $(N),1000)
 
+.PHONY: bench
+bench: harness ## operator benchmark on its own harness: convergence, rollout latency, memory, API traffic (N=100|1000|5000, OPERATOR_CMD=... to compare)
+	bench/run.sh $(or $(N),100)
+
 .PHONY: chart
 chart: ## regenerate the chart's copies of the CRD and of the operator's ClusterRole (a test checks them)
 	cargo build --quiet -p gpu-operator
@@ -44,6 +48,11 @@ chart: ## regenerate the chart's copies of the CRD and of the operator's Cluster
 	mv charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml
 	scripts/chart-clusterrole.sh $(CARGO_TARGET_DIR)/debug/gpu-operator > charts/gpu-operator/templates/clusterrole.yaml.new
 	mv charts/gpu-operator/templates/clusterrole.yaml.new charts/gpu-operator/templates/clusterrole.yaml
+
+.PHONY: bundle
+bundle: harness ## regenerate the OLM bundle (bundle/) from the chart's Deployment, `gpu-operator rbac` and `crd` (tests check it)
+	cargo build --quiet -p gpu-operator
+	PATH="$$(tests/cluster/build.sh 2>/dev/null | tail -1):$$PATH" scripts/bundle.sh $(CARGO_TARGET_DIR)/debug/gpu-operator bundle
 
 .PHONY: lint
 lint: ## formatting and clippy, as CI wants them

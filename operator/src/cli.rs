@@ -35,6 +35,9 @@ pub enum Command {
     /// Print the operator's ClusterRole `gpu-operator`: what the controller needs plus every
     /// permission it grants to operands (Kubernetes rejects grants the granter lacks).
     Rbac(RbacArgs),
+    /// Write the OLM bundle (CSV, CRD, metadata) from the chart's rendered operator Deployment
+    /// (`make bundle` runs it through scripts/bundle.sh).
+    Bundle(crate::bundle::BundleArgs),
 }
 
 /// Arguments of `gpu-operator run`.
@@ -262,6 +265,7 @@ impl Cli {
                     .context("writing the ClusterRole to standard output")?;
                 Ok(())
             }
+            Command::Bundle(args) => crate::bundle::write(&args),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! apply (other components write `paused-*` values into the same keys, decision 2). A conflict
 //! is not an error: the node's newer version arrives through the watch and the pass runs again.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -34,12 +35,41 @@ fn merge_patch(node: &NodeView, changes: &LabelPatch) -> Value {
 /// status meanwhile). Such an update changes no label we read, so no watch event would wake us.
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 
+/// The `resourceVersion` of each node as it was when we last patched it (or met a conflict).
+/// Until the cache shows a newer version, the cache has not seen our write (or the newer node
+/// that refused it) and patching again would repeat the same request: with hundreds of nodes
+/// and a pass every few milliseconds during convergence, that is hundreds of needless writes.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    at_version: BTreeMap<String, Option<String>>,
+}
+
+impl Attempts {
+    /// Whether `node` was patched at exactly the version the cache still shows.
+    fn pending(&mut self, node: &NodeView) -> bool {
+        match self.at_version.get(&node.name) {
+            Some(version) if *version == node.resource_version => true,
+            Some(_) => {
+                self.at_version.remove(&node.name);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn record(&mut self, node: &NodeView) {
+        self.at_version
+            .insert(node.name.clone(), node.resource_version.clone());
+    }
+}
+
 /// Labels every node that needs it. Returns when to look again, if needed: when a node's
 /// vanished GPU label reaches the grace period, or shortly after a conflict.
 pub async fn label_nodes(
     client: &Client,
     nodes: &[NodeView],
     loss: &Mutex<GpuLabelLoss>,
+    attempts: &Mutex<Attempts>,
     grace: Duration,
     mig_default_layout: Option<&str>,
 ) -> Result<Option<Instant>, kube::Error> {
@@ -52,6 +82,15 @@ pub async fn label_nodes(
         changes.extend(mig_config_default(node, mig_default_layout));
         if changes.is_empty() {
             continue;
+        }
+        if attempts.lock().is_ok_and(|mut a| a.pending(node)) {
+            // Our write (or the version that refused it) has not reached the cache yet; a
+            // conflict's retry timer is already set.
+            retry = Some(retry.unwrap_or(now + CONFLICT_RETRY));
+            continue;
+        }
+        if let Ok(mut a) = attempts.lock() {
+            a.record(node);
         }
         let patch = merge_patch(node, &changes);
         match api
@@ -82,6 +121,24 @@ pub async fn label_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_is_not_patched_again_until_the_cache_shows_a_newer_version() {
+        let at = |rv: &str| NodeView {
+            name: "n".into(),
+            resource_version: Some(rv.into()),
+            ..NodeView::default()
+        };
+        let mut attempts = Attempts::default();
+        assert!(!attempts.pending(&at("1")));
+        attempts.record(&at("1"));
+        assert!(
+            attempts.pending(&at("1")),
+            "cache still at the patched version"
+        );
+        assert!(!attempts.pending(&at("2")), "the cache caught up");
+        assert!(!attempts.pending(&at("1")), "forgotten once caught up");
+    }
 
     #[test]
     fn patch_sets_removes_and_carries_the_resource_version() {

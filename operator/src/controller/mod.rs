@@ -17,6 +17,7 @@
 
 mod apply;
 mod labeller;
+mod namespace;
 mod resolve;
 pub mod status;
 pub mod stores;
@@ -71,6 +72,12 @@ pub enum Error {
     },
     #[error("labelling nodes: {0}")]
     Labels(#[source] kube::Error),
+    #[error("labelling namespace {namespace} for privileged pods (Pod Security): {source}")]
+    Namespace {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -81,6 +88,7 @@ impl Error {
             Error::Apply(_) => "ApplyFailed",
             Error::Status { .. } => "StatusFailed",
             Error::Labels(_) => "LabelFailed",
+            Error::Namespace { .. } => "NamespaceLabelFailed",
         }
     }
 }
@@ -92,6 +100,7 @@ pub struct Context {
     policies: Store<DeserializeGuard<ClusterPolicy>>,
     resolver: Resolver,
     label_loss: Mutex<GpuLabelLoss>,
+    label_attempts: Mutex<labeller::Attempts>,
     recorder: Recorder,
     metrics: Metrics,
 }
@@ -310,11 +319,25 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         &ctx.client,
         &nodes,
         &ctx.label_loss,
+        &ctx.label_attempts,
         ctx.settings.gpu_label_grace,
         mig_default_layout(&policy.spec),
     )
     .await
     .map_err(Error::Labels)?;
+
+    // Privileged operand pods need a namespace that admits them (Pod Security).
+    let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
+    if (psa || ctx.resolver.discovered.openshift)
+        && ctx.resolver.discovered.nvidia_operator.is_none()
+    {
+        namespace::ensure_privileged(&ctx.client, &ctx.settings.namespace)
+            .await
+            .map_err(|source| Error::Namespace {
+                namespace: ctx.settings.namespace.clone(),
+                source,
+            })?;
+    }
 
     let coexistence = ctx.resolver.discovered.coexistence_problems();
     let resolved = ctx
@@ -492,6 +515,7 @@ pub async fn run(
         stores,
         policies,
         label_loss: Mutex::default(),
+        label_attempts: Mutex::default(),
         metrics,
     };
 

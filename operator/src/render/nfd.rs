@@ -26,7 +26,9 @@ use serde_json::{Value, json};
 use super::common::{
     self, HostPathType, MountExt, NAME_LABEL, env_field, host_path_volume, mount, rule, rule_named,
 };
-use super::{CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, Operand, OperandObjects};
+use super::{
+    CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, Operand, OperandObjects, openshift,
+};
 use crate::api::{Component, NfdSpec};
 use crate::facts::ClusterFacts;
 use crate::validate::ValidatedPolicy;
@@ -472,7 +474,11 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
                 &["create", "get", "update", "delete"],
             ),
             rule(&[""], &["pods"], &["get"]),
-        ],
+        ]
+        .into_iter()
+        // The worker mounts host paths: on OpenShift only the privileged SCC admits it.
+        .chain(openshift::use_privileged_scc(facts))
+        .collect(),
         facts,
     );
     objects.config_maps.push(common::config_map(

@@ -84,6 +84,11 @@ pub fn scc(
         "allowHostNetwork": host.network,
         "allowHostPorts": host.ports,
         "allowedCapabilities": ["*"],
+        // The SCC schema requires these three keys to be present, null meaning "none" and
+        // "priority 0": without them OpenShift's API server rejects the object.
+        "defaultAddCapabilities": null,
+        "requiredDropCapabilities": null,
+        "priority": null,
         "allowedUnsafeSysctls": ["*"],
         "readOnlyRootFilesystem": false,
         "runAsUser": run_as_any,
@@ -96,4 +101,72 @@ pub fn scc(
         "users": [format!("system:serviceaccount:{}:{name}", facts.namespace)],
     });
     Some(object)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The `required` list of SecurityContextConstraints in OpenShift's API (security/v1); the
+    /// harness CRD in tests/cluster/manifests/openshift/ carries the same list, and the
+    /// OpenShift e2e test has its API server judge the rendered objects.
+    const REQUIRED: [&str; 12] = [
+        "allowHostDirVolumePlugin",
+        "allowHostIPC",
+        "allowHostNetwork",
+        "allowHostPID",
+        "allowHostPorts",
+        "allowPrivilegedContainer",
+        "allowedCapabilities",
+        "defaultAddCapabilities",
+        "priority",
+        "readOnlyRootFilesystem",
+        "requiredDropCapabilities",
+        "volumes",
+    ];
+
+    fn openshift() -> ClusterFacts {
+        ClusterFacts {
+            namespace: "nvidia-gpu-operator".to_owned(),
+            openshift: true,
+            ..ClusterFacts::default()
+        }
+    }
+
+    #[test]
+    fn an_scc_carries_every_field_openshifts_schema_requires() {
+        let host = HostAccess {
+            pid: true,
+            ..HostAccess::default()
+        };
+        let scc = scc(Operand::Driver, "nvidia-driver", host, &openshift()).unwrap();
+        let data = scc.data.as_object().unwrap();
+        for key in REQUIRED {
+            assert!(data.contains_key(key), "{key} is missing");
+        }
+        assert_eq!(data["allowHostPID"], true);
+        assert_eq!(data["allowHostIPC"], false);
+        assert_eq!(
+            data["users"],
+            json!(["system:serviceaccount:nvidia-gpu-operator:nvidia-driver"])
+        );
+    }
+
+    #[test]
+    fn nothing_openshift_renders_off_openshift() {
+        let facts = ClusterFacts::default();
+        assert!(
+            scc(
+                Operand::Driver,
+                "nvidia-driver",
+                HostAccess::default(),
+                &facts
+            )
+            .is_none()
+        );
+        assert!(use_privileged_scc(&facts).is_none());
+        assert!(use_any_scc(&facts).is_none());
+        assert!(scc_annotation(&facts, "nvidia-driver").is_empty());
+    }
 }

@@ -9,7 +9,10 @@ pub mod crd;
 pub mod nodes;
 pub mod operator;
 pub mod procs;
+pub mod procstat;
 pub mod session;
+pub mod steady;
+pub mod traffic;
 pub mod wait;
 
 pub use cluster::{client, kubectl};

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The benchmark (issue 9): starts its own harness with N fake GPU nodes, measures the operator
+# (release build) and, with OPERATOR_CMD, another operator command on the same cluster, writes
+# bench/results/n<N>.{json,md}, refreshes bench/results/summary.md over every n*.json there,
+# and stops the harness, also on failure. See bench/README.md.
+#   bench/run.sh [N]              (default 100; N=... from make)
+# Settings (environment): OPERATOR_CMD, OPERATOR_NAME, BENCH_CHANGES (25), BENCH_STEADY_SECONDS
+# (60), BENCH_ARGS (more bench flags), BENCH_SKIP_BUILD, BENCH_KEEP, HARNESS_PORT_BASE (20400),
+# BENCH_OUT (bench/results).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cluster=$root/tests/cluster
+n=${1:-${N:-100}}
+export HARNESS_PORT_BASE=${HARNESS_PORT_BASE:-20400}
+unset HARNESS_DIR KUBECONFIG
+# Thousands of nodes: longer node leases and grace period keep heartbeats from saturating the
+# CPUs (as tests/cluster/scale.sh does).
+if ((n >= 1000)); then
+  export HARNESS_NODE_LEASE_SECONDS=${HARNESS_NODE_LEASE_SECONDS:-120}
+  export HARNESS_NODE_GRACE=${HARNESS_NODE_GRACE:-300s}
+fi
+# shellcheck source=../tests/cluster/lib.sh
+source "$cluster/lib.sh"
+out=${BENCH_OUT:-$root/bench/results}
+
+log() { echo "bench/run.sh: $*" >&2; }
+
+# Release builds, before the harness starts so compile time is not spent with it running
+# (BENCH_SKIP_BUILD=1 reuses the binaries already there, e.g. to repeat a run).
+if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
+  (cd "$root" && cargo build --release --quiet -p gpu-operator -p e2e --bin gpu-operator --bin bench)
+fi
+release=$CARGO_TARGET_DIR/release
+
+if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
+"$cluster/up.sh" >/dev/null
+# BENCH_KEEP=DIR keeps the audit log and the operator's and components' logs for analysis.
+keep() {
+  if [[ -n "${BENCH_KEEP:-}" ]]; then
+    mkdir -p "$BENCH_KEEP"
+    cp -r "$HARNESS_DIR/audit.log" "$HARNESS_DIR/logs" "$HARNESS_DIR"/*.log "$BENCH_KEEP/" 2>/dev/null || true
+  fi
+}
+trap 'keep; "$cluster/down.sh"' EXIT
+# shellcheck source=/dev/null
+source "$HARNESS_DIR/env"
+
+args=(run --nodes "$n" --gpu-operator "$release/gpu-operator" --out "$out"
+  --changes "${BENCH_CHANGES:-25}" --steady-seconds "${BENCH_STEADY_SECONDS:-60}")
+if [[ -n "${OPERATOR_CMD:-}" ]]; then
+  args+=(--operator-name "${OPERATOR_NAME:-other}" --operator-cmd "$OPERATOR_CMD")
+fi
+# shellcheck disable=SC2206 # BENCH_ARGS is a list of flags
+args+=(${BENCH_ARGS:-})
+log "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$release/bench" "${args[@]}"
+shopt -s nullglob
+results=("$out"/n*.json)
+"$release/bench" summary "${results[@]}" >"$out/summary.md"
+log "wrote $out/n$n.json, $out/n$n.md and $out/summary.md"

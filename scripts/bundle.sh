@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Writes the OLM bundle (bundle/ by default): renders the Helm chart's operator Deployment with
+# scripts/bundle-values.yaml and hands it to `gpu-operator bundle`, which adds the CSV's
+# generated parts (RBAC from `gpu-operator rbac`, the CRD from `gpu-operator crd`, image
+# variables, alm-examples from examples/). `make bundle` runs it; operator/tests/bundle.rs and
+# tests/e2e/tests/olm.rs fail when the committed bundle differs from a fresh one.
+#
+# usage: scripts/bundle.sh PATH-TO-gpu-operator [OUTPUT-DIR]   (helm must be on PATH)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${1:?usage: scripts/bundle.sh PATH-TO-gpu-operator [OUTPUT-DIR]}
+out=${2:-$root/bundle}
+command -v helm >/dev/null 2>&1 || {
+  echo "bundle.sh: helm is not on PATH (tests/cluster/build.sh prints a folder that holds it)" >&2
+  exit 1
+}
+# shellcheck source=../tests/cluster/versions.env
+source "$root/tests/cluster/versions.env"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# The chart's kubeVersion rejects helm's built-in default; render for the tested release.
+helm template gpu-operator "$root/charts/gpu-operator" --namespace gpu-operator \
+  --kube-version "$KUBERNETES_VERSION" -f "$root/scripts/bundle-values.yaml" \
+  --show-only templates/operator.yaml >"$tmp/deployment.yaml"
+"$bin" bundle --deployment "$tmp/deployment.yaml" --output "$out"

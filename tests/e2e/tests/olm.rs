@@ -1,0 +1,378 @@
+//! The OLM bundle (`bundle/`) checked by the real tools: operator-framework's validators (the
+//! default, OperatorHub and good-practices suites, built from their Go module by
+//! `tests/olm/build.sh`) pass it and reject a broken copy; `scripts/bundle.sh` (what
+//! `make bundle` runs: helm renders the chart's Deployment) reproduces it byte for byte, and the
+//! CSV grants exactly the chart's ClusterRole; every `alm-examples` entry is accepted by the
+//! harness's API server and stored with every field as written (nothing pruned); the namespace
+//! the CSV suggests admits privileged operand pods under Pod Security admission.
+//!
+//! The example test creates cluster-wide policies; like every test touching the cluster it runs
+//! one at a time (`--test-threads=1`, as tests/e2e.sh runs them) and removes leftovers first.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::cluster::pinned_version;
+use e2e::session::{self, TIMEOUT};
+use e2e::wait;
+use gpu_operator::bundle::{self, CRD_FILE, CSV_FILE};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::runtime::wait::conditions;
+use serde_json::Value;
+
+const FIX: &str = "regenerate it with `make bundle` and review the diff";
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn bundle_dir() -> PathBuf {
+    repo_root().join("bundle")
+}
+
+fn committed_csv() -> Value {
+    let path = bundle_dir().join(CSV_FILE);
+    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A fresh folder under the system temp dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Builds (or reuses) validate-bundle with tests/olm/build.sh; its path.
+fn validator() -> PathBuf {
+    let out = Command::new(repo_root().join("tests/olm/build.sh"))
+        .output()
+        .expect("running tests/olm/build.sh");
+    assert!(
+        out.status.success(),
+        "tests/olm/build.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("build.sh printed no path")
+            .trim(),
+    )
+}
+
+/// Runs the validators on `dir`: success and the combined output.
+fn validate(dir: &Path) -> (bool, String) {
+    let out = Command::new(validator()).arg(dir).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_bundle_passes_the_operator_framework_validators() {
+    let (ok, output) = validate(&bundle_dir());
+    println!("{output}");
+    assert!(ok, "the validators reject bundle/:\n{output}");
+    for suite in ["default", "operatorhub", "good-practices"] {
+        assert!(
+            output.contains(&format!("suite {suite}: 0 errors, 0 warnings")),
+            "suite {suite} did not run clean:\n{output}"
+        );
+    }
+
+    // The same validators on a copy without an icon and with a category OperatorHub does not
+    // know: they must fail, naming both.
+    let broken = scratch("gpu-operator-broken-bundle");
+    for (path, content) in bundle::read_files(&bundle_dir()) {
+        let target = broken.join(path);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, content.unwrap()).unwrap();
+    }
+    let mut csv = committed_csv();
+    csv["spec"].as_object_mut().unwrap().remove("icon");
+    csv["metadata"]["annotations"]["categories"] = "GPUs".into();
+    std::fs::write(
+        broken.join(CSV_FILE),
+        serde_yaml_ng::to_string(&csv).unwrap(),
+    )
+    .unwrap();
+    let (ok, output) = validate(&broken);
+    std::fs::remove_dir_all(&broken).unwrap();
+    assert!(
+        !ok,
+        "the validators accept a bundle without an icon:\n{output}"
+    );
+    assert!(output.contains("Icon"), "{output}");
+    assert!(output.contains("\"GPUs\""), "{output}");
+}
+
+/// Runs helm from PATH (the harness env puts it there).
+fn helm_template(args: &[&str]) -> String {
+    let out = Command::new("helm")
+        .arg("template")
+        .arg("gpu-operator")
+        .arg(repo_root().join("charts/gpu-operator"))
+        .args(["--namespace", "gpu-operator"])
+        .args([
+            "--kube-version",
+            &pinned_version("KUBERNETES_VERSION").unwrap(),
+        ])
+        .args(args)
+        .output()
+        .expect("running helm: source $HARNESS_DIR/env to put it on PATH");
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
+    let out = scratch("gpu-operator-fresh-bundle");
+    let status = Command::new(repo_root().join("scripts/bundle.sh"))
+        .arg(e2e::operator::binary().unwrap())
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/bundle.sh failed");
+    let fresh = bundle::read_files(&out);
+    std::fs::remove_dir_all(&out).unwrap();
+    for ((path, fresh), (_, committed)) in fresh.iter().zip(bundle::read_files(&bundle_dir())) {
+        assert!(fresh.is_some(), "scripts/bundle.sh wrote no {path}");
+        assert!(
+            *fresh == committed,
+            "bundle/{path} differs from what `make bundle` writes now (chart, RBAC, CRD, examples or images changed): {FIX}"
+        );
+    }
+
+    // The CSV's permissions are the chart's ClusterRole, rule for rule.
+    let role: Value = serde_yaml_ng::from_str(&helm_template(&[
+        "--show-only",
+        "templates/clusterrole.yaml",
+    ]))
+    .unwrap();
+    let csv = committed_csv();
+    assert!(
+        csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"] == role["rules"],
+        "the CSV's clusterPermissions differ from the chart's ClusterRole: {FIX}"
+    );
+    // And it runs the chart's operator container: same command, probes, security context.
+    let chart: Value =
+        serde_yaml_ng::from_str(&helm_template(&["--show-only", "templates/operator.yaml"]))
+            .unwrap();
+    let ours = &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]["containers"]
+        [0];
+    let theirs = &chart["spec"]["template"]["spec"]["containers"][0];
+    for field in [
+        "command",
+        "ports",
+        "livenessProbe",
+        "readinessProbe",
+        "resources",
+        "securityContext",
+    ] {
+        assert_eq!(ours[field], theirs[field], "operator container {field}");
+    }
+}
+
+/// Whether `live` holds everything `written` holds, value for value (the server may add
+/// defaulted fields; it must not drop or change one).
+fn stored_as_written(written: &Value, live: &Value, path: &str, lost: &mut Vec<String>) {
+    match (written, live) {
+        (Value::Object(w), Value::Object(l)) => {
+            for (key, value) in w {
+                match l.get(key) {
+                    Some(lv) => stored_as_written(value, lv, &format!("{path}.{key}"), lost),
+                    None => lost.push(format!("{path}.{key}")),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(l)) if w.len() == l.len() => {
+            for (i, (wv, lv)) in w.iter().zip(l).enumerate() {
+                stored_as_written(wv, lv, &format!("{path}[{i}]"), lost);
+            }
+        }
+        (w, l) if w == l => {}
+        (w, l) => lost.push(format!("{path}: wrote {w}, stored {l}")),
+    }
+}
+
+#[tokio::test]
+async fn every_alm_example_is_stored_as_written() {
+    let admin = e2e::client().await.unwrap();
+    // The bundle's own CRD copy, as OLM would install it (the same field manager as the other
+    // tests, which apply the identical crds/ copy).
+    let crd: CustomResourceDefinition =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(bundle_dir().join(CRD_FILE)).unwrap())
+            .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        e2e::crd::CLUSTER_POLICY_CRD,
+        &PatchParams::apply("e2e-controller-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    wait::for_object(
+        crds,
+        e2e::crd::CLUSTER_POLICY_CRD,
+        Duration::from_secs(60),
+        "CRD established",
+        conditions::is_crd_established(),
+    )
+    .await
+    .unwrap();
+    session::remove_leftovers(&admin).await;
+
+    let examples: Value = serde_json::from_str(
+        committed_csv()["metadata"]["annotations"]["alm-examples"]
+            .as_str()
+            .expect("alm-examples is a string"),
+    )
+    .unwrap();
+    let examples = examples.as_array().unwrap();
+    assert!(!examples.is_empty(), "alm-examples is empty");
+    let resource =
+        ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"));
+    let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    // One at a time: a second policy would only be marked ignored, and the CRD is all that
+    // judges them here (no operator runs).
+    for (i, example) in examples.iter().enumerate() {
+        let object: DynamicObject = serde_json::from_value(example.clone()).unwrap();
+        let name = object.metadata.name.clone().unwrap();
+        let created = api
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("alm-examples[{i}] ({name}) is rejected: {e}"));
+        let live = serde_json::to_value(&created).unwrap();
+        let mut lost = Vec::new();
+        stored_as_written(&example["spec"], &live["spec"], "spec", &mut lost);
+        assert!(
+            lost.is_empty(),
+            "alm-examples[{i}] ({name}) is not stored as written: {lost:?}"
+        );
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        wait::until(TIMEOUT, "example policy deleted", || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                Ok(match api.get_opt(&name).await? {
+                    None => Ok(()),
+                    Some(_) => Err("still there".to_owned()),
+                })
+            }
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// A pod with what operand pods ask for: host PID, a host path, a privileged container.
+fn privileged_pod() -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "privileged-operand"},
+        "spec": {
+            "hostPID": true,
+            "containers": [{
+                "name": "main", "image": "registry.example.com/operand:1",
+                "securityContext": {"privileged": true},
+                "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+            }],
+            "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+        },
+    }))
+    .unwrap()
+}
+
+async fn delete_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => panic!("deleting namespace {name}: {e}"),
+    }
+    wait::until(TIMEOUT, "namespace deleted", || {
+        let (api, name) = (api.clone(), name.to_owned());
+        async move {
+            Ok(match api.get_opt(&name).await? {
+                None => Ok(()),
+                Some(_) => Err(format!("{name} still there")),
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_suggested_namespace_admits_privileged_operands_under_pod_security() {
+    let admin = e2e::client().await.unwrap();
+    let template: Namespace = serde_json::from_str(
+        committed_csv()["metadata"]["annotations"]["operatorframework.io/suggested-namespace-template"]
+            .as_str()
+            .expect("the CSV has a suggested-namespace-template"),
+    )
+    .unwrap();
+    let name = template.metadata.name.clone().unwrap();
+    // A namespace held to the restricted profile, as OpenShift holds namespaces by default.
+    let restricted = "e2e-olm-restricted";
+    for ns in [name.as_str(), restricted] {
+        delete_namespace(&admin, ns).await;
+    }
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let mut strict = Namespace::default();
+    strict.metadata.name = Some(restricted.to_owned());
+    strict.metadata.labels = Some(
+        [(
+            "pod-security.kubernetes.io/enforce".to_owned(),
+            "restricted".to_owned(),
+        )]
+        .into(),
+    );
+    namespaces
+        .create(&PostParams::default(), &strict)
+        .await
+        .unwrap();
+
+    // Pod Security admission runs on dry-run requests too: nothing is scheduled.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let in_template = Api::<Pod>::namespaced(admin.clone(), &name)
+        .create(&dry_run, &privileged_pod())
+        .await;
+    let in_restricted = Api::<Pod>::namespaced(admin.clone(), restricted)
+        .create(&dry_run, &privileged_pod())
+        .await;
+    for ns in [name.as_str(), restricted] {
+        delete_namespace(&admin, ns).await;
+    }
+    in_template.unwrap_or_else(|e| {
+        panic!("namespace {name} from the CSV's template rejects a privileged operand pod: {e}")
+    });
+    let refused = in_restricted.expect_err("the restricted namespace admitted a privileged pod");
+    assert!(
+        refused.to_string().contains("PodSecurity"),
+        "refused for another reason than Pod Security: {refused}"
+    );
+}

@@ -1,0 +1,722 @@
+//! OpenShift support against the harness with OpenShift's API types installed: the
+//! SecurityContextConstraints and ClusterVersion CRDs of `tests/cluster/manifests/openshift/`
+//! (written from the public API definitions). The operator detects OpenShift once, at start-up,
+//! from the ClusterVersion API; it then creates an SCC per privileged operand, which the API
+//! server must accept against the real schema, grants the other operands `use` of the built-in
+//! `privileged` SCC, configures the toolkit for CRI-O, and the policy becomes ready. Without
+//! those APIs nothing of that is rendered or even requested.
+//!
+//! Nothing upstream enforces SCCs, so every operand pod is checked here against the SCC that
+//! admits it: host namespaces, host ports, privileged containers, volume types, host paths,
+//! added capabilities, fixed UIDs and SELinux options (the strategies of OpenShift's SCC
+//! admission that our operands touch).
+//!
+//! Every other test binary on the shared harness starts operators that probe for OpenShift, so
+//! the CRDs are removed again (and awaited until no longer served) whether the test passes or
+//! fails, and leftovers of an interrupted run are removed first.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+
+use e2e::audit::AuditLog;
+use e2e::cluster::unique_name;
+use e2e::crd::install_cluster_policy_crd;
+use e2e::operator::{Operator, OperatorIdentity};
+use e2e::session::{self, Setup, TIMEOUT};
+use e2e::wait;
+use futures::FutureExt;
+use gpu_operator::api::State;
+use gpu_operator::render::openshift::{SCC_ANNOTATION, scc_api_resource};
+use gpu_operator::render::rbac;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::runtime::wait::conditions;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const SCC_CRD: &str = "securitycontextconstraints.security.openshift.io";
+const CLUSTER_VERSION_CRD: &str = "clusterversions.config.openshift.io";
+const OPENSHIFT_GROUPS: [&str; 2] = ["security.openshift.io", "config.openshift.io"];
+const FIELD_MANAGER: &str = "e2e-openshift";
+/// The operator's generated ClusterRole, under a name of this test's own.
+const OPERATOR_ROLE: &str = "gpu-operator-e2e-openshift";
+const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
+
+/// The SCCs of OPERAND-FACTS §16: name (= the operand's ServiceAccount), then whether it admits
+/// host PID, host IPC, host network and host ports. Exactly these, no more.
+const EXPECTED_SCCS: [(&str, [bool; 4]); 7] = [
+    ("nvidia-driver", [true, false, false, false]),
+    ("nvidia-operator-validator", [true, false, false, false]),
+    ("nvidia-gpu-feature-discovery", [true, false, false, false]),
+    ("nvidia-dcgm", [false, false, true, true]),
+    ("nvidia-dcgm-exporter", [false, false, false, true]),
+    ("nvidia-mig-manager", [true, true, false, false]),
+    ("nvidia-node-status-exporter", [false, false, false, false]),
+];
+
+/// The `openshift.io/scc` annotation each operand DaemonSet carries (OPERAND-FACTS §18.24);
+/// absent for the validator, GFD and mig-manager.
+const SCC_ANNOTATIONS: [(&str, Option<&str>); 9] = [
+    ("nvidia-driver-daemonset", Some("nvidia-driver")),
+    (
+        "nvidia-container-toolkit-daemonset",
+        Some("hostmount-anyuid"),
+    ),
+    ("nvidia-device-plugin-daemonset", Some("hostmount-anyuid")),
+    ("nvidia-dcgm", Some("hostmount-anyuid")),
+    ("nvidia-dcgm-exporter", Some("nvidia-dcgm-exporter")),
+    (
+        "nvidia-node-status-exporter",
+        Some("nvidia-node-status-exporter"),
+    ),
+    ("nvidia-operator-validator", None),
+    ("gpu-feature-discovery", None),
+    ("nvidia-mig-manager", None),
+];
+
+/// Workloads that no SCC available to them admits on OpenShift (none: NFD's worker, which
+/// mounts host paths, uses the privileged SCC). The test fails when one appears.
+const KNOWN_UNADMITTED: [&str; 0] = [];
+
+fn manifests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster/manifests/openshift")
+}
+
+fn scc_api(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &scc_api_resource())
+}
+
+async fn served_openshift_groups(client: &Client) -> Vec<String> {
+    client
+        .list_api_groups()
+        .await
+        .unwrap()
+        .groups
+        .into_iter()
+        .map(|g| g.name)
+        .filter(|name| OPENSHIFT_GROUPS.contains(&name.as_str()))
+        .collect()
+}
+
+/// Installs the SCC and ClusterVersion CRDs, waits until they are established, and creates the
+/// cluster's `version` ClusterVersion as an OpenShift installer does.
+async fn install_openshift_apis(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (name, file) in [
+        (SCC_CRD, "securitycontextconstraints.yaml"),
+        (CLUSTER_VERSION_CRD, "clusterversions.yaml"),
+    ] {
+        let path = manifests_dir().join(file);
+        let crd: CustomResourceDefinition =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait::for_object(
+            api.clone(),
+            name,
+            TIMEOUT,
+            "OpenShift CRD established",
+            conditions::is_crd_established(),
+        )
+        .await
+        .unwrap();
+    }
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("config.openshift.io", "v1", "ClusterVersion"),
+        "clusterversions",
+    );
+    let mut version = DynamicObject::new("version", &resource);
+    version.data = json!({"spec": {"clusterID": "6b1f3a52-8d4e-4c2a-9f0e-3c5d7a9b1e24", "channel": "stable-4.20"}});
+    Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &version)
+        .await
+        .unwrap();
+}
+
+/// Deletes the OpenShift CRDs (their objects go with them) and waits until the API server no
+/// longer serves their groups, so that the next operator started on this harness finds a plain
+/// Kubernetes cluster. Tolerates CRDs that are already gone.
+async fn remove_openshift_apis(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("deleting CRD {name}: {e}"),
+        }
+    }
+    wait::until(TIMEOUT, "OpenShift APIs no longer served", || {
+        let (api, client) = (api.clone(), client.clone());
+        async move {
+            let mut left = served_openshift_groups(&client).await;
+            for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
+                if api.get_opt(name).await?.is_some() {
+                    left.push(format!("CRD {name}"));
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join(", "))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn all_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
+    pod.init_containers.iter().flatten().chain(&pod.containers)
+}
+
+/// What `pod` asks for that `scc` does not allow (empty: the SCC admits the pod).
+fn scc_refusals(scc: &Value, pod: &PodSpec) -> Vec<String> {
+    let mut refused = Vec::new();
+    let allows = |field: &str| scc[field].as_bool() == Some(true);
+    for (asked, field, what) in [
+        (pod.host_pid, "allowHostPID", "hostPID"),
+        (pod.host_ipc, "allowHostIPC", "hostIPC"),
+        (pod.host_network, "allowHostNetwork", "hostNetwork"),
+    ] {
+        if asked == Some(true) && !allows(field) {
+            refused.push(what.to_owned());
+        }
+    }
+    let allowed_caps = strings(&scc["allowedCapabilities"]);
+    let volumes = strings(&scc["volumes"]);
+    let uid_any = scc["runAsUser"]["type"] == "RunAsAny";
+    let selinux_any = scc["seLinuxContext"]["type"] == "RunAsAny";
+    // Unset means true in the SCC API.
+    let escalation = scc["allowPrivilegeEscalation"].as_bool() != Some(false);
+    if pod
+        .security_context
+        .as_ref()
+        .is_some_and(|s| s.run_as_user.is_some())
+        && !uid_any
+    {
+        refused.push("pod runAsUser".to_owned());
+    }
+    for c in all_containers(pod) {
+        let name = &c.name;
+        if c.ports
+            .iter()
+            .flatten()
+            .any(|p| p.host_port.unwrap_or(0) > 0)
+            && !allows("allowHostPorts")
+        {
+            refused.push(format!("{name}: hostPort"));
+        }
+        let Some(sc) = c.security_context.as_ref() else {
+            continue;
+        };
+        if sc.privileged == Some(true) && !allows("allowPrivilegedContainer") {
+            refused.push(format!("{name}: privileged"));
+        }
+        if (sc.privileged == Some(true) || sc.allow_privilege_escalation == Some(true))
+            && !escalation
+        {
+            refused.push(format!("{name}: privilege escalation"));
+        }
+        if sc.run_as_user.is_some() && !uid_any {
+            refused.push(format!("{name}: runAsUser {:?}", sc.run_as_user));
+        }
+        if sc.se_linux_options.is_some() && !selinux_any {
+            refused.push(format!("{name}: seLinuxOptions"));
+        }
+        for cap in sc
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.add.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            if !allowed_caps.iter().any(|a| a == "*" || a == cap) {
+                refused.push(format!("{name}: capability {cap}"));
+            }
+        }
+    }
+    for volume in pod.volumes.iter().flatten() {
+        let value = serde_json::to_value(volume).unwrap();
+        let kind = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .find(|k| *k != "name")
+            .cloned()
+            .unwrap_or_default();
+        if !volumes.iter().any(|v| v == "*" || *v == kind) {
+            refused.push(format!("volume {} ({kind})", volume.name));
+        }
+        if kind == "hostPath" && !allows("allowHostDirVolumePlugin") {
+            refused.push(format!("volume {} (host directory)", volume.name));
+        }
+    }
+    refused
+}
+
+/// What OpenShift's default `restricted-v2` SCC (every authenticated user may use it) refuses
+/// in `pod`: host access, privilege, fixed UIDs, SELinux options, added capabilities other
+/// than NET_BIND_SERVICE, volume types outside its list.
+fn restricted_v2_refusals(pod: &PodSpec) -> Vec<String> {
+    let restricted = json!({
+        "allowHostPID": false, "allowHostIPC": false, "allowHostNetwork": false,
+        "allowHostPorts": false, "allowPrivilegedContainer": false,
+        "allowPrivilegeEscalation": false, "allowHostDirVolumePlugin": false,
+        "allowedCapabilities": ["NET_BIND_SERVICE"],
+        "runAsUser": {"type": "MustRunAsRange"}, "seLinuxContext": {"type": "MustRunAs"},
+        "volumes": ["configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                    "persistentVolumeClaim", "projected", "secret"],
+    });
+    scc_refusals(&restricted, pod)
+}
+
+/// Whether a Role bound to ServiceAccount `sa` in `namespace` grants `use` of SCC `scc`.
+fn may_use_scc(
+    roles: &[Role],
+    bindings: &[RoleBinding],
+    namespace: &str,
+    sa: &str,
+    scc: &str,
+) -> bool {
+    bindings
+        .iter()
+        .filter(|b| {
+            b.subjects.iter().flatten().any(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == sa
+                    && s.namespace.as_deref().unwrap_or(namespace) == namespace
+            })
+        })
+        .filter(|b| b.role_ref.kind == "Role")
+        .filter_map(|b| roles.iter().find(|r| r.name_any() == b.role_ref.name))
+        .flat_map(|r| r.rules.iter().flatten())
+        .any(|rule| {
+            rule.api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "security.openshift.io")
+                && rule
+                    .resources
+                    .iter()
+                    .flatten()
+                    .any(|r| r == "securitycontextconstraints")
+                && rule.verbs.iter().any(|v| v == "use")
+                && rule
+                    .resource_names
+                    .as_ref()
+                    .is_none_or(|names| names.is_empty() || names.iter().any(|n| n == scc))
+        })
+}
+
+fn env_of(pod: &PodSpec, container: &str) -> BTreeMap<String, String> {
+    pod.containers
+        .iter()
+        .find(|c| c.name == container)
+        .unwrap_or_else(|| panic!("no container {container}"))
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn host_paths(pod: &PodSpec) -> BTreeSet<String> {
+    pod.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect()
+}
+
+fn pod_of(ds: &DaemonSet) -> &PodSpec {
+    ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+/// The toolkit DaemonSet and its main container's environment.
+async fn toolkit(setup: &Setup) -> (PodSpec, BTreeMap<String, String>) {
+    let ds = setup
+        .daemonsets()
+        .get("nvidia-container-toolkit-daemonset")
+        .await
+        .unwrap();
+    let pod = pod_of(&ds).clone();
+    let env = env_of(&pod, "nvidia-container-toolkit-ctr");
+    (pod, env)
+}
+
+#[tokio::test]
+async fn on_openshift_the_operator_creates_sccs_the_api_server_accepts_and_the_policy_becomes_ready()
+ {
+    let admin = e2e::client().await.unwrap();
+    remove_openshift_apis(&admin).await;
+    install_openshift_apis(&admin).await;
+    let outcome = AssertUnwindSafe(openshift_steps(&admin))
+        .catch_unwind()
+        .await;
+    // Whatever happened, the next test's operator must find a plain Kubernetes cluster.
+    remove_openshift_apis(&admin).await;
+    let _ = Api::<ClusterRole>::all(admin.clone())
+        .delete(OPERATOR_ROLE, &DeleteParams::default())
+        .await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn openshift_steps(admin: &Client) {
+    install_cluster_policy_crd(admin, "e2e-controller-test")
+        .await
+        .unwrap();
+    session::remove_leftovers(admin).await;
+    // The operator runs with its generated ClusterRole (decision 13), not cluster-admin: the API
+    // server refuses Roles that grant `use` of SCCs unless the operator holds that itself.
+    let mut role = rbac::operator_cluster_role();
+    role.metadata.name = Some(OPERATOR_ROLE.to_owned());
+    Api::<ClusterRole>::all(admin.clone())
+        .patch(
+            OPERATOR_ROLE,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .unwrap();
+    let identity = OperatorIdentity::create(admin, OPERATOR_ROLE)
+        .await
+        .unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
+    let policy = unique_name("cluster-policy");
+    // DCGM and the node-status exporter on: every operand with an SCC of its own is rendered.
+    session::create_policy(
+        admin,
+        &policy,
+        json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true}}),
+    )
+    .await;
+    let setup = Setup {
+        admin: admin.clone(),
+        identity,
+        operator,
+        policy,
+    };
+    let ready = setup
+        .await_state(State::Ready, "policy ready on OpenShift")
+        .await;
+    let log = setup.operator.log_text();
+    assert!(
+        log.contains("openshift: true"),
+        "the operator did not report OpenShift at start-up:\n{log}"
+    );
+    let namespace = setup.identity.namespace.clone();
+    let policy_uid = ready.uid().unwrap();
+
+    // The operator namespace admits the privileged operand pods (Pod Security labels).
+    let ns_labels = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .get(&namespace)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    for mode in ["enforce", "audit", "warn"] {
+        assert_eq!(
+            ns_labels
+                .get(&format!("pod-security.kubernetes.io/{mode}"))
+                .map(String::as_str),
+            Some("privileged"),
+            "namespace {namespace} labels: {ns_labels:?}"
+        );
+    }
+
+    // The SCCs, as the API server stored them (it rejects one that lacks a required field and
+    // prunes a misspelt one).
+    let sccs: BTreeMap<String, Value> = scc_api(admin)
+        .list(&ListParams::default().labels(MANAGED))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| {
+            let owners = o.owner_references().to_vec();
+            assert!(
+                owners
+                    .iter()
+                    .any(|r| r.uid == policy_uid && r.controller == Some(true)),
+                "SCC {} is not owned by the policy: {owners:?}",
+                o.name_any()
+            );
+            (o.name_any(), o.data)
+        })
+        .collect();
+    assert_eq!(
+        sccs.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        EXPECTED_SCCS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<BTreeSet<_>>(),
+        "SCCs created"
+    );
+    for (name, [pid, ipc, network, ports]) in EXPECTED_SCCS {
+        let scc = &sccs[name];
+        let flags = [
+            "allowHostPID",
+            "allowHostIPC",
+            "allowHostNetwork",
+            "allowHostPorts",
+        ]
+        .map(|f| {
+            scc[f]
+                .as_bool()
+                .unwrap_or_else(|| panic!("{name}: {f} not stored"))
+        });
+        assert_eq!(
+            flags,
+            [pid, ipc, network, ports],
+            "{name}: host PID, IPC, network, ports"
+        );
+        assert_eq!(scc["allowPrivilegedContainer"], true, "{name}");
+        assert_eq!(scc["allowHostDirVolumePlugin"], true, "{name}");
+        assert_eq!(scc["readOnlyRootFilesystem"], false, "{name}");
+        assert_eq!(
+            strings(&scc["users"]),
+            [format!("system:serviceaccount:{namespace}:{name}")],
+            "{name}: the operand's ServiceAccount, and only it"
+        );
+        for strategy in [
+            "runAsUser",
+            "seLinuxContext",
+            "fsGroup",
+            "supplementalGroups",
+        ] {
+            assert_eq!(scc[strategy]["type"], "RunAsAny", "{name}: {strategy}");
+        }
+    }
+
+    // Every operand pod is admitted by an SCC its ServiceAccount may use: its own SCC (named in
+    // the SCC's users), the built-in `privileged` one (a Role grant), or restricted-v2.
+    let roles = Api::<Role>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let daemon_sets = setup
+        .daemonsets()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let workloads: Vec<(String, PodSpec)> = daemon_sets
+        .iter()
+        .map(|d| (format!("DaemonSet/{}", d.name_any()), pod_of(d).clone()))
+        .chain(deployments.iter().map(|d| {
+            let pod = d.spec.as_ref().unwrap().template.spec.clone().unwrap();
+            (format!("Deployment/{}", d.name_any()), pod)
+        }))
+        .collect();
+    let mut own_scc = BTreeSet::new();
+    let mut unadmitted = BTreeSet::new();
+    for (workload, pod) in &workloads {
+        let sa = pod.service_account_name.clone().unwrap_or_default();
+        let user = format!("system:serviceaccount:{namespace}:{sa}");
+        if let Some((name, scc)) = sccs
+            .iter()
+            .find(|(_, scc)| strings(&scc["users"]).contains(&user))
+        {
+            let refused = scc_refusals(scc, pod);
+            assert!(
+                refused.is_empty(),
+                "{workload} runs as {sa}, whose SCC {name} does not admit: {refused:?}"
+            );
+            own_scc.insert(name.clone());
+        } else if may_use_scc(&roles, &bindings, &namespace, &sa, "privileged") {
+            // privileged admits everything.
+        } else if !restricted_v2_refusals(pod).is_empty() {
+            unadmitted.insert(workload.clone());
+        }
+    }
+    assert_eq!(
+        own_scc.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        EXPECTED_SCCS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<BTreeSet<_>>(),
+        "every SCC admits a running operand"
+    );
+    assert_eq!(
+        unadmitted
+            .iter()
+            .map(String::as_str)
+            .collect::<BTreeSet<_>>(),
+        KNOWN_UNADMITTED.into_iter().collect::<BTreeSet<_>>(),
+        "workloads no available SCC admits"
+    );
+    for name in [
+        "nvidia-container-toolkit-daemonset",
+        "nvidia-device-plugin-daemonset",
+    ] {
+        let ds = daemon_sets.iter().find(|d| d.name_any() == name).unwrap();
+        let sa = pod_of(ds).service_account_name.clone().unwrap();
+        assert!(
+            may_use_scc(&roles, &bindings, &namespace, &sa, "privileged"),
+            "{name} has no SCC of its own and its ServiceAccount {sa} may not use privileged"
+        );
+    }
+
+    for (name, scc) in SCC_ANNOTATIONS {
+        let ds = daemon_sets
+            .iter()
+            .find(|d| d.name_any() == name)
+            .unwrap_or_else(|| panic!("DaemonSet {name} not rendered"));
+        assert_eq!(
+            ds.annotations().get(SCC_ANNOTATION).map(String::as_str),
+            scc,
+            "{name}: {SCC_ANNOTATION}"
+        );
+    }
+
+    // CRI-O paths for the toolkit, although the fake nodes report containerd: OpenShift always
+    // runs CRI-O.
+    let (pod, env) = toolkit(&setup).await;
+    assert_eq!(env.get("RUNTIME").map(String::as_str), Some("crio"));
+    assert_eq!(
+        env.get("CRIO_CONFIG_MODE").map(String::as_str),
+        Some("config")
+    );
+    assert!(
+        !env.keys().any(|k| k.starts_with("CONTAINERD_")),
+        "containerd settings on OpenShift: {env:?}"
+    );
+    let paths = host_paths(&pod);
+    for path in [
+        "/etc/crio",
+        "/etc/crio/crio.conf.d",
+        "/run/containers/oci/hooks.d",
+    ] {
+        assert!(
+            paths.contains(path),
+            "toolkit lacks host path {path}: {paths:?}"
+        );
+    }
+    assert!(
+        !paths.iter().any(|p| p.contains("containerd")),
+        "containerd host paths on OpenShift: {paths:?}"
+    );
+
+    setup.teardown().await;
+    let api = scc_api(admin);
+    wait::until(TIMEOUT, "SCCs garbage-collected with the policy", || {
+        let api = api.clone();
+        async move {
+            let left = api
+                .list(&ListParams::default().labels(MANAGED))
+                .await?
+                .items
+                .len();
+            Ok(if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} SCCs"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn without_openshift_apis_nothing_openshift_is_rendered_or_requested() {
+    let admin = e2e::client().await.unwrap();
+    remove_openshift_apis(&admin).await;
+    let audit = AuditLog::from_env().unwrap();
+    let mark = audit.mark().unwrap();
+    let setup = session::start(
+        json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true}}),
+        &[],
+    )
+    .await;
+    setup
+        .await_state(State::Ready, "policy ready without OpenShift")
+        .await;
+    let namespace = setup.identity.namespace.clone();
+
+    for ds in setup
+        .daemonsets()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        assert!(
+            !ds.annotations().contains_key(SCC_ANNOTATION),
+            "{} carries {SCC_ANNOTATION}",
+            ds.name_any()
+        );
+    }
+    for role in Api::<Role>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let grants_scc = role.rules.iter().flatten().any(|r| {
+            r.api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "security.openshift.io")
+        });
+        assert!(!grants_scc, "Role {} grants SCC use", role.name_any());
+    }
+    let (pod, env) = toolkit(&setup).await;
+    assert_eq!(env.get("RUNTIME").map(String::as_str), Some("containerd"));
+    assert!(
+        !host_paths(&pod).iter().any(|p| p.contains("crio")),
+        "CRI-O paths without OpenShift"
+    );
+
+    let user = setup.identity.username();
+    let asked: Vec<String> = audit
+        .since(mark)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user.username == user)
+        .filter(|e| OPENSHIFT_GROUPS.iter().any(|g| e.request_uri.contains(g)))
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
+        .collect();
+    assert!(
+        asked.is_empty(),
+        "the operator requested OpenShift APIs that are not served: {asked:?}"
+    );
+    setup.teardown().await;
+}
