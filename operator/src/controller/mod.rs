@@ -519,6 +519,21 @@ pub async fn run(
         metrics,
     };
 
+    // The watches run on their own task, so the caches stay current while a pass runs (a pass
+    // that patches a thousand nodes must see the versions its own writes produced); they
+    // leave one wake-up for the loop however many events arrive meanwhile.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (ended_tx, mut watches_ended) = tokio::sync::oneshot::channel::<()>();
+    let watches = {
+        let wake = wake.clone();
+        tokio::spawn(async move {
+            while triggers.next().await.is_some() {
+                wake.notify_one();
+            }
+            let _ = ended_tx.send(());
+        })
+    };
+
     let mut shutdown = std::pin::pin!(shutdown.fuse());
     let mut failures: u32 = 0;
     let mut wake_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
@@ -531,15 +546,17 @@ pub async fn run(
         };
         tokio::select! {
             () = &mut shutdown => break,
-            event = triggers.next() => if event.is_none() {
+            _ = &mut watches_ended => {
+                watches.abort();
                 anyhow::bail!("the watches ended");
-            },
+            }
+            () = wake.notified() => {},
             () = sleep => {},
         }
         // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
-        // one pass: take what is already queued, then give stragglers a moment.
+        // one pass: give stragglers a moment, then take the wake-up they left.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        while let Some(Some(_)) = triggers.next().now_or_never() {}
+        let _ = wake.notified().now_or_never();
 
         let mut next: Option<Duration> = None;
         let mut failed = false;
@@ -566,6 +583,7 @@ pub async fn run(
         }
         wake_at = next.map(|d| tokio::time::Instant::now() + d);
     }
+    watches.abort();
     tracing::info!("controller stopped");
     Ok(())
 }
