@@ -10,7 +10,9 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
+};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -35,6 +37,12 @@ pub enum ApplyError {
     Delete {
         kind: &'static str,
         name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing {resource} to prune: {source}")]
+    List {
+        resource: String,
         #[source]
         source: kube::Error,
     },
@@ -325,13 +333,15 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
 }
 
 /// Applies every rendered operand in order, then prunes. `owner_uid` is the active policy's
-/// UID: only objects it owns are pruned. Stops at the first error (the reconcile retries with
-/// backoff).
+/// UID: only objects it owns are pruned. `optional` are the store-less kinds (ServiceMonitor,
+/// SCC) this cluster serves, whose leftovers are found by listing. Stops at the first error
+/// (the reconcile retries with backoff).
 pub async fn apply(
     client: &Client,
     desired: &DesiredState,
     stores: &Stores,
     owner_uid: Option<&str>,
+    optional: &[ApiResource],
 ) -> Result<ApplyReport, ApplyError> {
     let mut applier = Applier {
         client,
@@ -346,6 +356,18 @@ pub async fn apply(
     }
     let mut report = applier.report;
     report.pruned = prune(client, desired, stores, &applier.desired_keys, owner_uid).await?;
+    for resource in optional {
+        let operands = prunable(desired);
+        prune_dynamic(
+            client,
+            resource,
+            &operands,
+            &applier.desired_keys,
+            owner_uid,
+            &mut report.pruned,
+        )
+        .await?;
+    }
     Ok(report)
 }
 
@@ -498,18 +520,7 @@ where
     K: ScopedApi + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     for obj in live.state() {
-        let Some(operand) = obj.labels().get(OPERAND_LABEL) else {
-            continue;
-        };
-        if !operands.contains(operand.as_str()) || keep.contains(&key(obj.as_ref())) {
-            continue;
-        }
-        if let Some(uid) = owner
-            && !obj.owner_references().iter().any(|r| r.uid == uid)
-        {
-            continue;
-        }
-        if obj.meta().deletion_timestamp.is_some() {
+        if !is_leftover(obj.meta(), &key(obj.as_ref()), operands, keep, owner) {
             continue;
         }
         let name = obj.name_any();
@@ -520,6 +531,79 @@ where
             Err(source) => {
                 return Err(ApplyError::Delete {
                     kind: kind_name::<K>(),
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether an object is ours to delete: labelled with a prunable operand, owned by the active
+/// policy (when its UID is known), not rendered in this pass (`key` not in `keep`) and not
+/// already being deleted.
+fn is_leftover(
+    meta: &ObjectMeta,
+    key: &str,
+    operands: &BTreeSet<&'static str>,
+    keep: &BTreeSet<String>,
+    owner: Option<&str>,
+) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(OPERAND_LABEL))
+        .is_some_and(|operand| operands.contains(operand.as_str()));
+    let owned =
+        owner.is_none_or(|uid| meta.owner_references.iter().flatten().any(|r| r.uid == uid));
+    labelled && owned && !keep.contains(key) && meta.deletion_timestamp.is_none()
+}
+
+/// Prunes a store-less kind: lists the objects carrying the operand label (one request per
+/// pass and kind) and deletes the leftovers, e.g. the ServiceMonitor of a DCGM exporter that
+/// was disabled, or an SCC an operand no longer needs. A kind the cluster does not serve
+/// (404) has nothing to prune.
+async fn prune_dynamic(
+    client: &Client,
+    resource: &ApiResource,
+    operands: &BTreeSet<&'static str>,
+    keep: &BTreeSet<String>,
+    owner: Option<&str>,
+    pruned: &mut Vec<String>,
+) -> Result<(), ApplyError> {
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let listed = match all.list(&ListParams::default().labels(OPERAND_LABEL)).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(source) => {
+            return Err(ApplyError::List {
+                resource: resource.plural.clone(),
+                source,
+            });
+        }
+    };
+    for obj in listed {
+        let namespace = obj.namespace();
+        let name = obj.name_any();
+        let key = format!(
+            "{}/{}/{name}",
+            resource.kind,
+            namespace.clone().unwrap_or_default()
+        );
+        if !is_leftover(&obj.metadata, &key, operands, keep, owner) {
+            continue;
+        }
+        let api: Api<DynamicObject> = match namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        };
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => pruned.push(key),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError::Delete {
+                    kind: "dynamic",
                     name,
                     source,
                 });
@@ -570,6 +654,66 @@ mod tests {
             4,
             2
         )));
+    }
+
+    fn meta(operand: &str, owner: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("nvidia-dcgm-exporter".into()),
+            labels: Some([(OPERAND_LABEL.to_owned(), operand.to_owned())].into()),
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    uid: owner.into(),
+                    ..Default::default()
+                },
+            ]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn a_leftover_is_a_prunable_operands_owned_object_not_rendered_this_pass() {
+        let operands: BTreeSet<&'static str> = ["dcgm-exporter"].into();
+        let key = "ServiceMonitor/gpu-operator/nvidia-dcgm-exporter";
+        let none = BTreeSet::new();
+        let ours = meta("dcgm-exporter", "uid-1");
+        assert!(is_leftover(&ours, key, &operands, &none, Some("uid-1")));
+        assert!(is_leftover(&ours, key, &operands, &none, None));
+        // Rendered this pass, another policy's, an operand that is invalid (not prunable), or
+        // already going.
+        assert!(!is_leftover(
+            &ours,
+            key,
+            &operands,
+            &[key.to_owned()].into(),
+            Some("uid-1")
+        ));
+        assert!(!is_leftover(&ours, key, &operands, &none, Some("uid-2")));
+        let other = meta("device-plugin", "uid-1");
+        assert!(!is_leftover(&other, key, &operands, &none, Some("uid-1")));
+        let deleting = ObjectMeta {
+            deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            ..ours.clone()
+        };
+        assert!(!is_leftover(
+            &deleting,
+            key,
+            &operands,
+            &none,
+            Some("uid-1")
+        ));
+        let unlabelled = ObjectMeta {
+            labels: None,
+            ..ours
+        };
+        assert!(!is_leftover(
+            &unlabelled,
+            key,
+            &operands,
+            &none,
+            Some("uid-1")
+        ));
     }
 
     #[test]

@@ -352,7 +352,15 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     // With NVIDIA's operator live, stand aside: report, change nothing (decision 14).
     if ctx.resolver.discovered.nvidia_operator.is_none() {
         let owner_uid = policy.meta().uid.clone();
-        let report = apply::apply(&ctx.client, &desired, &ctx.stores, owner_uid.as_deref()).await?;
+        let optional = ctx.resolver.discovered.optional_kinds();
+        let report = apply::apply(
+            &ctx.client,
+            &desired,
+            &ctx.stores,
+            owner_uid.as_deref(),
+            &optional,
+        )
+        .await?;
         if !report.applied.is_empty() || !report.pruned.is_empty() {
             tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
         }

@@ -50,6 +50,20 @@ impl Discovered {
         })
     }
 
+    /// The store-less kinds operands may render here (ServiceMonitor where its API is served,
+    /// SCCs on OpenShift), which pruning lists.
+    pub fn optional_kinds(&self) -> Vec<kube::api::ApiResource> {
+        [
+            self.service_monitor
+                .then(crate::render::dcgm_exporter::service_monitor_api_resource),
+            self.openshift
+                .then(crate::render::openshift::scc_api_resource),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// Problems that stop this operator from acting safely, for status.
     pub fn coexistence_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();

@@ -636,8 +636,41 @@ async fn openshift_steps(admin: &Client) {
         "containerd host paths on OpenShift: {paths:?}"
     );
 
-    setup.teardown().await;
+    // Disabling an operand removes its SCC with its DaemonSet; the other SCCs stay.
+    setup
+        .patch_policy(json!({"spec": {"nodeStatusExporter": {"enabled": false}}}))
+        .await;
     let api = scc_api(admin);
+    let remaining = wait::until(TIMEOUT, "the node-status exporter's SCC pruned", || {
+        let api = api.clone();
+        async move {
+            let names: BTreeSet<String> = api
+                .list(&ListParams::default().labels(MANAGED))
+                .await?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect();
+            Ok(if names.contains("nvidia-node-status-exporter") {
+                Err(format!("{names:?}"))
+            } else {
+                Ok(names)
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", setup.operator.log_text()));
+    let expected: BTreeSet<String> = EXPECTED_SCCS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .filter(|n| n != "nvidia-node-status-exporter")
+        .collect();
+    assert_eq!(
+        remaining, expected,
+        "SCCs after disabling the node-status exporter"
+    );
+
+    setup.teardown().await;
     wait::until(TIMEOUT, "SCCs garbage-collected with the policy", || {
         let api = api.clone();
         async move {
