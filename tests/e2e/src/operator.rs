@@ -34,7 +34,8 @@ pub fn binary() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A namespace for the operator with a ServiceAccount bound to `cluster_role`.
+/// The operator's credentials: a ServiceAccount's token in a kubeconfig of its own. The
+/// kubeconfig file is removed when this is dropped.
 pub struct OperatorIdentity {
     pub namespace: String,
     pub service_account: String,
@@ -42,7 +43,15 @@ pub struct OperatorIdentity {
     client: Client,
 }
 
+impl Drop for OperatorIdentity {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
 impl OperatorIdentity {
+    /// A fresh namespace with a ServiceAccount bound to `cluster_role`; [`Self::delete`]
+    /// removes them.
     pub async fn create(admin: &Client, cluster_role: &str) -> Result<Self> {
         let namespace = unique_name("gpu-operator");
         let meta = |name: &str| ObjectMeta {
@@ -85,11 +94,16 @@ impl OperatorIdentity {
         Api::<ClusterRoleBinding>::all(admin.clone())
             .create(&PostParams::default(), &binding)
             .await?;
-        let token = service_account_token(admin, &namespace, sa).await?;
-        let kubeconfig = write_token_kubeconfig(&namespace, &token)?;
+        Self::existing(admin, &namespace, sa).await
+    }
+
+    /// A ServiceAccount someone else created, such as the Helm chart's.
+    pub async fn existing(admin: &Client, namespace: &str, service_account: &str) -> Result<Self> {
+        let token = service_account_token(admin, namespace, service_account).await?;
+        let kubeconfig = write_token_kubeconfig(&format!("{namespace}-{service_account}"), &token)?;
         Ok(OperatorIdentity {
-            namespace,
-            service_account: sa.to_string(),
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
             kubeconfig,
             client: admin.clone(),
         })
@@ -100,6 +114,7 @@ impl OperatorIdentity {
         crate::audit::service_account_user(&self.namespace, &self.service_account)
     }
 
+    /// Deletes what [`Self::create`] made.
     pub async fn delete(self) -> Result<()> {
         Api::<ClusterRoleBinding>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::default())
@@ -107,7 +122,6 @@ impl OperatorIdentity {
         Api::<Namespace>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::default())
             .await?;
-        let _ = std::fs::remove_file(&self.kubeconfig);
         Ok(())
     }
 }
@@ -117,8 +131,10 @@ fn write_token_kubeconfig(name: &str, token: &str) -> Result<PathBuf> {
     let admin = std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?;
     let text = std::fs::read_to_string(&admin)?;
     let mut config: serde_json::Value = serde_yaml_ng::from_str(&text)?;
+    let cluster = config["clusters"][0]["name"].clone();
     config["users"] = serde_json::json!([{"name": "operator", "user": {"token": token}}]);
-    config["contexts"] = serde_json::json!([{"name": "harness", "context": {"cluster": "harness", "user": "operator"}}]);
+    config["contexts"] = serde_json::json!([{"name": "operator", "context": {"cluster": cluster, "user": "operator"}}]);
+    config["current-context"] = serde_json::json!("operator");
     let path = std::env::temp_dir().join(format!("{name}.kubeconfig"));
     std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
     Ok(path)
@@ -141,15 +157,34 @@ fn free_port() -> Result<u16> {
 impl Operator {
     /// Starts `gpu-operator run` for `identity` with extra arguments.
     pub fn start(identity: &OperatorIdentity, extra: &[&str]) -> Result<Self> {
+        let mut args = vec!["--namespace", identity.namespace.as_str()];
+        args.extend_from_slice(extra);
+        Self::spawn(identity, &args, &[])
+    }
+
+    /// Starts it as the chart's Deployment does: namespace and pod name from the environment
+    /// (the downward API there), nothing on the command line.
+    pub fn start_as_pod(identity: &OperatorIdentity, pod_name: &str) -> Result<Self> {
+        Self::spawn(
+            identity,
+            &[],
+            &[
+                ("OPERATOR_NAMESPACE", identity.namespace.as_str()),
+                ("POD_NAME", pod_name),
+            ],
+        )
+    }
+
+    fn spawn(identity: &OperatorIdentity, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let port = free_port()?;
         let log =
             std::env::temp_dir().join(format!("{}-{}.log", identity.namespace, unique_name("op")));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(binary()?)
             .arg("run")
-            .args(["--namespace", &identity.namespace])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .args(extra)
+            .args(args)
+            .envs(env.iter().copied())
             .env("KUBECONFIG", &identity.kubeconfig)
             .env("RUST_LOG", "info,gpu_operator=debug,kube=warn")
             .stdout(file.try_clone()?)
@@ -222,10 +257,75 @@ impl Operator {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the log has a line containing `text`.
+    pub async fn await_log(&self, text: &str, timeout: Duration) -> Result<()> {
+        crate::wait::until(
+            timeout,
+            &format!("operator log line {text:?}"),
+            || async move {
+                let now = self.log_text();
+                Ok(if now.contains(text) {
+                    Ok(())
+                } else {
+                    Err(now.lines().last().unwrap_or_default().to_owned())
+                })
+            },
+        )
+        .await
+    }
+
+    /// `gpu_operator_reconciles_total`: passes run so far (0 before the endpoint is up).
+    pub async fn reconciles(&self) -> f64 {
+        reconciles(self.metrics_port).await.unwrap_or(0.0)
+    }
+}
+
+/// `gpu_operator_reconciles_total` from the /metrics endpoint on `port`, if it answers.
+pub async fn reconciles(port: u16) -> Option<f64> {
+    metric(
+        &scrape_metrics(port).await?,
+        "gpu_operator_reconciles_total",
+    )
+}
+
+/// The /metrics text served on 127.0.0.1:`port` (plain HTTP/1.0, so no HTTP client needed).
+pub async fn scrape_metrics(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    Some(text)
+}
+
+/// The value of an unlabelled sample `name` in Prometheus text.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 impl Drop for Operator {
     fn drop(&mut self) {
         let _ = self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_read_by_its_exact_name() {
+        let text = "HTTP/1.0 200 OK\r\n\r\n# TYPE gpu_operator_reconciles_total counter\n\
+                    gpu_operator_reconciles_total_failed 3\ngpu_operator_reconciles_total 12\n";
+        assert_eq!(metric(text, "gpu_operator_reconciles_total"), Some(12.0));
+        assert_eq!(metric(text, "gpu_operator_missing"), None);
     }
 }

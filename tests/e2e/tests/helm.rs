@@ -14,11 +14,12 @@
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use e2e::audit::{AuditLog, service_account_user};
-use e2e::cluster::{pinned_version, service_account_token, unique_name};
+use e2e::audit::AuditLog;
+use e2e::cluster::{pinned_version, unique_name};
+use e2e::operator::{Operator, OperatorIdentity};
 use e2e::{nodes, wait};
 use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;
@@ -279,6 +280,25 @@ fn chart_lints_and_renders_the_policy_for_default_values_scenario_1_and_scenario
     }
 }
 
+/// The operator pod's fixed UID, rendered except where OpenShift's restricted SCCs would reject
+/// it: `platform.openshift=true`, or a cluster serving the SCC API.
+#[test]
+fn the_operator_pod_runs_as_a_fixed_uid_except_on_openshift() {
+    let uid = |extra: &[&str]| {
+        let docs = template(&strings(extra));
+        let deployment = find(&docs, "Deployment", "gpu-operator").expect("no Deployment");
+        let pod = &deployment["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(pod["runAsNonRoot"], true, "{extra:?}");
+        pod["runAsUser"].clone()
+    };
+    assert_eq!(uid(&[]), json!(65532));
+    assert_eq!(uid(&["--set", "platform.openshift=true"]), Value::Null);
+    assert_eq!(
+        uid(&["--api-versions", "security.openshift.io/v1"]),
+        Value::Null
+    );
+}
+
 #[test]
 fn misspelt_and_unsupported_values_fail_with_a_message_naming_the_value() {
     let cases: [(&[&str], &[&str]); 8] = [
@@ -534,116 +554,34 @@ fn helm_release(verb: &str, namespace: &str, args: &[String]) -> Duration {
     started.elapsed()
 }
 
-/// `gpu-operator run` as the pod would run it: the chart's ServiceAccount token as its only
-/// credential, the namespace in OPERATOR_NAMESPACE; killed when dropped.
-struct ChartOperator {
-    child: Option<Child>,
-    log: PathBuf,
-    kubeconfig: PathBuf,
-    username: String,
-}
-
-impl ChartOperator {
-    async fn start(admin: &Client, namespace: &str) -> Self {
-        let token = service_account_token(admin, namespace, OPERATOR_ACCOUNT)
-            .await
-            .unwrap();
-        let kubeconfig = write_token_kubeconfig(namespace, &token);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = std::env::temp_dir().join(format!("{}.log", unique_name(namespace)));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(e2e::operator::binary().unwrap())
-            .args(["run", "--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("OPERATOR_NAMESPACE", namespace)
-            .env("POD_NAME", format!("{RELEASE}-e2e"))
-            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        ChartOperator {
-            child: Some(child),
-            log,
-            kubeconfig,
-            username: service_account_user(namespace, OPERATOR_ACCOUNT),
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log has `text`.
-    async fn await_log(&self, text: &str) {
-        let log = self.log.clone();
-        wait::until(TIMEOUT, &format!("operator log line {text:?}"), || {
-            let log = log.clone();
-            async move {
-                let now = std::fs::read_to_string(&log).unwrap_or_default();
-                Ok(if now.contains(text) {
-                    Ok(())
-                } else {
-                    Err(now.lines().last().unwrap_or_default().to_owned())
-                })
-            }
-        })
+/// The operator as the chart's pod runs it: the chart's ServiceAccount token, namespace and pod
+/// name from the environment. The identity must outlive the process (it holds the kubeconfig).
+async fn start_chart_operator(admin: &Client, namespace: &str) -> (OperatorIdentity, Operator) {
+    let identity = OperatorIdentity::existing(admin, namespace, OPERATOR_ACCOUNT)
         .await
         .unwrap();
-    }
+    let operator = Operator::start_as_pod(&identity, &format!("{RELEASE}-e2e")).unwrap();
+    (identity, operator)
+}
 
-    /// SIGTERM, then waits for the exit (it may have exited already, for example when
-    /// `helm uninstall` deleted its ServiceAccount).
-    fn stop(mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while child.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("operator did not stop within 20 s:\n{}", self.log_text());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+/// SIGTERM, then the exit (it may have exited already, when `helm uninstall` deleted its
+/// ServiceAccount).
+fn stop(mut operator: Operator) {
+    if let Err(e) = operator.terminate(Duration::from_secs(20)) {
+        panic!("{e}:\n{}", operator.log_text());
     }
 }
 
-impl Drop for ChartOperator {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(&self.kubeconfig);
-    }
-}
-
-/// A kubeconfig with the harness server and CA that authenticates with `token` only.
-fn write_token_kubeconfig(name: &str, token: &str) -> PathBuf {
-    let admin = std::env::var("KUBECONFIG").expect("KUBECONFIG is not set");
-    let mut config: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
-    let cluster = config["clusters"][0]["name"].clone();
-    config["users"] = json!([{"name": "operator", "user": {"token": token}}]);
-    config["contexts"] =
-        json!([{"name": "operator", "context": {"cluster": cluster, "user": "operator"}}]);
-    config["current-context"] = json!("operator");
-    let path = std::env::temp_dir().join(format!("{name}-chart-operator.kubeconfig"));
-    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
-    path
+/// Waits until the operator logged `text`.
+async fn await_log(operator: &Operator, text: &str) {
+    operator
+        .await_log(text, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
 }
 
 /// Waits until the policy is `ready` for its current generation.
-async fn await_ready(admin: &Client, operator: &ChartOperator, what: &str) -> ClusterPolicy {
+async fn await_ready(admin: &Client, operator: &Operator, what: &str) -> ClusterPolicy {
     let api = policies(admin);
     let result = wait::until(TIMEOUT, what, || {
         let api = api.clone();
@@ -792,7 +730,7 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
     );
 
     // The operator with the chart's ServiceAccount (and so only the chart's RBAC).
-    let operator = ChartOperator::start(&admin, &namespace).await;
+    let (_identity, operator) = start_chart_operator(&admin, &namespace).await;
     let started = Instant::now();
     await_ready(&admin, &operator, "policy ready after helm install").await;
     println!(
@@ -918,7 +856,7 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
         "the chart's ClusterRole is left"
     );
     assert!(policies(&admin).get_opt(POLICY).await.unwrap().is_none());
-    operator.stop();
+    stop(operator);
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())
         .await
@@ -987,7 +925,7 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
 
     // The upgraded operator starts (as its new pod would) and brings the CRD up to date.
     let mark = audit.mark().unwrap();
-    let operator = ChartOperator::start(admin, namespace).await;
+    let (identity, operator) = start_chart_operator(admin, namespace).await;
     let crds_poll = crds.clone();
     let upgraded = wait::until(TIMEOUT, "CRD upgraded by the operator", || {
         let crds = crds_poll.clone();
@@ -1015,23 +953,23 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
         committed_crd().spec.versions,
         "served versions are not the operator's"
     );
-    operator.await_log("CRD upgraded").await;
+    await_log(&operator, "CRD upgraded").await;
     await_ready(admin, &operator, "policy ready with the upgraded CRD").await;
-    let writes = crd_writes(&audit, mark, &operator.username);
+    let writes = crd_writes(&audit, mark, &identity.username());
     assert_eq!(writes.len(), 1, "expected one CRD update: {writes:?}");
     assert!(writes[0].starts_with("update "), "{writes:?}");
-    operator.stop();
+    stop(operator);
 
     // A restart with the CRD up to date writes nothing to it.
     let mark = audit.mark().unwrap();
-    let operator = ChartOperator::start(admin, namespace).await;
-    operator.await_log("CRD is up to date").await;
-    operator.await_log("caches ready").await;
+    let (identity, operator) = start_chart_operator(admin, namespace).await;
+    await_log(&operator, "CRD is up to date").await;
+    await_log(&operator, "caches ready").await;
     assert_eq!(
-        crd_writes(&audit, mark, &operator.username),
+        crd_writes(&audit, mark, &identity.username()),
         Vec::<String>::new()
     );
-    operator.stop();
+    stop(operator);
 
     // NVIDIA's CRD (controller-gen's annotation, none of our fields) is reported, never written.
     let nvidias = crd_with_schema(|schema| {
@@ -1055,11 +993,9 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
     )
     .await;
     let mark = audit.mark().unwrap();
-    let operator = ChartOperator::start(admin, namespace).await;
-    operator
-        .await_log("leaving the ClusterPolicy CRD alone")
-        .await;
-    operator.await_log("caches ready").await;
+    let (identity, operator) = start_chart_operator(admin, namespace).await;
+    await_log(&operator, "leaving the ClusterPolicy CRD alone").await;
+    await_log(&operator, "caches ready").await;
     assert!(
         operator
             .log_text()
@@ -1088,8 +1024,8 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
         "NVIDIA's CRD was written"
     );
     assert_eq!(
-        crd_writes(&audit, mark, &operator.username),
+        crd_writes(&audit, mark, &identity.username()),
         Vec::<String>::new()
     );
-    operator.stop();
+    stop(operator);
 }
