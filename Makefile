@@ -26,12 +26,16 @@ unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness ## end-to-end tests on a fresh harness (started and stopped here)
+e2e: harness olm-validator ## end-to-end tests on a fresh harness (started and stopped here)
 	tests/e2e.sh
 
 .PHONY: harness
 harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
 	tests/cluster/build.sh >/dev/null
+
+.PHONY: olm-validator
+olm-validator: ## build (or reuse) the operator-framework bundle validators the OLM tests run
+	tests/olm/build.sh >/dev/null
 
 .PHONY: scale
 scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)
