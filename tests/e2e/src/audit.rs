@@ -1,10 +1,16 @@
 //! Reading the API server's audit log (JSON lines, metadata level, one entry per completed
-//! request), to count the requests an identity made between two points of a test.
+//! request): the requests an identity made between two points of a test, when each was received
+//! and completed, and counts by verb and resource (the tests' "zero writes", the benchmark's
+//! traffic).
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
+use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
 /// Verbs that change state.
@@ -22,6 +28,9 @@ pub struct AuditEvent {
     pub request_uri: String,
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
+    pub request_received_timestamp: Timestamp,
+    /// When the entry was written: the request completed (a watch: when it ended).
+    pub stage_timestamp: Timestamp,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -62,6 +71,41 @@ impl AuditEvent {
             _ => self.request_uri.clone(),
         }
     }
+
+    pub fn name(&self) -> Option<&str> {
+        self.object_ref.as_ref()?.name.as_deref()
+    }
+
+    /// A request on a Lease: the identity's leader election, which renews on a timer and so is
+    /// not counted in "zero writes when nothing changes" (decision 9).
+    pub fn is_lease(&self) -> bool {
+        self.resource() == "leases"
+    }
+
+    pub fn received(&self) -> SystemTime {
+        to_system_time(self.request_received_timestamp)
+    }
+
+    pub fn completed(&self) -> SystemTime {
+        to_system_time(self.stage_timestamp)
+    }
+}
+
+/// `verb resource name`, e.g. `patch nodes gpu-3`: how assertion messages list requests.
+impl fmt::Display for AuditEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource())?;
+        match self.name() {
+            Some(name) => write!(f, " {name}"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn to_system_time(t: Timestamp) -> SystemTime {
+    u64::try_from(t.as_nanosecond()).map_or(SystemTime::UNIX_EPOCH, |n| {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(n)
+    })
 }
 
 /// The audit log of the running harness.
@@ -93,28 +137,118 @@ impl AuditLog {
 
     /// Every entry written after `mark`.
     pub fn since(&self, mark: Mark) -> Result<Vec<AuditEvent>> {
-        let mut file = std::fs::File::open(&self.path)
-            .with_context(|| format!("opening {}", self.path.display()))?;
-        file.seek(SeekFrom::Start(mark.0))?;
-        let mut text = String::new();
-        file.read_to_string(&mut text)?;
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).with_context(|| format!("parsing audit entry {l}")))
-            .collect()
+        self.read(mark, |_| true)
+    }
+
+    /// The entries of `username` written after `mark`. Only that identity's lines are parsed,
+    /// which matters for a benchmark's log of a million requests.
+    pub fn of_user_since(&self, mark: Mark, username: &str) -> Result<Vec<AuditEvent>> {
+        let quoted = format!("\"username\":\"{username}\"");
+        Ok(self
+            .read(mark, |line| line.contains(&quoted))?
+            .into_iter()
+            .filter(|e| e.user.username == username)
+            .collect())
     }
 
     /// The mutating requests `username` made after `mark`.
     pub fn mutating_since(&self, mark: Mark, username: &str) -> Result<Vec<AuditEvent>> {
         Ok(self
-            .since(mark)?
+            .of_user_since(mark, username)?
             .into_iter()
-            .filter(|e| e.user.username == username && e.is_mutating())
+            .filter(AuditEvent::is_mutating)
             .collect())
     }
+
+    fn read(&self, mark: Mark, keep: impl Fn(&str) -> bool) -> Result<Vec<AuditEvent>> {
+        let mut file = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.seek(SeekFrom::Start(mark.0))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)?;
+        // A line still being written has no newline yet: the next read gets it whole.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
+            .filter(|l| !l.trim().is_empty() && keep(l))
+            .map(|l| serde_json::from_str(l).with_context(|| format!("parsing audit entry {l}")))
+            .collect()
+    }
+}
+
+/// Counts by `verb resource` (e.g. `patch nodes`, `watch daemonsets`).
+pub fn by_verb_and_resource(events: &[AuditEvent]) -> BTreeMap<String, u64> {
+    count_by(events, |e| format!("{} {}", e.verb, e.resource()))
+}
+
+/// Counts by verb.
+pub fn by_verb(events: &[AuditEvent]) -> BTreeMap<String, u64> {
+    count_by(events, |e| e.verb.clone())
+}
+
+fn count_by(events: &[AuditEvent], key: impl Fn(&AuditEvent) -> String) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for e in events {
+        *out.entry(key(e)).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Mutating requests other than Lease renewals: what "zero writes" counts (decision 9).
+pub fn writes_excluding_leases(events: &[AuditEvent]) -> Vec<&AuditEvent> {
+    events
+        .iter()
+        .filter(|e| e.is_mutating() && !e.is_lease())
+        .collect()
 }
 
 /// The audit username of a ServiceAccount.
 pub fn service_account_user(namespace: &str, name: &str) -> String {
     format!("system:serviceaccount:{namespace}:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PATCH: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"x","stage":"ResponseComplete","requestURI":"/api/v1/nodes/n1","verb":"patch","user":{"username":"system:serviceaccount:ns:gpu-operator"},"objectRef":{"resource":"nodes","name":"n1","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-22T02:49:17.123456Z","stageTimestamp":"2026-11-22T02:49:17.125456Z"}"#;
+    const LEASE: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"y","stage":"ResponseComplete","requestURI":"/apis/coordination.k8s.io/v1/namespaces/ns/leases/gpu-operator","verb":"update","user":{"username":"system:serviceaccount:ns:gpu-operator"},"objectRef":{"resource":"leases","namespace":"ns","name":"gpu-operator","apiGroup":"coordination.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-22T02:49:18Z","stageTimestamp":"2026-11-22T02:49:18.001Z"}"#;
+    const OTHER: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"z","stage":"ResponseComplete","requestURI":"/api/v1/nodes","verb":"list","user":{"username":"admin"},"objectRef":{"resource":"nodes","apiVersion":"v1"},"requestReceivedTimestamp":"2026-11-22T02:49:19Z","stageTimestamp":"2026-11-22T02:49:19Z"}"#;
+
+    fn log_with(text: &str) -> (AuditLog, PathBuf) {
+        let path = std::env::temp_dir().join(format!(
+            "audit-test-{}-{}.log",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::write(&path, text).unwrap();
+        (AuditLog { path: path.clone() }, path)
+    }
+
+    #[test]
+    fn an_entry_parses_with_its_resource_name_and_timestamps() {
+        let e: AuditEvent = serde_json::from_str(PATCH).unwrap();
+        assert!(e.is_mutating() && !e.is_lease());
+        assert_eq!(e.to_string(), "patch nodes n1");
+        let took = e.completed().duration_since(e.received()).unwrap();
+        assert_eq!(took, Duration::from_millis(2));
+    }
+
+    #[test]
+    fn one_identitys_entries_skip_others_and_a_line_still_being_written() {
+        let operator = "system:serviceaccount:ns:gpu-operator";
+        let partial = &PATCH[..PATCH.len() / 2];
+        let (log, path) = log_with(&format!("{PATCH}\n{OTHER}\n{LEASE}\n{partial}"));
+        let events = log.of_user_since(Mark(0), operator).unwrap();
+        assert_eq!(events.len(), 2, "the half-written line is left for later");
+        assert_eq!(by_verb(&events)["patch"], 1);
+        assert_eq!(by_verb_and_resource(&events)["update leases"], 1);
+        let writes = writes_excluding_leases(&events);
+        assert_eq!(
+            writes.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["patch nodes n1"]
+        );
+        assert_eq!(log.since(Mark(0)).unwrap().len(), 3);
+        std::fs::remove_file(path).unwrap();
+    }
 }

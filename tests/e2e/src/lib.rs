@@ -12,7 +12,6 @@ pub mod procs;
 pub mod procstat;
 pub mod session;
 pub mod steady;
-pub mod traffic;
 pub mod wait;
 
 pub use cluster::{client, kubectl};

@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::traffic::{TimedLog, writes_excluding_leases};
+use crate::audit::{AuditLog, writes_excluding_leases};
 
 /// The label GFD refreshes on every node it runs on.
 pub const GFD_TIMESTAMP: &str = "nvidia.com/gfd.timestamp";
@@ -54,26 +54,22 @@ pub async fn rewrite_label_spread(
 /// audit log; fails after `timeout`. Returns how long it took. An identity that writes more
 /// often than every `quiet` never gets there.
 pub async fn await_quiet(
-    log: &TimedLog,
+    log: &AuditLog,
     username: &str,
     quiet: Duration,
     timeout: Duration,
 ) -> Result<Duration> {
     let started = tokio::time::Instant::now();
     loop {
-        let from = log.offset()?;
+        let from = log.mark()?;
         tokio::time::sleep(quiet).await;
-        let events = log.since(from, username)?;
-        let writes = writes_excluding_leases(&events);
-        if writes.is_empty() {
+        let events = log.of_user_since(from, username)?;
+        let Some(last) = writes_excluding_leases(&events).pop() else {
             return Ok(started.elapsed());
-        }
+        };
         anyhow::ensure!(
             started.elapsed() < timeout,
-            "{username} still writing after {timeout:?}; last: {} {} {}",
-            writes[writes.len() - 1].verb,
-            writes[writes.len() - 1].resource(),
-            writes[writes.len() - 1].name().unwrap_or_default()
+            "{username} still writing after {timeout:?}; last: {last}"
         );
     }
 }

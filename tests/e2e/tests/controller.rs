@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::audit::AuditLog;
+use e2e::audit::{self, AuditLog};
 use e2e::chaos::CrashLoop;
 use e2e::nodes::{self, FakeNode, GpuModel};
 use e2e::operator::Operator;
@@ -318,15 +318,10 @@ async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_le
     let log = AuditLog::from_env().unwrap();
     let mark = log.mark().unwrap();
     s.operator = Operator::start(&s.identity, &[]).unwrap();
-    // Wait until the new process has reconciled at least twice, then a few quiet seconds.
-    let port = s.operator.metrics_port;
+    // Wait until the new process has run a pass, then a few quiet seconds.
+    let operator = &s.operator;
     wait::until(TIMEOUT, "new operator reconciled", || async move {
-        let body = reqwest_metrics(port).await;
-        let n = body
-            .lines()
-            .find_map(|l| l.strip_prefix("gpu_operator_reconciles_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let n = operator.reconciles().await;
         Ok(if n >= 1.0 {
             Ok(())
         } else {
@@ -336,11 +331,10 @@ async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_le
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes: Vec<_> = log
-        .mutating_since(mark, &s.identity.username())
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.resource() != "leases")
+    let events = log.of_user_since(mark, &s.identity.username()).unwrap();
+    let writes: Vec<String> = audit::writes_excluding_leases(&events)
+        .iter()
+        .map(ToString::to_string)
         .collect();
     assert!(
         writes.is_empty(),
@@ -348,20 +342,6 @@ async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_le
         s.operator.log_text()
     );
     s.teardown().await;
-}
-
-/// Reads the operator's /metrics with a plain HTTP/1.0 request.
-async fn reqwest_metrics(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return String::new();
-    };
-    let _ = stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await;
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body).await;
-    body
 }
 
 #[tokio::test]

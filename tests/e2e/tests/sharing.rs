@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use e2e::audit::{AuditLog, Mark};
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, FakeNode, GpuModel};
 use e2e::session::*;
-use e2e::wait;
+use e2e::{steady, wait};
 use gpu_operator::api::{ClusterPolicy, State};
 use gpu_operator::render::device_plugin::{CONFIG_COPY_LABEL, mounted_copy};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -36,6 +37,21 @@ async fn consumers(s: &Setup) -> BTreeMap<String, (Option<String>, i64)> {
         );
     }
     out
+}
+
+/// The operator's DaemonSet writes (`verb daemonsets name`) since `mark`, read once it has
+/// made no write for two seconds: what "nothing rolled" and "rolled once" are checked against.
+async fn daemonset_writes_once_quiet(s: &Setup, log: &AuditLog, mark: Mark) -> Vec<String> {
+    let user = s.identity.username();
+    steady::await_quiet(log, &user, Duration::from_secs(2), TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
+    log.of_user_since(mark, &user)
+        .unwrap()
+        .iter()
+        .filter(|e| e.is_mutating() && e.resource() == "daemonsets")
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// Waits until both consumers mount a copy other than `old` (the same one) and returns it.
@@ -174,6 +190,9 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
     s.await_state(State::Ready, "ready after 4 -> 8").await;
 
     // Break the YAML: reported, nothing rolls.
+    let audit = AuditLog::from_env().unwrap();
+    daemonset_writes_once_quiet(&s, &audit, audit.mark().unwrap()).await;
+    let before_break = audit.mark().unwrap();
     let rolled_to_8 = consumers(&s).await;
     config_map(
         &s.admin,
@@ -226,12 +245,12 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
         mounted.contains(&second),
         "new node mounts {mounted:?}, not the last good {second}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        consumers(&s).await,
-        rolled_to_8,
-        "a broken config rolled something"
+        daemonset_writes_once_quiet(&s, &audit, before_break).await,
+        Vec::<String>::new(),
+        "a broken config wrote a DaemonSet"
     );
+    assert_eq!(consumers(&s).await, rolled_to_8);
 
     // Fixing it back to the very content that runs: reported as fixed, no roll.
     config_map(
@@ -245,6 +264,7 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
     assert_eq!(consumers(&s).await, rolled_to_8, "identical content rolled");
 
     // Break it again, then fix it with new content: they roll exactly once.
+    let before_second_break = audit.mark().unwrap();
     config_map(
         &s.admin,
         &ns,
@@ -262,7 +282,14 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
     .await;
     let third = await_new_copy(&s, Some(&second)).await;
     s.await_state(State::Ready, "ready after the fix").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = daemonset_writes_once_quiet(&s, &audit, before_second_break).await;
+    for name in [PLUGIN, GFD] {
+        let to_it: Vec<&String> = writes
+            .iter()
+            .filter(|w| w.ends_with(&format!(" {name}")))
+            .collect();
+        assert_eq!(to_it.len(), 1, "one write of {name}: {writes:#?}");
+    }
     let fixed = consumers(&s).await;
     for name in [PLUGIN, GFD] {
         assert_eq!(

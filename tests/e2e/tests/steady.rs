@@ -7,34 +7,16 @@
 
 use std::time::Duration;
 
+use e2e::audit::{self, AuditLog};
 use e2e::nodes;
 use e2e::session::{self, config_map, time_slicing};
 use e2e::steady::{self, GFD_TIMESTAMP};
-use e2e::traffic::{self, TimedLog};
 use gpu_operator::api::State;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const CONFIG: &str = "steady-sharing-config";
-
-/// `gpu_operator_reconciles_total` from the operator's /metrics (plain HTTP/1.0).
-async fn reconciles(port: u16) -> f64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix("gpu_operator_reconciles_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 #[tokio::test]
 async fn a_steady_cluster_with_node_label_churn_gets_no_writes_but_the_lease() {
@@ -55,14 +37,14 @@ async fn a_steady_cluster_with_node_label_churn_gets_no_writes_but_the_lease() {
 
     // Settled: the passes that brought the policy to ready have finished writing. An operator
     // that writes every few seconds never gets here.
-    let log = TimedLog::from_env().unwrap();
+    let log = AuditLog::from_env().unwrap();
     let user = s.identity.username();
     steady::await_quiet(&log, &user, Duration::from_secs(3), Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
 
-    let from = log.offset().unwrap();
-    let passes_before = reconciles(s.operator.metrics_port).await;
+    let from = log.mark().unwrap();
+    let passes_before = s.operator.reconciles().await;
     let gpu_nodes = nodes::gpu_node_names(&s.admin).await.unwrap();
     assert!(!gpu_nodes.is_empty(), "the standard fleet has GPU nodes");
     // Node agents: three rounds of GFD timestamp rewrites on every GPU node.
@@ -82,18 +64,11 @@ async fn a_steady_cluster_with_node_label_churn_gets_no_writes_but_the_lease() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    let passes = reconciles(s.operator.metrics_port).await - passes_before;
-    let events = log.since(from, &user).unwrap();
-    let writes: Vec<String> = traffic::writes_excluding_leases(&events)
+    let passes = s.operator.reconciles().await - passes_before;
+    let events = log.of_user_since(from, &user).unwrap();
+    let writes: Vec<String> = audit::writes_excluding_leases(&events)
         .iter()
-        .map(|e| {
-            format!(
-                "{} {} {}",
-                e.verb,
-                e.resource(),
-                e.name().unwrap_or_default()
-            )
-        })
+        .map(ToString::to_string)
         .collect();
     assert!(
         writes.is_empty(),
@@ -109,7 +84,7 @@ async fn a_steady_cluster_with_node_label_churn_gets_no_writes_but_the_lease() {
     eprintln!(
         "steady: {} requests by the operator ({:?}), {passes} no-op passes, 0 writes",
         events.len(),
-        traffic::by_verb(&events)
+        audit::by_verb(&events)
     );
     s.teardown().await;
 }

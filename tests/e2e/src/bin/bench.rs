@@ -22,11 +22,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use e2e::audit::{self, AuditEvent, AuditLog};
 use e2e::nodes;
-use e2e::operator::OperatorIdentity;
+use e2e::operator::{OperatorIdentity, reconciles};
 use e2e::procstat::{self, ProcStat};
 use e2e::steady::{self, GFD_TIMESTAMP};
-use e2e::traffic::{self, TimedEvent, TimedLog};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -605,23 +605,6 @@ fn start_operator(
     })
 }
 
-/// `gpu_operator_reconciles_total` from the operator's /metrics.
-async fn reconciles(port: u16) -> Option<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("gpu_operator_reconciles_total "))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Applies the ClusterRole `gpu-operator rbac` prints (the chart's) and returns its name.
 async fn generated_cluster_role(admin: &Client, binary: &Path) -> Result<String> {
     let out = Command::new(binary)
@@ -720,7 +703,7 @@ async fn measure_inner(
     identity_out: &mut Option<OperatorIdentity>,
 ) -> Result<()> {
     let ticks = procstat::clock_ticks();
-    let log = TimedLog::from_env()?;
+    let log = AuditLog::from_env()?;
     let role = if o.cluster_admin || cmd.is_some() {
         "cluster-admin".to_string()
     } else {
@@ -786,7 +769,7 @@ async fn measure_inner(
     // 1. Convergence.
     let (seen, watch_task) = watch_daemonsets(admin, &namespace);
     r.load.insert("convergence".into(), loadavg());
-    let mark = log.offset()?;
+    let mark = log.mark()?;
     let t0 = SystemTime::now();
     let object: DynamicObject = serde_json::from_value(policy)?;
     let policies = policy_api(admin);
@@ -831,8 +814,8 @@ async fn measure_inner(
     let s_ready = stat(pid, ticks);
     r.memory.ready_rss_mib = round1(s_ready.rss_mib());
     r.cpu.convergence_s = s_ready.cpu_seconds - s_idle.cpu_seconds;
-    let events = log.since(mark, &user)?;
-    let label_patches: Vec<&TimedEvent> = events
+    let events = log.of_user_since(mark, &user)?;
+    let label_patches: Vec<&AuditEvent> = events
         .iter()
         .filter(|e| e.verb == "patch" && e.resource() == "nodes")
         .collect();
@@ -841,8 +824,8 @@ async fn measure_inner(
         .iter()
         .map(|e| secs_since(t0, e.completed()))
         .reduce(f64::max);
-    r.convergence.writes = traffic::writes_excluding_leases(&events).len() as u64;
-    r.convergence.requests = traffic::by_verb_and_resource(&events);
+    r.convergence.writes = audit::writes_excluding_leases(&events).len() as u64;
+    r.convergence.requests = audit::by_verb_and_resource(&events);
 
     // 2. Steady: once the operator has stopped writing, a window with the GFD label churn.
     let settle = steady::await_quiet(
@@ -860,7 +843,7 @@ async fn measure_inner(
         Some(p) => reconciles(p).await,
         None => None,
     };
-    let mark = log.offset()?;
+    let mark = log.mark()?;
     let window = Instant::now();
     r.steady.label_rewrites =
         steady::rewrite_label_spread(admin, gpu_names, GFD_TIMESTAMP, o.steady).await?;
@@ -871,36 +854,26 @@ async fn measure_inner(
     r.memory.steady_rss_mib = round1(s_steady.rss_mib());
     // Entries are written when a request completes: give the last ones a moment.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let events: Vec<TimedEvent> = log
-        .since(mark, &user)?
+    let events: Vec<AuditEvent> = log
+        .of_user_since(mark, &user)?
         .into_iter()
         .filter(|e| e.completed() <= SystemTime::now())
         .collect();
-    let writes = traffic::writes_excluding_leases(&events);
+    let writes = audit::writes_excluding_leases(&events);
     r.steady.writes_excluding_lease = writes.len() as u64;
-    r.steady.write_details = writes
-        .iter()
-        .map(|e| {
-            format!(
-                "{} {} {}",
-                e.verb,
-                e.resource(),
-                e.name().unwrap_or_default()
-            )
-        })
-        .collect();
+    r.steady.write_details = writes.iter().map(ToString::to_string).collect();
     r.steady.lease_writes = events
         .iter()
         .filter(|e| e.is_mutating() && e.is_lease())
         .count() as u64;
     // A watch is logged when it ends: only requests that began in the window count.
     let window_start = SystemTime::now() - window.elapsed();
-    let in_window: Vec<TimedEvent> = events
+    let in_window: Vec<AuditEvent> = events
         .into_iter()
         .filter(|e| e.received() >= window_start)
         .collect();
-    r.steady.requests_by_verb = traffic::by_verb(&in_window);
-    r.steady.requests = traffic::by_verb_and_resource(&in_window);
+    r.steady.requests_by_verb = audit::by_verb(&in_window);
+    r.steady.requests = audit::by_verb_and_resource(&in_window);
     if let (Some(p), Some(before)) = (process.metrics_port, reconciles_before) {
         r.steady.reconciles = reconciles(p).await.map(|after| after - before);
     }
@@ -914,7 +887,7 @@ async fn measure_inner(
 
     // 3. Rollout latency: switch the sharing ConfigMap in the policy, then edit the ConfigMap.
     r.load.insert("rollouts".into(), loadavg());
-    let mark = log.offset()?;
+    let mark = log.mark()?;
     let mut active = CONFIG_A;
     let mut policy_triggers = Vec::new();
     let mut samples = Vec::new();
@@ -979,19 +952,19 @@ async fn measure_inner(
     // Server-side view of the same changes (API server timestamps).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let operator_patches: Vec<SystemTime> = log
-        .since(mark, &user)?
+        .of_user_since(mark, &user)?
         .iter()
         .filter(|e| {
             e.verb == "patch" && e.resource() == "daemonsets" && e.name() == Some(PLUGIN_DS)
         })
-        .map(TimedEvent::completed)
+        .map(AuditEvent::completed)
         .collect();
-    let admin_events = log.since(mark, ADMIN_USER)?;
+    let admin_events = log.of_user_since(mark, ADMIN_USER)?;
     let triggers = |resource: &str, name: &str| -> Vec<SystemTime> {
         admin_events
             .iter()
             .filter(|e| e.verb == "patch" && e.resource() == resource && e.name() == Some(name))
-            .map(TimedEvent::received)
+            .map(AuditEvent::received)
             .collect()
     };
     let policy_received = triggers("clusterpolicies", POLICY);
