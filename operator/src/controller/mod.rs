@@ -461,13 +461,28 @@ async fn publish(
     let event = Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note),
+        note: Some(event_note(note)),
         action: "Reconcile".to_string(),
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
         tracing::warn!(error = %e, "publishing event failed");
     }
+}
+
+/// The API server refuses an Event whose note exceeds 1,024 bytes (a status message listing many
+/// nodes can): cut it on a character boundary and say so. The full text stays in status.
+fn event_note(note: String) -> String {
+    const LIMIT: usize = 1024;
+    const MORE: &str = " ... (cut; full text in the policy's status)";
+    if note.len() <= LIMIT {
+        return note;
+    }
+    let mut end = LIMIT - MORE.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MORE}", &note[..end])
 }
 
 /// Runs the controller until `shutdown` resolves; the pass in flight is finished first.
@@ -594,4 +609,21 @@ pub async fn run(
     watches.abort();
     tracing::info!("controller stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_note_over_the_api_limit_is_cut_on_a_character_boundary() {
+        let short = "DaemonSet nvidia-driver-daemonset: 3/6 pods ready".to_owned();
+        assert_eq!(event_note(short.clone()), short);
+        // 'é' is two bytes: the cut must not split one.
+        let long = "é".repeat(700);
+        let cut = event_note(long);
+        assert!(cut.len() <= 1024, "{} bytes", cut.len());
+        assert!(cut.ends_with("(cut; full text in the policy's status)"));
+        assert!(cut.starts_with("éé"));
+    }
 }
