@@ -355,9 +355,9 @@ pub async fn apply(
         }
     }
     let mut report = applier.report;
-    report.pruned = prune(client, desired, stores, &applier.desired_keys, owner_uid).await?;
+    let operands = prunable(desired);
+    report.pruned = prune(client, &operands, stores, &applier.desired_keys, owner_uid).await?;
     for resource in optional {
-        let operands = prunable(desired);
         prune_dynamic(
             client,
             resource,
@@ -383,12 +383,11 @@ fn prunable(desired: &DesiredState) -> BTreeSet<&'static str> {
 
 async fn prune(
     client: &Client,
-    desired: &DesiredState,
+    operands: &BTreeSet<&'static str>,
     stores: &Stores,
     keep: &BTreeSet<String>,
     owner: Option<&str>,
 ) -> Result<Vec<String>, ApplyError> {
-    let operands = prunable(desired);
     let mut pruned = Vec::new();
     // Old sharing-config copies stay while pods that mount them may still run (decision 4).
     let daemon_sets: Vec<_> = stores.daemon_sets.state();
@@ -410,7 +409,7 @@ async fn prune(
     prune_kind(
         client,
         &stores.deployments,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
@@ -419,25 +418,17 @@ async fn prune(
     prune_kind(
         client,
         &stores.daemon_sets,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
     )
     .await?;
-    prune_kind(
-        client,
-        &stores.services,
-        &operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
+    prune_kind(client, &stores.services, operands, keep, owner, &mut pruned).await?;
     prune_kind(
         client,
         &stores.runtime_classes,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
@@ -446,7 +437,7 @@ async fn prune(
     prune_kind(
         client,
         &stores.config_maps,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
@@ -455,17 +446,17 @@ async fn prune(
     prune_kind(
         client,
         &stores.role_bindings,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
     )
     .await?;
-    prune_kind(client, &stores.roles, &operands, keep, owner, &mut pruned).await?;
+    prune_kind(client, &stores.roles, operands, keep, owner, &mut pruned).await?;
     prune_kind(
         client,
         &stores.cluster_role_bindings,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
@@ -474,7 +465,7 @@ async fn prune(
     prune_kind(
         client,
         &stores.cluster_roles,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,
@@ -483,7 +474,7 @@ async fn prune(
     prune_kind(
         client,
         &stores.service_accounts,
-        &operands,
+        operands,
         keep,
         owner,
         &mut pruned,

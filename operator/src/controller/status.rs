@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{ClusterPolicyStatus, ComponentStatus, State};
 use crate::nodes::NodeView;
-use crate::render::{CONFIG_HASH_ANNOTATION, DesiredState, Operand, Outcome, device_plugin};
+use crate::render::{DesiredState, Operand, Outcome, config_hash, device_plugin};
 
 pub const READY: &str = "Ready";
 pub const ERROR: &str = "Error";
@@ -217,17 +217,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         .daemon_sets
                         .iter()
                         .find(|d| d.metadata.name.as_deref() == Some(name.as_str()));
-                    let hash = rendered_ds.and_then(|d| {
-                        d.spec
-                            .as_ref()?
-                            .template
-                            .metadata
-                            .as_ref()?
-                            .annotations
-                            .as_ref()?
-                            .get(CONFIG_HASH_ANNOTATION)
-                            .cloned()
-                    });
+                    let hash = rendered_ds.and_then(config_hash).map(str::to_owned);
                     // Nodes that carry every label the DaemonSet selects on (the deploy label, and
                     // e.g. mps.capable for the MPS daemon).
                     let selector = rendered_ds.and_then(|d| {

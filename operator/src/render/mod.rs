@@ -50,6 +50,19 @@ pub const OPERAND_LABEL: &str = "nvidia.com/gpu-operator.operand";
 /// Pod-template annotation holding the SHA-256 of the config an operand consumes.
 pub const CONFIG_HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.config-hash";
 
+/// The [`CONFIG_HASH_ANNOTATION`] on a DaemonSet's pod template: the config its pods run with.
+pub fn config_hash(ds: &DaemonSet) -> Option<&str> {
+    ds.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// The objects of one operand, by kind. The applier destructures this without `..`, so a new
 /// kind cannot be added and silently never applied.
 #[derive(Clone, Debug, Default)]

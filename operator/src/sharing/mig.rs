@@ -1113,19 +1113,7 @@ mod tests {
     }
 
     /// Scenario 4's ConfigMap, as published.
-    const SCENARIO_4: &str = r#"version: v1
-mig-configs:
-  inference-7:
-    - devices: [0,1,2,3]
-      mig-enabled: true
-      mig-devices:
-        "1g.5gb": 7
-  training-4:
-    - devices: [4,5,6,7]
-      mig-enabled: true
-      mig-devices:
-        "2g.10gb": 4
-"#;
+    const SCENARIO_4: &str = include_str!("../../tests/fixtures/scenario-4-mig-config.yaml");
 
     /// The fake fleet's products (tests/e2e/src/nodes.rs) with their gpu.count.
     const FLEET: [(&str, &str); 6] = [

@@ -44,6 +44,38 @@ pub fn policies(client: &Client) -> Api<ClusterPolicy> {
     Api::all(client.clone())
 }
 
+/// Waits until policy `name` reports `want` for its current generation (a status written
+/// before the last patch does not count).
+pub async fn await_policy_state(
+    client: &Client,
+    name: &str,
+    want: State,
+    what: &str,
+) -> anyhow::Result<ClusterPolicy> {
+    let api = policies(client);
+    wait::until(TIMEOUT, what, || {
+        let api = api.clone();
+        async move {
+            let p = api.get(name).await?;
+            let state = p.status.as_ref().map(|s| s.state);
+            let observed = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .and_then(|c| c.observed_generation);
+            Ok(
+                if state == Some(want) && observed >= p.metadata.generation {
+                    Ok(p)
+                } else {
+                    Err(format!("{:?}", p.status))
+                },
+            )
+        }
+    })
+    .await
+}
+
 pub async fn create_policy(client: &Client, name: &str, spec: serde_json::Value) {
     let policy: ClusterPolicy = serde_json::from_value(json!({
         "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
@@ -126,32 +158,9 @@ impl Setup {
     }
 
     pub async fn await_state(&self, want: State, what: &str) -> ClusterPolicy {
-        let api = policies(&self.admin);
-        let name = self.policy.clone();
-        let result = wait::until(TIMEOUT, what, || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let p = api.get(&name).await?;
-                let state = p.status.as_ref().map(|s| s.state);
-                // The status must describe the policy as it is now, not before a patch.
-                let observed = p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                    .and_then(|c| c.observed_generation);
-                Ok(
-                    if state == Some(want) && observed >= p.metadata.generation {
-                        Ok(p)
-                    } else {
-                        Err(format!("{:?}", p.status))
-                    },
-                )
-            }
-        })
-        .await;
-        result.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
+        await_policy_state(&self.admin, &self.policy, want, what)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
     }
 
     /// metadata.generation of every operand DaemonSet, by name.

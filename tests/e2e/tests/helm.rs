@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 use e2e::audit::AuditLog;
 use e2e::cluster::{pinned_version, unique_name};
 use e2e::operator::{Operator, OperatorIdentity};
-use e2e::{nodes, wait};
+use e2e::{nodes, session, wait};
 use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;
 use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, State};
 use gpu_operator::crd_upgrade::{CRD_VERSION_ANNOTATION, OPERATOR_VERSION};
+use gpu_operator::render::config_hash;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -43,7 +44,6 @@ const OPERATOR_ACCOUNT: &str = "gpu-operator";
 /// Label of the namespaces these tests install into, to find a failed run's leftovers.
 const TEST_LABEL: &str = "gpu-operator.test/helm";
 const CRD_NAME: &str = "clusterpolicies.nvidia.com";
-const CONFIG_HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.config-hash";
 const MANAGED_BY_OPERATOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -582,41 +582,9 @@ async fn await_log(operator: &Operator, text: &str) {
 
 /// Waits until the policy is `ready` for its current generation.
 async fn await_ready(admin: &Client, operator: &Operator, what: &str) -> ClusterPolicy {
-    let api = policies(admin);
-    let result = wait::until(TIMEOUT, what, || {
-        let api = api.clone();
-        async move {
-            let p = api.get(POLICY).await?;
-            let state = p.status.as_ref().map(|s| s.state);
-            let observed = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                .and_then(|c| c.observed_generation);
-            Ok(
-                if state == Some(State::Ready) && observed >= p.metadata.generation {
-                    Ok(p)
-                } else {
-                    Err(format!("{:?}", p.status))
-                },
-            )
-        }
-    })
-    .await;
-    result.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()))
-}
-
-fn config_hash(ds: &DaemonSet) -> Option<String> {
-    ds.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(CONFIG_HASH_ANNOTATION)
-        .cloned()
+    session::await_policy_state(admin, POLICY, State::Ready, what)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()))
 }
 
 /// Whether a RollingUpdate DaemonSet finished rolling out its current template.
@@ -794,7 +762,7 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
             TIMEOUT,
             &format!("{consumer} rolled with the new config"),
             || {
-                let (ds, old) = (ds.clone(), old.clone());
+                let ds = ds.clone();
                 async move {
                     let now = ds.get(consumer).await?;
                     let hash = config_hash(&now);

@@ -191,7 +191,14 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
 
     // Break the YAML: reported, nothing rolls.
     let audit = AuditLog::from_env().unwrap();
-    daemonset_writes_once_quiet(&s, &audit, audit.mark().unwrap()).await;
+    steady::await_quiet(
+        &audit,
+        &s.identity.username(),
+        Duration::from_secs(2),
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
     let before_break = audit.mark().unwrap();
     let rolled_to_8 = consumers(&s).await;
     config_map(
@@ -359,19 +366,8 @@ async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
 }
 
 /// Scenario 4 of USER-SCENARIOS.md, as published.
-const SCENARIO_4: &str = r#"version: v1
-mig-configs:
-  inference-7:
-    - devices: [0,1,2,3]
-      mig-enabled: true
-      mig-devices:
-        "1g.5gb": 7
-  training-4:
-    - devices: [4,5,6,7]
-      mig-enabled: true
-      mig-devices:
-        "2g.10gb": 4
-"#;
+const SCENARIO_4: &str =
+    include_str!("../../../operator/tests/fixtures/scenario-4-mig-config.yaml");
 
 #[tokio::test]
 async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {

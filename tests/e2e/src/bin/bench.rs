@@ -28,6 +28,7 @@ use e2e::operator::{OperatorIdentity, reconciles};
 use e2e::procstat::{self, ProcStat};
 use e2e::steady::{self, GFD_TIMESTAMP};
 use futures::StreamExt;
+use gpu_operator::render::config_hash;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -39,7 +40,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 const PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
-const HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.config-hash";
 const POLICY: &str = "bench-policy";
 const CONFIG_A: &str = "bench-sharing-a";
 const CONFIG_B: &str = "bench-sharing-b";
@@ -511,12 +511,7 @@ fn watch_daemonsets(
                 let generation = ds.metadata.generation.unwrap_or(0);
                 if name == PLUGIN_DS && generation != s.plugin_generation {
                     s.plugin_generation = generation;
-                    s.plugin_hash = ds
-                        .spec
-                        .as_ref()
-                        .and_then(|sp| sp.template.metadata.as_ref())
-                        .and_then(|m| m.annotations.as_ref())
-                        .and_then(|a| a.get(HASH_ANNOTATION).cloned());
+                    s.plugin_hash = config_hash(&ds).map(str::to_owned);
                     s.plugin_changed_at = Some(now);
                 }
             });
