@@ -202,6 +202,14 @@ pub fn writes_excluding_leases(events: &[AuditEvent]) -> Vec<&AuditEvent> {
         .collect()
 }
 
+/// [`writes_excluding_leases`] as `verb resource name` lines, for reports and assertion messages.
+pub fn described_writes(events: &[AuditEvent]) -> Vec<String> {
+    writes_excluding_leases(events)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// The audit username of a ServiceAccount.
 pub fn service_account_user(namespace: &str, name: &str) -> String {
     format!("system:serviceaccount:{namespace}:{name}")
@@ -243,11 +251,7 @@ mod tests {
         assert_eq!(events.len(), 2, "the half-written line is left for later");
         assert_eq!(by_verb(&events)["patch"], 1);
         assert_eq!(by_verb_and_resource(&events)["update leases"], 1);
-        let writes = writes_excluding_leases(&events);
-        assert_eq!(
-            writes.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            ["patch nodes n1"]
-        );
+        assert_eq!(described_writes(&events), ["patch nodes n1"]);
         assert_eq!(log.since(Mark(0)).unwrap().len(), 3);
         std::fs::remove_file(path).unwrap();
     }

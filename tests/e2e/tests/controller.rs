@@ -332,10 +332,7 @@ async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_le
     .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let events = log.of_user_since(mark, &s.identity.username()).unwrap();
-    let writes: Vec<String> = audit::writes_excluding_leases(&events)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let writes = audit::described_writes(&events);
     assert!(
         writes.is_empty(),
         "writes after restart: {writes:#?}\n{}",

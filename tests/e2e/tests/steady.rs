@@ -66,10 +66,7 @@ async fn a_steady_cluster_with_node_label_churn_gets_no_writes_but_the_lease() {
 
     let passes = s.operator.reconciles().await - passes_before;
     let events = log.of_user_since(from, &user).unwrap();
-    let writes: Vec<String> = audit::writes_excluding_leases(&events)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let writes = audit::described_writes(&events);
     assert!(
         writes.is_empty(),
         "steady writes: {writes:#?}\noperator log:\n{}",

@@ -854,9 +854,8 @@ async fn measure_inner(
         .into_iter()
         .filter(|e| e.completed() <= SystemTime::now())
         .collect();
-    let writes = audit::writes_excluding_leases(&events);
-    r.steady.writes_excluding_lease = writes.len() as u64;
-    r.steady.write_details = writes.iter().map(ToString::to_string).collect();
+    r.steady.write_details = audit::described_writes(&events);
+    r.steady.writes_excluding_lease = r.steady.write_details.len() as u64;
     r.steady.lease_writes = events
         .iter()
         .filter(|e| e.is_mutating() && e.is_lease())
@@ -885,9 +884,7 @@ async fn measure_inner(
     let mark = log.mark()?;
     let mut active = CONFIG_A;
     let mut policy_triggers = Vec::new();
-    let mut samples = Vec::new();
-    let mut hashes_changed = true;
-    let mut timeouts = 0;
+    let mut series = Series::new();
     for _ in 0..o.changes {
         let next = if active == CONFIG_A {
             CONFIG_B
@@ -905,22 +902,15 @@ async fn measure_inner(
         .await?;
         active = next;
         policy_triggers.push(outcome.sent);
-        match outcome.latency {
-            Some(l) => samples.push(l),
-            None => timeouts += 1,
-        }
-        hashes_changed &= outcome.hash_changed;
-        anyhow::ensure!(timeouts < 3, "3 policy patches rolled nothing within 30 s");
+        series.record(&outcome, "policy patches")?;
         tokio::time::sleep(o.pause).await;
     }
-    r.policy_patch = latency(samples, timeouts, hashes_changed);
+    r.policy_patch = series.latency();
     eprintln!(
         "bench: policy patch -> template: median {:?} ms, p95 {:?} ms",
         r.policy_patch.median_ms, r.policy_patch.p95_ms
     );
-    let mut samples = Vec::new();
-    let mut hashes_changed = true;
-    let mut timeouts = 0;
+    let mut series = Series::new();
     for i in 0..o.changes {
         let cm = config_map(&namespace, active, 10 + i as u32);
         let patch = json!({"data": cm.data});
@@ -931,15 +921,10 @@ async fn measure_inner(
                 .map(|_| ())
         })
         .await?;
-        match outcome.latency {
-            Some(l) => samples.push(l),
-            None => timeouts += 1,
-        }
-        hashes_changed &= outcome.hash_changed;
-        anyhow::ensure!(timeouts < 3, "3 ConfigMap edits rolled nothing within 30 s");
+        series.record(&outcome, "ConfigMap edits")?;
         tokio::time::sleep(o.pause).await;
     }
-    r.configmap_edit = latency(samples, timeouts, hashes_changed);
+    r.configmap_edit = series.latency();
     eprintln!(
         "bench: ConfigMap edit -> template: median {:?} ms, p95 {:?} ms",
         r.configmap_edit.median_ms, r.configmap_edit.p95_ms
@@ -1021,6 +1006,38 @@ struct ChangeOutcome {
     sent: SystemTime,
     latency: Option<f64>,
     hash_changed: bool,
+}
+
+/// The outcomes of a series of changes of one kind.
+struct Series {
+    samples: Vec<f64>,
+    timeouts: usize,
+    hashes_changed: bool,
+}
+
+impl Series {
+    fn new() -> Self {
+        Series {
+            samples: Vec::new(),
+            timeouts: 0,
+            hashes_changed: true,
+        }
+    }
+
+    /// Records one change; the third that rolled nothing ends the run (`what` names the kind).
+    fn record(&mut self, outcome: &ChangeOutcome, what: &str) -> Result<()> {
+        match outcome.latency {
+            Some(l) => self.samples.push(l),
+            None => self.timeouts += 1,
+        }
+        self.hashes_changed &= outcome.hash_changed;
+        anyhow::ensure!(self.timeouts < 3, "3 {what} rolled nothing within 30 s");
+        Ok(())
+    }
+
+    fn latency(self) -> Latency {
+        latency(self.samples, self.timeouts, self.hashes_changed)
+    }
 }
 
 /// Sends one change and waits (30 s at most) until the device-plugin DaemonSet's generation
