@@ -26,6 +26,59 @@ pub(crate) fn quantity_map(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A label or annotation key: an optional DNS-subdomain prefix and `/`, then a name of at most
+/// 63 characters that starts and ends with a letter or digit (Kubernetes' qualified name).
+const QUALIFIED_NAME_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+
+/// A label value: empty, or at most 63 characters that start and end with a letter or digit.
+const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
+/// Most entries a label or annotation map may hold: a bound the CEL cost estimate needs, far
+/// above what operand objects carry.
+const MAX_METADATA_ENTRIES: u32 = 64;
+
+/// The CEL rule that rejects, at admission, a map key the API server would refuse on every
+/// object rendered from it (decision 15), naming the first offending key.
+fn qualified_keys_rule(what: &str) -> serde_json::Value {
+    let valid = format!(
+        "(k.matches(r'{QUALIFIED_NAME_PATTERN}') && (!k.contains('/') || k.indexOf('/') <= 253))"
+    );
+    serde_json::json!({
+        "rule": format!("self.all(k, {valid})"),
+        "messageExpression": format!(
+            "'{what} key ' + self.filter(k, !{valid})[0] + ' is not a valid Kubernetes key: \
+             an optional DNS prefix of at most 253 characters and /, then a name of at most 63 \
+             letters, digits, -, _ or . that starts and ends with a letter or digit'"
+        ),
+        "reason": "FieldValueInvalid"
+    })
+}
+
+/// Schema of a label map: keys and values the API server accepts as labels, checked at
+/// admission instead of failing every object the operator renders from them.
+pub(crate) fn label_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_METADATA_ENTRIES,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": LABEL_VALUE_PATTERN
+        },
+        "x-kubernetes-validations": [qualified_keys_rule("label")]
+    })
+}
+
+/// Schema of an annotation map: keys the API server accepts (values are free text).
+pub(crate) fn annotation_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_METADATA_ENTRIES,
+        "additionalProperties": {"type": "string"},
+        "x-kubernetes-validations": [qualified_keys_rule("annotation")]
+    })
+}
+
 /// Schema of a free-form object whose content the API server stores as written.
 pub(crate) fn free_form_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{ConfigMapName, ContainerOverrides, EnvVar, ImageSpec, enabled_or};
+use super::common::{
+    ConfigMapName, ContainerOverrides, EnvVar, ImageSpec, annotation_map, enabled_or, label_map,
+};
 
 /// The NVIDIA Container Toolkit (DaemonSet nvidia-container-toolkit-daemonset).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -135,13 +137,16 @@ pub struct DcgmExporterSpec {
     pub image: ImageSpec,
     /// Extra annotations for the exporter's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "annotation_map")]
     pub pod_annotations: Option<BTreeMap<String, String>>,
     /// Extra labels for the exporter's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "label_map")]
     pub pod_labels: Option<BTreeMap<String, String>>,
     /// Extra annotations for the exporter's pods (the spelling some NVIDIA releases document;
     /// merged with podAnnotations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "annotation_map")]
     pub annotations: Option<BTreeMap<String, String>>,
     /// Resources, arguments and environment of the exporter container.
     #[serde(flatten)]

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use super::common::{ImageSpec, enabled_or};
+use super::common::{ImageSpec, annotation_map, enabled_or, label_map};
 
 /// Schema of `daemonsets.rollingUpdate.maxUnavailable`: a positive integer, or a percentage
 /// between 1% and 100%, given as a number or a string (NVIDIA's CRD takes only strings).
@@ -54,9 +54,11 @@ pub struct OperatorSpec {
     pub init_container: Option<InitContainerSpec>,
     /// Labels for the objects the operator creates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "label_map")]
     pub labels: Option<BTreeMap<String, String>>,
     /// Annotations for the objects the operator creates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "annotation_map")]
     pub annotations: Option<BTreeMap<String, String>>,
     /// On OpenShift, build the driver with the Driver Toolkit image. On when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,9 +101,11 @@ pub struct DaemonsetsSpec {
     /// Labels added to every operand DaemonSet and its pods (app and
     /// app.kubernetes.io/part-of are reserved and ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "label_map")]
     pub labels: Option<BTreeMap<String, String>>,
     /// Annotations added to every operand DaemonSet and its pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "annotation_map")]
     pub annotations: Option<BTreeMap<String, String>>,
     /// Tolerations of every operand pod. A non-empty list replaces the default, which tolerates
     /// the nvidia.com/gpu taint (operator Exists, effect NoSchedule).

@@ -1,9 +1,11 @@
 //! Apply stage (IO): server-side apply of the desired objects with one field manager, in a
-//! fixed order, skipping every object whose live form already holds each field we set
-//! (decision 9); then pruning of owned objects that were not rendered, per operand, only for
-//! operands that rendered or were disabled (never for invalid ones, decision 8).
+//! fixed order, sending only the objects [`plan`](super::plan) says differ from what we last
+//! sent or lost a field we set (decision 9); then pruning of owned objects that were not
+//! rendered, per operand, only for operands that rendered or were disabled (never for invalid
+//! ones, decision 8). An object the API server refuses freezes its operand (reported, kept out
+//! of pruning) and the other operands go on (decision 18).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -19,9 +21,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::plan::{self, APPLIED_HASH_ANNOTATION, Ledger, Live, Plan, Rejection};
 use super::stores::Stores;
 use crate::render::device_plugin::{self, CONFIG_COPY_LABEL};
-use crate::render::{DesiredState, MANAGER, OPERAND_LABEL, OperandObjects, Outcome};
+use crate::render::{DesiredState, MANAGER, OPERAND_LABEL, Operand, OperandObjects, Outcome};
 use crate::render::{gfd, mps};
 
 #[derive(Debug, thiserror::Error)]
@@ -55,65 +58,53 @@ pub enum ApplyError {
     },
 }
 
-/// What one apply pass did, for logs, metrics and tests.
+/// What one apply pass did, for logs, status, metrics and tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ApplyReport {
+    /// Objects sent this pass.
     pub applied: Vec<String>,
     pub unchanged: usize,
+    /// Objects whose last write the cache has not shown yet (not sent again).
+    pub awaiting_cache: Vec<String>,
     pub pruned: Vec<String>,
+    /// Operands frozen because the API server refused one of their objects.
+    pub rejected: BTreeMap<Operand, Rejection>,
 }
 
-/// Whether every field set in `desired` has the same value in `live`. Maps are compared key by
-/// key (live may have more: server defaults, other managers); lists element by element and
-/// must have the same length (a list we set is ours as a whole). A zero value we set (`""`,
-/// `false`, `0`, empty list or map) matches an absent field: the API server omits them.
-pub fn is_subset(desired: &Value, live: &Value) -> bool {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => d.iter().all(|(k, dv)| match l.get(k) {
-            Some(lv) => is_subset(dv, lv),
-            None => is_zero(dv),
-        }),
-        (Value::Array(d), Value::Array(l)) => {
-            d.len() == l.len() && d.iter().zip(l).all(|(dv, lv)| is_subset(dv, lv))
-        }
-        // An empty map or list we set and the server dropped is equal to absent.
-        (Value::Null, _) => true,
-        (d, l) => d == l,
+/// Why one operand's objects could not all be applied.
+enum OperandFailure {
+    /// The API server refused an object: the operand is frozen, the pass goes on.
+    Rejected(Rejection),
+    /// Anything else (the API unreachable, throttled, a conflict): the pass fails and is retried.
+    Failed(ApplyError),
+}
+
+impl From<ApplyError> for OperandFailure {
+    fn from(e: ApplyError) -> Self {
+        OperandFailure::Failed(e)
     }
 }
 
-fn is_zero(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::Bool(b) => !b,
-        Value::Number(n) => n.as_f64() == Some(0.0),
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.values().all(is_zero),
+/// Whether an API error means the object itself is refused (invalid, forbidden, unknown kind),
+/// which sending it again cannot fix, rather than a transient failure.
+fn rejection(object: String, error: &kube::Error) -> Option<Rejection> {
+    let kube::Error::Api(status) = error else {
+        return None;
+    };
+    let transient = [408, 409, 429].contains(&status.code);
+    if !(400..500).contains(&status.code) || transient {
+        return None;
     }
-}
-
-/// The JSON path of the first field of `desired` that `live` does not hold (for debug logs:
-/// an object that is re-applied on every pass shows why here).
-pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, dv)| match l.get(k) {
-            Some(lv) => first_difference(dv, lv, &format!("{path}.{k}")),
-            None if is_zero(dv) => None,
-            None => Some(format!("{path}.{k} (absent live)")),
-        }),
-        (Value::Array(d), Value::Array(l)) if d.len() == l.len() => d
-            .iter()
-            .zip(l)
-            .enumerate()
-            .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]"))),
-        (Value::Array(d), Value::Array(l)) => {
-            Some(format!("{path} (length {} vs {} live)", d.len(), l.len()))
-        }
-        (Value::Null, _) => None,
-        (d, l) if d == l => None,
-        (d, l) => Some(format!("{path}: {d} vs {l} live")),
-    }
+    let field = status
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.iter().find(|c| !c.field.is_empty()))
+        .map(|c| c.field.clone());
+    Some(Rejection {
+        object,
+        field,
+        message: status.message.clone(),
+    })
 }
 
 /// The fields of `desired` to compare: everything but status and the metadata the server owns.
@@ -185,59 +176,134 @@ fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
 struct Applier<'a> {
     client: &'a Client,
     params: PatchParams,
+    ledger: &'a mut Ledger,
     report: ApplyReport,
     desired_keys: BTreeSet<String>,
 }
 
+/// A rendered object as it is sent: with [`APPLIED_HASH_ANNOTATION`] set to the hash of the
+/// rendering, and its JSON form for the comparison. The hash is taken over the JSON value, whose
+/// maps are sorted, so typed and dynamic objects hash alike.
+fn annotated<K: Resource + Serialize + Clone>(
+    rendered: &K,
+    kind: &'static str,
+) -> Result<(K, String, Value), ApplyError> {
+    let serialize = |source| ApplyError::Serialize {
+        kind,
+        name: rendered.meta().name.clone().unwrap_or_default(),
+        source,
+    };
+    let hash = plan::applied_hash(&serde_json::to_value(rendered).map_err(serialize)?)
+        .map_err(serialize)?;
+    let mut sent = rendered.clone();
+    sent.meta_mut()
+        .annotations
+        .get_or_insert_default()
+        .insert(APPLIED_HASH_ANNOTATION.to_owned(), hash.clone());
+    let desired = comparable(&sent).map_err(serialize)?;
+    Ok((sent, hash, desired))
+}
+
 impl Applier<'_> {
-    async fn apply<K>(&mut self, objects: &[K], live: &Store<K>) -> Result<(), ApplyError>
+    /// Sends `sent` when the plan says so, recording the outcome in the ledger.
+    #[allow(clippy::too_many_arguments)]
+    async fn apply_one<K>(
+        &mut self,
+        api: &Api<K>,
+        key: String,
+        kind: &'static str,
+        sent: &K,
+        hash: &str,
+        desired: &Value,
+        live: Option<Live<'_>>,
+    ) -> Result<(), OperandFailure>
+    where
+        K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    {
+        let reason = match plan::plan(self.ledger, &key, hash, desired, live) {
+            Plan::Unchanged => {
+                self.report.unchanged += 1;
+                return Ok(());
+            }
+            Plan::AwaitingCache => {
+                self.report.awaiting_cache.push(key);
+                return Ok(());
+            }
+            Plan::StillRejected(rejection) => return Err(OperandFailure::Rejected(rejection)),
+            Plan::Apply(reason) => reason,
+        };
+        let name = sent.meta().name.clone().unwrap_or_default();
+        tracing::debug!(object = %key, difference = %reason, "applying");
+        let before = live.and_then(|l| l.resource_version);
+        match api.patch(&name, &self.params, &Patch::Apply(sent)).await {
+            Ok(answer) => {
+                self.ledger
+                    .written(&key, hash, before, answer.meta().resource_version.clone());
+                self.report.applied.push(key);
+                Ok(())
+            }
+            Err(source) => {
+                let object = match sent.meta().namespace.as_deref() {
+                    Some(ns) => format!("{kind} {ns}/{name}"),
+                    None => format!("{kind} {name}"),
+                };
+                match rejection(object, &source) {
+                    Some(rejection) => {
+                        tracing::warn!(object = %key, %rejection, "object rejected; its operand is frozen");
+                        self.ledger.rejected(&key, hash, rejection.clone());
+                        Err(OperandFailure::Rejected(rejection))
+                    }
+                    None => Err(OperandFailure::Failed(ApplyError::Apply {
+                        kind,
+                        name,
+                        source,
+                    })),
+                }
+            }
+        }
+    }
+
+    async fn apply<K>(&mut self, objects: &[K], live: &Store<K>) -> Result<(), OperandFailure>
     where
         K: ScopedApi + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static,
     {
         for obj in objects {
             let name = obj.name_any();
             let kind = kind_name::<K>();
-            self.desired_keys.insert(key(obj));
+            let key = key(obj);
+            self.desired_keys.insert(key.clone());
             let mut object_ref = ObjectRef::<K>::new(&name);
             if let Some(ns) = obj.namespace() {
                 object_ref = object_ref.within(&ns);
             }
-            let desired = comparable(obj).map_err(|source| ApplyError::Serialize {
-                kind,
-                name: name.clone(),
-                source,
-            })?;
-            if let Some(current) = live.get(&object_ref) {
-                let current = serde_json::to_value(current.as_ref()).map_err(|source| {
-                    ApplyError::Serialize {
-                        kind,
-                        name: name.clone(),
-                        source,
-                    }
-                })?;
-                if is_subset(&desired, &current) {
-                    self.report.unchanged += 1;
-                    continue;
-                }
-                tracing::debug!(kind, name = %name, difference = ?first_difference(&desired, &current, ""), "live object differs");
-            }
-            let api = K::api(self.client, obj.namespace().as_deref());
-            api.patch(&name, &self.params, &Patch::Apply(obj))
-                .await
-                .map_err(|source| ApplyError::Apply {
+            let (sent, hash, desired) = annotated(obj, kind)?;
+            let current = live.get(&object_ref);
+            let current_value = current
+                .as_ref()
+                .map(|c| serde_json::to_value(c.as_ref()))
+                .transpose()
+                .map_err(|source| ApplyError::Serialize {
                     kind,
                     name: name.clone(),
                     source,
                 })?;
-            self.report.applied.push(key(obj));
+            let live = current
+                .as_ref()
+                .zip(current_value.as_ref())
+                .map(|(c, v)| Live {
+                    object: v,
+                    resource_version: c.meta().resource_version.as_deref(),
+                });
+            let api = K::api(self.client, obj.namespace().as_deref());
+            self.apply_one(&api, key, kind, &sent, &hash, &desired, live)
+                .await?;
         }
         Ok(())
     }
 
-    /// Objects of optional APIs without a store (ServiceMonitor, SCC): read one by one and
-    /// applied only when the live object lacks a field we set, like the stored kinds (a read
-    /// per object and pass, but no write when nothing changed).
-    async fn apply_dynamic(&mut self, objects: &[DynamicObject]) -> Result<(), ApplyError> {
+    /// Objects of optional APIs without a store (ServiceMonitor, SCC): read one by one (a read
+    /// per object and pass, but no write when nothing changed), then planned like the others.
+    async fn apply_dynamic(&mut self, objects: &[DynamicObject]) -> Result<(), OperandFailure> {
         for obj in objects {
             let Some(types) = obj.types.clone() else {
                 continue;
@@ -249,41 +315,49 @@ impl Applier<'_> {
             let gvk = kube::core::GroupVersionKind::gvk(group, version, &types.kind);
             let resource = api_resource(&gvk);
             let name = obj.name_any();
-            self.desired_keys.insert(format!(
+            let key = format!(
                 "{}/{}/{}",
                 types.kind,
                 obj.namespace().unwrap_or_default(),
                 name
-            ));
+            );
+            self.desired_keys.insert(key.clone());
             let api: Api<DynamicObject> = match obj.namespace() {
                 Some(ns) => Api::namespaced_with(self.client.clone(), &ns, &resource),
                 None => Api::all_with(self.client.clone(), &resource),
             };
-            let apply_error = |source| ApplyError::Apply {
-                kind: "dynamic",
-                name: name.clone(),
-                source,
-            };
-            if let Some(live) = api.get_opt(&name).await.map_err(apply_error)? {
-                let desired = comparable(obj).map_err(|source| ApplyError::Serialize {
-                    kind: "dynamic",
-                    name: name.clone(),
-                    source,
-                })?;
-                let live = comparable(&live).map_err(|source| ApplyError::Serialize {
-                    kind: "dynamic",
-                    name: name.clone(),
-                    source,
-                })?;
-                if is_subset(&desired, &live) {
-                    self.report.unchanged += 1;
-                    continue;
-                }
-            }
-            api.patch(&name, &self.params, &Patch::Apply(obj))
+            let (sent, hash, desired) = annotated(obj, "dynamic")?;
+            let current = api
+                .get_opt(&name)
                 .await
-                .map_err(apply_error)?;
-            self.report.applied.push(format!("{}/{name}", types.kind));
+                .map_err(|source| ApplyError::Apply {
+                    kind: "dynamic",
+                    name: name.clone(),
+                    source,
+                })?;
+            let current_value = current
+                .as_ref()
+                .map(comparable)
+                .transpose()
+                .map_err(|source| ApplyError::Serialize {
+                    kind: "dynamic",
+                    name: name.clone(),
+                    source,
+                })?;
+            let live = current
+                .as_ref()
+                .zip(current_value.as_ref())
+                .map(|(c, v)| Live {
+                    object: v,
+                    resource_version: c.metadata.resource_version.as_deref(),
+                });
+            let kind = match types.kind.as_str() {
+                "ServiceMonitor" => "ServiceMonitor",
+                "SecurityContextConstraints" => "SecurityContextConstraints",
+                _ => "object",
+            };
+            self.apply_one(&api, key, kind, &sent, &hash, &desired, live)
+                .await?;
         }
         Ok(())
     }
@@ -292,7 +366,7 @@ impl Applier<'_> {
         &mut self,
         objects: &OperandObjects,
         stores: &Stores,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<(), OperandFailure> {
         // Destructured without `..`: a new kind in OperandObjects must be applied here.
         let OperandObjects {
             service_accounts,
@@ -334,49 +408,70 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
 
 /// Applies every rendered operand in order, then prunes. `owner_uid` is the active policy's
 /// UID: only objects it owns are pruned. `optional` are the store-less kinds (ServiceMonitor,
-/// SCC) this cluster serves, whose leftovers are found by listing. Stops at the first error
-/// (the reconcile retries with backoff).
+/// SCC) this cluster serves, whose leftovers are found by listing. An operand with a refused
+/// object is frozen and reported; any other failure stops the pass (the reconcile retries
+/// with backoff).
 pub async fn apply(
     client: &Client,
     desired: &DesiredState,
     stores: &Stores,
+    ledger: &mut Ledger,
     owner_uid: Option<&str>,
     optional: &[ApiResource],
 ) -> Result<ApplyReport, ApplyError> {
     let mut applier = Applier {
         client,
         params: PatchParams::apply(MANAGER).force(),
+        ledger,
         report: ApplyReport::default(),
         desired_keys: BTreeSet::new(),
     };
     for state in &desired.operands {
         if let Outcome::Rendered(objects) = &state.outcome {
-            applier.apply_operand(objects, stores).await?;
+            match applier.apply_operand(objects, stores).await {
+                Ok(()) => {}
+                Err(OperandFailure::Rejected(rejection)) => {
+                    applier.report.rejected.insert(state.operand, rejection);
+                }
+                Err(OperandFailure::Failed(e)) => return Err(e),
+            }
         }
     }
-    let mut report = applier.report;
-    let operands = prunable(desired);
-    report.pruned = prune(client, &operands, stores, &applier.desired_keys, owner_uid).await?;
+    let Applier {
+        mut report,
+        desired_keys,
+        ledger,
+        ..
+    } = applier;
+    let operands = prunable(desired, &report.rejected);
+    report.pruned = prune(client, &operands, stores, &desired_keys, owner_uid).await?;
     for resource in optional {
         prune_dynamic(
             client,
             resource,
             &operands,
-            &applier.desired_keys,
+            &desired_keys,
             owner_uid,
             &mut report.pruned,
         )
         .await?;
     }
+    for key in &report.pruned {
+        ledger.forget(key);
+    }
     Ok(report)
 }
 
-/// Names of operands whose leftovers may be pruned: rendered or disabled ones.
-fn prunable(desired: &DesiredState) -> BTreeSet<&'static str> {
+/// Names of operands whose leftovers may be pruned: rendered or disabled ones, except those
+/// frozen by a refused object (their last good objects stay).
+fn prunable(
+    desired: &DesiredState,
+    rejected: &BTreeMap<Operand, Rejection>,
+) -> BTreeSet<&'static str> {
     desired
         .operands
         .iter()
-        .filter(|s| !matches!(s.outcome, Outcome::Invalid(_)))
+        .filter(|s| !matches!(s.outcome, Outcome::Invalid(_)) && !rejected.contains_key(&s.operand))
         .map(|s| s.operand.name())
         .collect()
 }
@@ -718,46 +813,5 @@ mod tests {
         let monitor =
             kube::core::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
         assert_eq!(api_resource(&monitor).plural, "servicemonitors");
-    }
-
-    #[test]
-    fn server_defaults_and_foreign_fields_do_not_count_as_differences() {
-        let desired =
-            json!({"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}});
-        let live = json!({"spec": {"revisionHistoryLimit": 10, "template": {"spec": {"containers": [
-            {"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}]}}}});
-        assert!(is_subset(&desired, &live));
-    }
-
-    #[test]
-    fn a_changed_value_or_a_missing_field_is_a_difference() {
-        let desired = json!({"metadata": {"labels": {"a": "1"}}, "data": {"k": "v"}});
-        assert!(!is_subset(
-            &desired,
-            &json!({"metadata": {"labels": {"a": "2"}}, "data": {"k": "v"}})
-        ));
-        assert!(!is_subset(
-            &desired,
-            &json!({"metadata": {"labels": {}}, "data": {"k": "v"}})
-        ));
-    }
-
-    #[test]
-    fn zero_values_the_server_omits_match_absent_fields() {
-        let desired = json!({"env": [{"name": "A", "value": ""}], "hostNetwork": false, "x": {}});
-        assert!(is_subset(&desired, &json!({"env": [{"name": "A"}]})));
-        assert!(!is_subset(
-            &json!({"env": [{"name": "A", "value": "1"}]}),
-            &json!({"env": [{"name": "A"}]})
-        ));
-    }
-
-    #[test]
-    fn lists_must_match_element_by_element() {
-        let desired = json!({"args": ["a", "b"]});
-        assert!(is_subset(&desired, &json!({"args": ["a", "b"]})));
-        assert!(!is_subset(&desired, &json!({"args": ["a"]})));
-        assert!(!is_subset(&desired, &json!({"args": ["a", "b", "c"]})));
-        assert!(!is_subset(&desired, &json!({"args": ["b", "a"]})));
     }
 }

@@ -59,6 +59,19 @@ impl Attempts {
         }
     }
 
+    /// How many of `nodes` (a snapshot) were patched at exactly the version the snapshot shows:
+    /// writes of ours the snapshot does not reflect.
+    pub fn in_flight(&self, nodes: &[NodeView]) -> usize {
+        nodes
+            .iter()
+            .filter(|n| self.at_version.get(&n.name) == Some(&n.resource_version))
+            .count()
+    }
+
+    fn settled(&mut self, node: &NodeView) {
+        self.at_version.remove(&node.name);
+    }
+
     fn record(&mut self, node: &NodeView) {
         self.at_version
             .insert(node.name.clone(), node.resource_version.clone());
@@ -149,6 +162,10 @@ pub async fn label_nodes(
         let gone_for = loss.lock().ok().and_then(|mut l| l.observe(node, now));
         let changes = changes_for(node, gone_for, grace, mig_default_layout);
         if changes.is_empty() {
+            // The cache shows the labels this node needs: nothing of ours is in flight for it.
+            if let Ok(mut a) = attempts.lock() {
+                a.settled(node);
+            }
             continue;
         }
         if attempts.lock().is_ok_and(|mut a| a.pending(node)) {

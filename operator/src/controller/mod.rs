@@ -14,10 +14,17 @@
 //!   reported; the others proceed (decision 8). Resolve errors prune nothing.
 //! - No timer while steady: a pass requeues only while something is not ready, or when a node's
 //!   vanished GPU label reaches its grace period.
+//! - A policy being deleted gets no writes at all, not even status (decision 17): garbage
+//!   collection removes its operands, and re-applying them meanwhile would start and kill
+//!   driver pods on every GPU node. While the oldest policy is being deleted, no policy is
+//!   active.
 
 mod apply;
 mod labeller;
 mod namespace;
+mod plan;
+#[cfg(test)]
+mod plan_tests;
 mod resolve;
 pub mod status;
 pub mod stores;
@@ -38,7 +45,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-pub use apply::is_subset;
+pub use plan::{APPLIED_HASH_ANNOTATION, is_subset};
 use resolve::{Discovered, Resolver};
 use stores::Stores;
 
@@ -101,8 +108,23 @@ pub struct Context {
     resolver: Resolver,
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
+    ledger: Mutex<plan::Ledger>,
     recorder: Recorder,
     metrics: Metrics,
+}
+
+fn is_deleting(policy: &ClusterPolicy) -> bool {
+    policy.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether `policy` is still in the cache and not being deleted: a pass that started before a
+/// deletion request stops before it writes.
+fn still_in_force(ctx: &Context, policy: &ClusterPolicy) -> bool {
+    let key = kube::runtime::reflector::ObjectRef::new(&policy.name_any());
+    ctx.policies
+        .get(&key)
+        .and_then(|guard| guard.0.as_ref().ok().cloned())
+        .is_some_and(|live| live.metadata.uid == policy.metadata.uid && !is_deleting(&live))
 }
 
 /// The policy that is in force: the oldest decodable one, name breaking ties.
@@ -206,6 +228,9 @@ async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
     Some(text)
 }
 
+/// How soon a pass that wrote something looks again if no watch event comes first.
+const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
+
 /// When a policy wants to be looked at again without a watch event: `None` waits for one.
 type Requeue = Option<Duration>;
 
@@ -225,9 +250,16 @@ async fn reconcile(
     let name = policy.name_any();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
 
+    if is_deleting(policy) {
+        return Ok(None);
+    }
     let Some(active) = active_policy(&ctx.policies) else {
         return Ok(None);
     };
+    if is_deleting(&active) {
+        // Its operands are being collected; the next policy takes over once it is gone.
+        return Ok(None);
+    }
     if active.name_any() != name {
         let status = status::ignored(
             &active.name_any(),
@@ -272,6 +304,9 @@ async fn report_failure(
     error: &Error,
     now: Time,
 ) -> Result<(), Error> {
+    if !still_in_force(ctx, policy) {
+        return Ok(());
+    }
     let mut status = policy.status.clone().unwrap_or_default();
     let failed = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
@@ -284,6 +319,9 @@ async fn report_failure(
         config_problems: &BTreeMap::new(),
         notes: &[],
         diagnoses: &BTreeMap::new(),
+        rejected: &BTreeMap::new(),
+        unsettled: &[],
+        labels_in_flight: 0,
         previous: policy.status.as_ref(),
         now,
     });
@@ -325,6 +363,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     )
     .await
     .map_err(Error::Labels)?;
+    let labels_in_flight = ctx
+        .label_attempts
+        .lock()
+        .map(|a| a.in_flight(&nodes))
+        .unwrap_or_default();
 
     // Privileged operand pods need a namespace that admits them (Pod Security).
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
@@ -349,22 +392,44 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     validated.invalid.extend(resolved.problems);
     let desired = render::render(&validated, &resolved.facts);
 
+    if !still_in_force(ctx, policy) {
+        return Ok(None);
+    }
     // With NVIDIA's operator live, stand aside: report, change nothing (decision 14).
+    let mut report = apply::ApplyReport::default();
     if ctx.resolver.discovered.nvidia_operator.is_none() {
         let owner_uid = policy.meta().uid.clone();
         let optional = ctx.resolver.discovered.optional_kinds();
-        let report = apply::apply(
+        // One pass at a time: the ledger is taken for the pass and put back, also on failure.
+        let mut ledger = ctx
+            .ledger
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default();
+        let applied = apply::apply(
             &ctx.client,
             &desired,
             &ctx.stores,
+            &mut ledger,
             owner_uid.as_deref(),
             &optional,
         )
-        .await?;
+        .await;
+        if let Ok(mut l) = ctx.ledger.lock() {
+            *l = ledger;
+        }
+        report = applied?;
         if !report.applied.is_empty() || !report.pruned.is_empty() {
             tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
         }
     }
+    let unsettled: Vec<String> = report
+        .applied
+        .iter()
+        .chain(&report.pruned)
+        .chain(&report.awaiting_cache)
+        .cloned()
+        .collect();
 
     let daemon_sets: BTreeMap<String, DaemonSet> = ctx
         .stores
@@ -407,6 +472,9 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         config_problems: &resolved.config_problems,
         notes: &notes,
         diagnoses: &diagnoses,
+        rejected: &report.rejected,
+        unsettled: &unsettled,
+        labels_in_flight,
         previous: policy.status.as_ref(),
         now,
     });
@@ -420,6 +488,9 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             .count(),
     );
     let previous_state = policy.status.as_ref().map(|s| s.state);
+    if !still_in_force(ctx, policy) {
+        return Ok(None);
+    }
     if status::differs(policy.status.as_ref(), &status) {
         patch_status(&ctx.client, policy, &status).await?;
     }
@@ -431,8 +502,16 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             .find(|c| c.type_ == status::READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        let (kind, reason) = match status.state {
-            State::Ready => (EventType::Normal, "Ready"),
+        // A policy that has never been ready is progressing, not failing: a warning then only
+        // for what a user must fix.
+        let error = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == status::ERROR && c.status == "True");
+        let (kind, reason) = match (status.state, previous_state) {
+            (State::Ready, _) => (EventType::Normal, "Ready"),
+            (_, None) if !error => (EventType::Normal, "Progressing"),
             _ => (EventType::Warning, "NotReady"),
         };
         publish(ctx, policy, kind, reason, message).await;
@@ -443,12 +522,16 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     let invalid = desired
         .operands
         .iter()
-        .any(|s| matches!(s.outcome, Outcome::Invalid(_)));
+        .any(|s| matches!(s.outcome, Outcome::Invalid(_)))
+        || !report.rejected.is_empty();
     let not_ready =
         (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
+    // Our own writes wake the next pass through the watches; a write the API server found
+    // identical wakes nothing, so look again shortly.
+    let unsettled = (!unsettled.is_empty() || labels_in_flight > 0).then_some(UNSETTLED_REQUEUE);
     let grace = label_deadline
         .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
-    Ok(not_ready.into_iter().chain(grace).min())
+    Ok(not_ready.into_iter().chain(grace).chain(unsettled).min())
 }
 
 async fn publish(
@@ -539,6 +622,7 @@ pub async fn run(
         policies,
         label_loss: Mutex::default(),
         label_attempts: Mutex::default(),
+        ledger: Mutex::default(),
         metrics,
     };
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::plan::Rejection;
 use crate::api::{ClusterPolicyStatus, ComponentStatus, State};
 use crate::nodes::NodeView;
 use crate::render::{DesiredState, Operand, Outcome, config_hash, device_plugin};
@@ -21,6 +22,7 @@ pub mod reason {
     pub const OPERAND_NOT_READY: &str = "OperandNotReady";
     pub const RECONCILE_FAILED: &str = "ReconcileFailed";
     pub const INVALID_CONFIG: &str = "InvalidConfig";
+    pub const OBJECT_REJECTED: &str = "ObjectRejected";
     pub const IGNORED: &str = "Ignored";
     pub const NO_ERROR: &str = "NoError";
 }
@@ -42,6 +44,15 @@ pub struct StatusInputs<'a> {
     pub notes: &'a [String],
     /// Per DaemonSet, a diagnosis of pods that are missing or not ready (from on-demand reads).
     pub diagnoses: &'a BTreeMap<String, String>,
+    /// Operands frozen because the API server refused one of their objects.
+    pub rejected: &'a BTreeMap<Operand, Rejection>,
+    /// Objects (`Kind/namespace/name`) this pass wrote or deleted, or wrote earlier without the
+    /// cache showing it yet: the caches do not show their outcome, so nothing about them is
+    /// ready yet.
+    pub unsettled: &'a [String],
+    /// GPU nodes whose label patch the node cache has not shown yet: until it does, the
+    /// labelled-node counts are not the truth.
+    pub labels_in_flight: usize,
     pub previous: Option<&'a ClusterPolicyStatus>,
     pub now: Time,
 }
@@ -56,7 +67,8 @@ struct Readiness {
 /// Decision 11 for a DaemonSet: RollingUpdate is ready when the observed generation caught up
 /// and updated = available = desired; OnDelete (the driver) when available = desired, with old
 /// pods reported as an upgrade pending. `labelled` is the number of GPU nodes labelled for the
-/// operand (`None` for operands without a deploy label).
+/// operand (`None` for operands without a deploy label, or while node label writes of ours have
+/// not reached the cache, when the count would blame the DaemonSet for our own lag).
 fn daemonset_readiness(ds: &DaemonSet, labelled: Option<i32>) -> (ComponentCounts, Readiness) {
     let status = ds.status.clone().unwrap_or_default();
     let counts = ComponentCounts {
@@ -172,6 +184,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
     let mut components = Vec::new();
     let mut not_ready = Vec::new();
     let mut invalid = Vec::new();
+    let mut frozen = Vec::new();
 
     for state in &inputs.desired.operands {
         let operand = state.operand;
@@ -182,6 +195,13 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                 .filter(|n| n.is_gpu_node() && n.runs(operand))
                 .count() as i32
         });
+        let rejected = inputs.rejected.get(&operand);
+        if let Some(rejection) = rejected {
+            frozen.push(format!(
+                "{}: {rejection}; its live objects are kept as they were",
+                operand.name()
+            ));
+        }
         match &state.outcome {
             Outcome::Disabled => {}
             Outcome::Invalid(message) => {
@@ -230,6 +250,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                             .clone()
                     });
                     let labelled = match (labelled, selector) {
+                        _ if inputs.labels_in_flight > 0 => None,
                         (Some(_), Some(selector)) => Some(
                             inputs
                                 .nodes
@@ -258,6 +279,23 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                     });
                     if let Some(diagnosis) = inputs.diagnoses.get(&name) {
                         readiness.message.push_str(&format!(" ({diagnosis})"));
+                    }
+                    let kind = if is_daemonset {
+                        "DaemonSet"
+                    } else {
+                        "Deployment"
+                    };
+                    let key = format!("{kind}/{}/{name}", inputs.namespace);
+                    if inputs.unsettled.contains(&key) {
+                        readiness.ready = false;
+                        readiness.message = format!(
+                            "change applied, not yet observed by the {kind} controller; was: {}",
+                            readiness.message
+                        );
+                    }
+                    if let Some(rejection) = rejected {
+                        readiness.ready = false;
+                        readiness.message = format!("frozen: {rejection}; {}", readiness.message);
                     }
                     // The sharing config in effect, and the rollout towards it.
                     if let Some((copy, default_key)) =
@@ -298,6 +336,8 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         (false, reason::RECONCILE_FAILED, inputs.failures.join("; "))
     } else if !invalid.is_empty() {
         (false, reason::INVALID_CONFIG, invalid.join("; "))
+    } else if !frozen.is_empty() {
+        (false, reason::OBJECT_REJECTED, frozen.join("; "))
     } else if nfd_nodes == 0 && gpu_nodes == 0 {
         let has_nfd = inputs.nodes.iter().any(|n| {
             n.labels
@@ -313,8 +353,27 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                 "no node carries NFD labels: is node-feature-discovery running?".to_string(),
             )
         }
+    } else if inputs.labels_in_flight > 0 {
+        (
+            false,
+            reason::OPERAND_NOT_READY,
+            format!(
+                "labelling GPU nodes: {} node label writes not yet observed",
+                inputs.labels_in_flight
+            ),
+        )
     } else if !not_ready.is_empty() {
         (false, reason::OPERAND_NOT_READY, not_ready.join("; "))
+    } else if !inputs.unsettled.is_empty() {
+        (
+            false,
+            reason::OPERAND_NOT_READY,
+            format!(
+                "applying: {} objects written or deleted, not yet observed ({})",
+                inputs.unsettled.len(),
+                first_few(inputs.unsettled, 5)
+            ),
+        )
     } else {
         let mut m = format!("all operands ready on {gpu_nodes} GPU nodes");
         for note in inputs.notes {
@@ -323,7 +382,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         }
         (true, reason::READY, m)
     };
-    let error = !inputs.failures.is_empty() || !invalid.is_empty();
+    let error = !inputs.failures.is_empty() || !invalid.is_empty() || !frozen.is_empty();
     let conditions = vec![
         condition(
             READY,
@@ -350,6 +409,20 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         conditions: Some(conditions),
         components: Some(components),
     }
+}
+
+/// `items` joined with commas, cut after `shown` with the number left out.
+fn first_few(items: &[String], shown: usize) -> String {
+    let mut text = items
+        .iter()
+        .take(shown)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > shown {
+        text.push_str(&format!(" and {} more", items.len() - shown));
+    }
+    text
 }
 
 /// One component per workload: the operand's name, or the workload's name when an operand has

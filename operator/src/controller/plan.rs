@@ -1,0 +1,423 @@
+//! Apply stage, planning (pure): for one rendered object and what the cache shows of it, whether
+//! to send it (decision 9).
+//!
+//! An object is skipped only when what we would send is what we last sent *and* every field we
+//! set still holds our value. The first half is a SHA-256 of the rendered object, stored on it
+//! as [`APPLIED_HASH_ANNOTATION`]: a field we stop rendering changes the hash, so the apply that
+//! follows removes it (server-side apply drops fields our manager owned and no longer sends).
+//! The second half is a structural subset test of the rendered object against the live one,
+//! which undoes a hand edit of a field we set and leaves alone what others added.
+//!
+//! A [`Ledger`] remembers, per object, the last write and its outcome, so that a cache that has
+//! not caught up with our own write does not make us send the same object again, and an object
+//! the API server refused is not resent until its rendering changes.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::render::common::sha256_hex;
+
+/// Annotation on every applied object: the SHA-256 of the object as rendered (before the
+/// annotation was added). Equal hashes mean equal renderings, whichever operator version made
+/// them, so an upgrade that renders the same objects rolls nothing.
+pub const APPLIED_HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.applied-hash";
+
+/// The stable hash of a rendered object: SHA-256 of its JSON form (a `serde_json::Value` keeps
+/// its maps sorted), so equal objects give equal hashes.
+pub fn applied_hash(rendered: &Value) -> Result<String, serde_json::Error> {
+    Ok(sha256_hex(&serde_json::to_vec(rendered)?))
+}
+
+/// Whether every field set in `desired` has the same value in `live`. Maps are compared key by
+/// key (live may have more: server defaults, other managers). Lists of objects that all carry a
+/// unique key (`mountPath`, `devicePath`, `uid` or `name`, as server-side apply merges them) are
+/// matched by that key, and live may hold more elements (a container or variable another
+/// manager added is theirs); other lists are ours as a whole and must match element by element.
+/// A zero value we set (`""`, `false`, `0`, empty list or map) matches an absent field: the API
+/// server omits them.
+pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    first_difference(desired, live, "").is_none()
+}
+
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_zero),
+    }
+}
+
+/// The merge key of a list whose elements server-side apply merges one by one: the first of the
+/// usual keys that every element of `desired` carries, with no value twice.
+fn merge_key(desired: &[Value]) -> Option<&'static str> {
+    const KEYS: [&str; 4] = ["mountPath", "devicePath", "uid", "name"];
+    KEYS.into_iter().find(|key| {
+        let mut seen = std::collections::BTreeSet::new();
+        desired.iter().all(|e| {
+            e.get(key)
+                .and_then(Value::as_str)
+                .is_some_and(|v| seen.insert(v))
+        })
+    })
+}
+
+/// The JSON path of the first field of `desired` that `live` does not hold, by the rules of
+/// [`is_subset`] (also for logs: an object that is re-applied on every pass shows why here).
+pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, dv)| match l.get(k) {
+            Some(lv) => first_difference(dv, lv, &format!("{path}.{k}")),
+            None if is_zero(dv) => None,
+            None => Some(format!("{path}.{k} (absent live)")),
+        }),
+        (Value::Array(d), Value::Array(l)) => match merge_key(d) {
+            Some(key) if !d.is_empty() => d.iter().find_map(|dv| {
+                let id = dv.get(key).and_then(Value::as_str).unwrap_or_default();
+                let element = format!("{path}[{key}={id}]");
+                match l
+                    .iter()
+                    .find(|lv| lv.get(key).and_then(Value::as_str) == Some(id))
+                {
+                    Some(lv) => first_difference(dv, lv, &element),
+                    None => Some(format!("{element} (absent live)")),
+                }
+            }),
+            _ if d.len() == l.len() => d
+                .iter()
+                .zip(l)
+                .enumerate()
+                .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]"))),
+            _ => Some(format!("{path} (length {} vs {} live)", d.len(), l.len())),
+        },
+        // An empty value we set and the server dropped is equal to absent.
+        (d, Value::Null) if is_zero(d) => None,
+        (Value::Null, _) => None,
+        (d, l) if d == l => None,
+        (d, l) => Some(format!("{path}: {d} vs {l} live")),
+    }
+}
+
+/// What the cache shows of one object.
+#[derive(Clone, Copy, Debug)]
+pub struct Live<'a> {
+    pub object: &'a Value,
+    pub resource_version: Option<&'a str>,
+}
+
+/// Why the API server refused an object: its operand is frozen until the rendering changes
+/// (decision 18).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// `Kind namespace/name` or `Kind name`.
+    pub object: String,
+    /// The field the API server named (`spec.template.spec.containers[0].resources.requests`),
+    /// when it named one.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} was rejected by the API server", self.object)?;
+        if let Some(field) = &self.field {
+            write!(f, " at field {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// What the last apply of one object did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Entry {
+    /// Sent with this hash; the cache showed `before` then, the API server answered `after`.
+    Written {
+        hash: String,
+        before: Option<String>,
+        after: Option<String>,
+    },
+    /// Refused with this hash.
+    Rejected { hash: String, rejection: Rejection },
+}
+
+/// The outcome of every object's last write, by object key, kept between passes.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Ledger {
+    pub fn written(&mut self, key: &str, hash: &str, before: Option<&str>, after: Option<String>) {
+        self.entries.insert(
+            key.to_owned(),
+            Entry::Written {
+                hash: hash.to_owned(),
+                before: before.map(str::to_owned),
+                after,
+            },
+        );
+    }
+
+    pub fn rejected(&mut self, key: &str, hash: &str, rejection: Rejection) {
+        self.entries.insert(
+            key.to_owned(),
+            Entry::Rejected {
+                hash: hash.to_owned(),
+                rejection,
+            },
+        );
+    }
+
+    /// Forgets an object that is gone (pruned).
+    pub fn forget(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+}
+
+/// What to do with one rendered object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The live object is what we last sent and holds every field we set.
+    Unchanged,
+    /// We sent exactly this rendering and the cache has not shown the result yet.
+    AwaitingCache,
+    /// The API server refused exactly this rendering before; not sent again.
+    StillRejected(Rejection),
+    /// Send it; the reason is for the log.
+    Apply(String),
+}
+
+/// Decides for one object. `desired` is the rendered object with its hash annotation, as it
+/// would be sent; `hash` that annotation's value; `key` the object's ledger key.
+pub fn plan(
+    ledger: &Ledger,
+    key: &str,
+    hash: &str,
+    desired: &Value,
+    live: Option<Live<'_>>,
+) -> Plan {
+    let live_version = live.and_then(|l| l.resource_version);
+    match ledger.entries.get(key) {
+        Some(Entry::Rejected {
+            hash: refused,
+            rejection,
+        }) if refused == hash => return Plan::StillRejected(rejection.clone()),
+        Some(Entry::Written {
+            hash: sent,
+            before,
+            after,
+        }) if sent == hash => {
+            // The cache shows the answer to our last write of this very rendering: whatever a
+            // subset test says (a value the server normalised), sending it again changes nothing.
+            if after.is_some() && live_version == after.as_deref() {
+                return Plan::Unchanged;
+            }
+            if before != after && live_version == before.as_deref() {
+                return Plan::AwaitingCache;
+            }
+        }
+        _ => {}
+    }
+    match live {
+        None => Plan::Apply("absent".to_owned()),
+        Some(live) => match first_difference(desired, live.object, "") {
+            None => Plan::Unchanged,
+            Some(path) => Plan::Apply(path),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn live(object: &Value, version: &'static str) -> Option<Live<'static>> {
+        // Leaked for the test's lifetime only: keeps the call sites short.
+        let object: &'static Value = Box::leak(Box::new(object.clone()));
+        Some(Live {
+            object,
+            resource_version: Some(version),
+        })
+    }
+
+    #[test]
+    fn server_defaults_and_foreign_fields_do_not_count_as_differences() {
+        let desired =
+            json!({"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}});
+        let live = json!({"spec": {"revisionHistoryLimit": 10, "template": {"spec": {"containers": [
+            {"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}]}}}});
+        assert!(is_subset(&desired, &live));
+    }
+
+    #[test]
+    fn a_changed_value_or_a_missing_field_is_a_difference() {
+        let desired = json!({"metadata": {"labels": {"a": "1"}}, "data": {"k": "v"}});
+        assert!(!is_subset(
+            &desired,
+            &json!({"metadata": {"labels": {"a": "2"}}, "data": {"k": "v"}})
+        ));
+        assert!(!is_subset(
+            &desired,
+            &json!({"metadata": {"labels": {}}, "data": {"k": "v"}})
+        ));
+    }
+
+    #[test]
+    fn zero_values_the_server_omits_match_absent_fields() {
+        let desired = json!({"env": [{"name": "A", "value": ""}], "hostNetwork": false, "x": {}});
+        assert!(is_subset(&desired, &json!({"env": [{"name": "A"}]})));
+        assert!(!is_subset(
+            &json!({"env": [{"name": "A", "value": "1"}]}),
+            &json!({"env": [{"name": "A"}]})
+        ));
+    }
+
+    #[test]
+    fn lists_without_a_merge_key_must_match_element_by_element() {
+        let desired = json!({"args": ["a", "b"]});
+        assert!(is_subset(&desired, &json!({"args": ["a", "b"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["a"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["a", "b", "c"]})));
+        assert!(!is_subset(&desired, &json!({"args": ["b", "a"]})));
+        let tolerations = json!({"tolerations": [{"key": "a", "operator": "Exists"}]});
+        assert!(!is_subset(
+            &tolerations,
+            &json!({"tolerations": [{"key": "a", "operator": "Exists"}, {"key": "b"}]})
+        ));
+    }
+
+    #[test]
+    fn keyed_lists_match_by_key_and_leave_other_managers_elements_alone() {
+        let desired = json!({"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]});
+        // Another manager appended C: not ours, not a difference.
+        assert!(is_subset(
+            &desired,
+            &json!({"env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"},
+                {"name": "C", "value": "3"}]})
+        ));
+        // One of ours edited or removed: a difference, named by key.
+        assert_eq!(
+            first_difference(
+                &desired,
+                &json!({"env": [{"name": "A", "value": "9"}, {"name": "B", "value": "2"}]}),
+                ""
+            ),
+            Some(r#".env[name=A].value: "1" vs "9" live"#.to_owned())
+        );
+        assert_eq!(
+            first_difference(&desired, &json!({"env": [{"name": "A", "value": "1"}]}), ""),
+            Some(".env[name=B] (absent live)".to_owned())
+        );
+    }
+
+    #[test]
+    fn mounts_of_one_volume_at_two_paths_are_keyed_by_path() {
+        let desired = json!({"volumeMounts": [{"name": "v", "mountPath": "/a"},
+            {"name": "v", "mountPath": "/b", "subPath": "x"}]});
+        assert!(is_subset(
+            &desired,
+            &json!({"volumeMounts": [{"name": "v", "mountPath": "/b", "subPath": "x"},
+                {"name": "v", "mountPath": "/a"}]})
+        ));
+        assert!(!is_subset(
+            &desired,
+            &json!({"volumeMounts": [{"name": "v", "mountPath": "/a"},
+                {"name": "v", "mountPath": "/b"}]})
+        ));
+    }
+
+    #[test]
+    fn the_hash_changes_exactly_when_the_rendering_does() {
+        let a = json!({"spec": {"hostNetwork": true}});
+        let b = json!({"spec": {}});
+        assert_eq!(applied_hash(&a).unwrap(), applied_hash(&a.clone()).unwrap());
+        assert_ne!(applied_hash(&a).unwrap(), applied_hash(&b).unwrap());
+        assert_eq!(applied_hash(&a).unwrap().len(), 64);
+    }
+
+    fn annotated(hash: &str, spec: Value) -> Value {
+        json!({"metadata": {"annotations": {APPLIED_HASH_ANNOTATION: hash}}, "spec": spec})
+    }
+
+    #[test]
+    fn a_field_we_stop_rendering_is_applied_although_desired_is_a_subset_of_live() {
+        let ledger = Ledger::default();
+        let before = annotated("h1", json!({"hostNetwork": true, "x": 1}));
+        let after = annotated("h2", json!({"x": 1}));
+        // The subset test alone would skip it: hostNetwork is extra in live.
+        assert!(is_subset(&json!({"spec": {"x": 1}}), &before));
+        assert!(matches!(
+            plan(&ledger, "k", "h2", &after, live(&before, "1")),
+            Plan::Apply(_)
+        ));
+        assert_eq!(
+            plan(&ledger, "k", "h1", &before, live(&before, "1")),
+            Plan::Unchanged
+        );
+    }
+
+    #[test]
+    fn our_own_write_not_yet_in_the_cache_is_not_sent_twice() {
+        let mut ledger = Ledger::default();
+        let old = annotated("h1", json!({"x": 1}));
+        let new = annotated("h2", json!({"x": 2}));
+        ledger.written("k", "h2", Some("1"), Some("2".to_owned()));
+        assert_eq!(
+            plan(&ledger, "k", "h2", &new, live(&old, "1")),
+            Plan::AwaitingCache
+        );
+        // The cache caught up.
+        assert_eq!(
+            plan(&ledger, "k", "h2", &new, live(&new, "2")),
+            Plan::Unchanged
+        );
+        // Someone edited it after our write: judged on its content again.
+        let edited = annotated("h2", json!({"x": 3}));
+        assert!(matches!(
+            plan(&ledger, "k", "h2", &new, live(&edited, "3")),
+            Plan::Apply(_)
+        ));
+        // A create not yet in the cache.
+        ledger.written("c", "h9", None, Some("5".to_owned()));
+        assert_eq!(plan(&ledger, "c", "h9", &new, None), Plan::AwaitingCache);
+    }
+
+    #[test]
+    fn a_write_the_server_found_identical_is_not_repeated() {
+        // The server normalised a value (e.g. a quantity), so the subset test never agrees;
+        // the write changed nothing (same resourceVersion) and is not sent again.
+        let mut ledger = Ledger::default();
+        let sent = annotated("h1", json!({"cpu": "1000m"}));
+        let stored = annotated("h1", json!({"cpu": "1"}));
+        ledger.written("k", "h1", Some("7"), Some("7".to_owned()));
+        assert_eq!(
+            plan(&ledger, "k", "h1", &sent, live(&stored, "7")),
+            Plan::Unchanged
+        );
+    }
+
+    #[test]
+    fn a_rejected_rendering_is_not_resent_until_it_changes() {
+        let mut ledger = Ledger::default();
+        let rejection = Rejection {
+            object: "DaemonSet gpu-operator/nvidia-dcgm-exporter".into(),
+            field: Some("spec.template.spec.containers[0].resources.requests".into()),
+            message: "must be less than or equal to cpu limit".into(),
+        };
+        ledger.rejected("k", "h1", rejection.clone());
+        let desired = annotated("h1", json!({}));
+        assert_eq!(
+            plan(&ledger, "k", "h1", &desired, None),
+            Plan::StillRejected(rejection)
+        );
+        assert!(matches!(
+            plan(&ledger, "k", "h2", &annotated("h2", json!({})), None),
+            Plan::Apply(_)
+        ));
+    }
+}
