@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -220,7 +221,7 @@ impl Applier<'_> {
     where
         K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     {
-        let reason = match plan::plan(self.ledger, &key, hash, desired, live) {
+        let reason = match plan::plan(self.ledger, &key, hash, desired, live, Instant::now()) {
             Plan::Unchanged => {
                 self.report.unchanged += 1;
                 return Ok(());
@@ -237,8 +238,13 @@ impl Applier<'_> {
         let before = live.and_then(|l| l.resource_version);
         match api.patch(&name, &self.params, &Patch::Apply(sent)).await {
             Ok(answer) => {
-                self.ledger
-                    .written(&key, hash, before, answer.meta().resource_version.clone());
+                self.ledger.written(
+                    &key,
+                    hash,
+                    before,
+                    answer.meta().resource_version.clone(),
+                    Instant::now(),
+                );
                 self.report.applied.push(key);
                 Ok(())
             }

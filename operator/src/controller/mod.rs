@@ -29,7 +29,7 @@ mod resolve;
 pub mod status;
 pub mod stores;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -109,6 +109,8 @@ pub struct Context {
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
     ledger: Mutex<plan::Ledger>,
+    /// Since when each DaemonSet's pod count has differed from its labelled nodes.
+    mismatch_since: Mutex<BTreeMap<String, Instant>>,
     recorder: Recorder,
     metrics: Metrics,
 }
@@ -228,6 +230,27 @@ async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
     Some(text)
 }
 
+/// How long a DaemonSet's pod count may differ from its labelled nodes before status names the
+/// usual causes: the DaemonSet controller follows label changes within moments.
+const MISMATCH_GRACE: Duration = Duration::from_secs(10);
+
+/// Records which DaemonSets differ from their labelled nodes now and returns those that have
+/// differed for longer than [`MISMATCH_GRACE`].
+fn lasting_mismatches(ctx: &Context, now_mismatched: &BTreeSet<String>) -> BTreeSet<String> {
+    let Ok(mut since) = ctx.mismatch_since.lock() else {
+        return BTreeSet::new();
+    };
+    let now = Instant::now();
+    since.retain(|name, _| now_mismatched.contains(name));
+    now_mismatched
+        .iter()
+        .filter(|name| {
+            now.duration_since(*since.entry((*name).clone()).or_insert(now)) >= MISMATCH_GRACE
+        })
+        .cloned()
+        .collect()
+}
+
 /// How soon a pass that wrote something looks again if no watch event comes first.
 const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
 
@@ -322,6 +345,7 @@ async fn report_failure(
         rejected: &BTreeMap::new(),
         unsettled: &[],
         labels_in_flight: 0,
+        explained: &BTreeSet::new(),
         previous: policy.status.as_ref(),
         now,
     });
@@ -461,6 +485,8 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             c.spec_key()
         )
     }));
+    let mismatched = status::label_mismatches(&desired, &daemon_sets, &nodes);
+    let explained = lasting_mismatches(ctx, &mismatched);
     let status = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
         namespace: &ctx.settings.namespace,
@@ -475,6 +501,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         rejected: &report.rejected,
         unsettled: &unsettled,
         labels_in_flight,
+        explained: &explained,
         previous: policy.status.as_ref(),
         now,
     });
@@ -531,7 +558,14 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     let unsettled = (!unsettled.is_empty() || labels_in_flight > 0).then_some(UNSETTLED_REQUEUE);
     let grace = label_deadline
         .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
-    Ok(not_ready.into_iter().chain(grace).chain(unsettled).min())
+    // A difference not yet explained is looked at again when it would be.
+    let unexplained = (mismatched.len() > explained.len()).then_some(MISMATCH_GRACE);
+    Ok(not_ready
+        .into_iter()
+        .chain(grace)
+        .chain(unsettled)
+        .chain(unexplained)
+        .min())
 }
 
 async fn publish(
@@ -623,6 +657,7 @@ pub async fn run(
         label_loss: Mutex::default(),
         label_attempts: Mutex::default(),
         ledger: Mutex::default(),
+        mismatch_since: Mutex::default(),
         metrics,
     };
 

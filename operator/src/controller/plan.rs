@@ -13,6 +13,7 @@
 //! the API server refused is not resent until its rendering changes.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -133,11 +134,14 @@ impl std::fmt::Display for Rejection {
 /// What the last apply of one object did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Entry {
-    /// Sent with this hash; the cache showed `before` then, the API server answered `after`.
+    /// Sent with this hash at `at`; the cache showed `before` then, the API server answered
+    /// `after`. Once the cache shows anything but `before`, `before` is set to `after`:
+    /// nothing is on its way any more.
     Written {
         hash: String,
         before: Option<String>,
         after: Option<String>,
+        at: Instant,
     },
     /// Refused with this hash.
     Rejected { hash: String, rejection: Rejection },
@@ -150,13 +154,21 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn written(&mut self, key: &str, hash: &str, before: Option<&str>, after: Option<String>) {
+    pub fn written(
+        &mut self,
+        key: &str,
+        hash: &str,
+        before: Option<&str>,
+        after: Option<String>,
+        at: Instant,
+    ) {
         self.entries.insert(
             key.to_owned(),
             Entry::Written {
                 hash: hash.to_owned(),
                 before: before.map(str::to_owned),
                 after,
+                at,
             },
         );
     }
@@ -190,17 +202,23 @@ pub enum Plan {
     Apply(String),
 }
 
+/// How long a write of ours may stay out of the cache before the object is judged on what the
+/// cache shows again (a watch that skipped our version, e.g. an object deleted right after).
+const CACHE_LAG_LIMIT: Duration = Duration::from_secs(5);
+
 /// Decides for one object. `desired` is the rendered object with its hash annotation, as it
-/// would be sent; `hash` that annotation's value; `key` the object's ledger key.
+/// would be sent; `hash` that annotation's value; `key` the object's ledger key. Notes in the
+/// ledger when the cache has caught up with our last write.
 pub fn plan(
-    ledger: &Ledger,
+    ledger: &mut Ledger,
     key: &str,
     hash: &str,
     desired: &Value,
     live: Option<Live<'_>>,
+    now: Instant,
 ) -> Plan {
     let live_version = live.and_then(|l| l.resource_version);
-    match ledger.entries.get(key) {
+    match ledger.entries.get_mut(key) {
         Some(Entry::Rejected {
             hash: refused,
             rejection,
@@ -209,13 +227,18 @@ pub fn plan(
             hash: sent,
             before,
             after,
+            at,
         }) if sent == hash => {
             // The cache shows the answer to our last write of this very rendering: whatever a
             // subset test says (a value the server normalised), sending it again changes nothing.
             if after.is_some() && live_version == after.as_deref() {
+                before.clone_from(after);
                 return Plan::Unchanged;
             }
-            if before != after && live_version == before.as_deref() {
+            if live_version != before.as_deref() {
+                // The cache moved past the state our write started from: it is not on its way.
+                before.clone_from(after);
+            } else if before != after && now.saturating_duration_since(*at) < CACHE_LAG_LIMIT {
                 return Plan::AwaitingCache;
             }
         }
@@ -340,23 +363,29 @@ mod tests {
         assert_eq!(applied_hash(&a).unwrap().len(), 64);
     }
 
+    /// A fixed instant for the ledger's timestamps.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     fn annotated(hash: &str, spec: Value) -> Value {
         json!({"metadata": {"annotations": {APPLIED_HASH_ANNOTATION: hash}}, "spec": spec})
     }
 
     #[test]
     fn a_field_we_stop_rendering_is_applied_although_desired_is_a_subset_of_live() {
-        let ledger = Ledger::default();
+        let mut ledger = Ledger::default();
         let before = annotated("h1", json!({"hostNetwork": true, "x": 1}));
         let after = annotated("h2", json!({"x": 1}));
         // The subset test alone would skip it: hostNetwork is extra in live.
         assert!(is_subset(&json!({"spec": {"x": 1}}), &before));
         assert!(matches!(
-            plan(&ledger, "k", "h2", &after, live(&before, "1")),
+            plan(&mut ledger, "k", "h2", &after, live(&before, "1"), t0()),
             Plan::Apply(_)
         ));
         assert_eq!(
-            plan(&ledger, "k", "h1", &before, live(&before, "1")),
+            plan(&mut ledger, "k", "h1", &before, live(&before, "1"), t0()),
             Plan::Unchanged
         );
     }
@@ -366,25 +395,28 @@ mod tests {
         let mut ledger = Ledger::default();
         let old = annotated("h1", json!({"x": 1}));
         let new = annotated("h2", json!({"x": 2}));
-        ledger.written("k", "h2", Some("1"), Some("2".to_owned()));
+        ledger.written("k", "h2", Some("1"), Some("2".to_owned()), t0());
         assert_eq!(
-            plan(&ledger, "k", "h2", &new, live(&old, "1")),
+            plan(&mut ledger, "k", "h2", &new, live(&old, "1"), t0()),
             Plan::AwaitingCache
         );
         // The cache caught up.
         assert_eq!(
-            plan(&ledger, "k", "h2", &new, live(&new, "2")),
+            plan(&mut ledger, "k", "h2", &new, live(&new, "2"), t0()),
             Plan::Unchanged
         );
         // Someone edited it after our write: judged on its content again.
         let edited = annotated("h2", json!({"x": 3}));
         assert!(matches!(
-            plan(&ledger, "k", "h2", &new, live(&edited, "3")),
+            plan(&mut ledger, "k", "h2", &new, live(&edited, "3"), t0()),
             Plan::Apply(_)
         ));
         // A create not yet in the cache.
-        ledger.written("c", "h9", None, Some("5".to_owned()));
-        assert_eq!(plan(&ledger, "c", "h9", &new, None), Plan::AwaitingCache);
+        ledger.written("c", "h9", None, Some("5".to_owned()), t0());
+        assert_eq!(
+            plan(&mut ledger, "c", "h9", &new, None, t0()),
+            Plan::AwaitingCache
+        );
     }
 
     #[test]
@@ -394,9 +426,9 @@ mod tests {
         let mut ledger = Ledger::default();
         let sent = annotated("h1", json!({"cpu": "1000m"}));
         let stored = annotated("h1", json!({"cpu": "1"}));
-        ledger.written("k", "h1", Some("7"), Some("7".to_owned()));
+        ledger.written("k", "h1", Some("7"), Some("7".to_owned()), t0());
         assert_eq!(
-            plan(&ledger, "k", "h1", &sent, live(&stored, "7")),
+            plan(&mut ledger, "k", "h1", &sent, live(&stored, "7"), t0()),
             Plan::Unchanged
         );
     }
@@ -412,11 +444,61 @@ mod tests {
         ledger.rejected("k", "h1", rejection.clone());
         let desired = annotated("h1", json!({}));
         assert_eq!(
-            plan(&ledger, "k", "h1", &desired, None),
+            plan(&mut ledger, "k", "h1", &desired, None, t0()),
             Plan::StillRejected(rejection)
         );
         assert!(matches!(
-            plan(&ledger, "k", "h2", &annotated("h2", json!({})), None),
+            plan(
+                &mut ledger,
+                "k",
+                "h2",
+                &annotated("h2", json!({})),
+                None,
+                t0()
+            ),
+            Plan::Apply(_)
+        ));
+    }
+
+    #[test]
+    fn a_create_the_cache_never_shows_is_judged_again_after_a_while() {
+        let mut ledger = Ledger::default();
+        let object = annotated("h9", json!({"x": 1}));
+        ledger.written("c", "h9", None, Some("5".to_owned()), t0());
+        assert_eq!(
+            plan(&mut ledger, "c", "h9", &object, None, t0()),
+            Plan::AwaitingCache
+        );
+        // A watch may never show a version that was deleted right after.
+        let later = t0() + CACHE_LAG_LIMIT;
+        assert!(matches!(
+            plan(&mut ledger, "c", "h9", &object, None, later),
+            Plan::Apply(_)
+        ));
+    }
+
+    #[test]
+    fn an_object_deleted_after_the_cache_showed_our_create_is_created_again() {
+        let mut ledger = Ledger::default();
+        let object = annotated("h1", json!({"x": 1}));
+        ledger.written("k", "h1", None, Some("5".to_owned()), t0());
+        assert_eq!(
+            plan(&mut ledger, "k", "h1", &object, live(&object, "5"), t0()),
+            Plan::Unchanged
+        );
+        // Someone deleted it: absent again, which is not our create on its way.
+        assert!(matches!(
+            plan(&mut ledger, "k", "h1", &object, None, t0()),
+            Plan::Apply(_)
+        ));
+        // Also when the cache only ever showed a later version (a status update) before that.
+        ledger.written("k", "h1", None, Some("5".to_owned()), t0());
+        assert_eq!(
+            plan(&mut ledger, "k", "h1", &object, live(&object, "6"), t0()),
+            Plan::Unchanged
+        );
+        assert!(matches!(
+            plan(&mut ledger, "k", "h1", &object, None, t0()),
             Plan::Apply(_)
         ));
     }

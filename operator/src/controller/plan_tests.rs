@@ -135,7 +135,7 @@ impl Cluster {
                 object: o,
                 resource_version: version.as_deref(),
             });
-            match plan(ledger, key, &hash, &sent, live) {
+            match plan(ledger, key, &hash, &sent, live, std::time::Instant::now()) {
                 Plan::Unchanged => {}
                 Plan::Apply(_) => {
                     sent_count += 1;
@@ -153,6 +153,7 @@ impl Cluster {
                         &hash,
                         version.as_deref(),
                         Some(new_version.to_string()),
+                        std::time::Instant::now(),
                     );
                     self.objects.insert(key.clone(), (stored, new_version));
                 }

@@ -53,6 +53,9 @@ pub struct StatusInputs<'a> {
     /// GPU nodes whose label patch the node cache has not shown yet: until it does, the
     /// labelled-node counts are not the truth.
     pub labels_in_flight: usize,
+    /// DaemonSets whose pod count has differed from their labelled nodes for a while: only
+    /// these are told what usually causes it (see [`label_mismatches`]).
+    pub explained: &'a std::collections::BTreeSet<String>,
     pub previous: Option<&'a ClusterPolicyStatus>,
     pub now: Time,
 }
@@ -69,7 +72,12 @@ struct Readiness {
 /// pods reported as an upgrade pending. `labelled` is the number of GPU nodes labelled for the
 /// operand (`None` for operands without a deploy label, or while node label writes of ours have
 /// not reached the cache, when the count would blame the DaemonSet for our own lag).
-fn daemonset_readiness(ds: &DaemonSet, labelled: Option<i32>) -> (ComponentCounts, Readiness) {
+/// `explain`: the difference has lasted long enough to name its likely causes.
+fn daemonset_readiness(
+    ds: &DaemonSet,
+    labelled: Option<i32>,
+    explain: bool,
+) -> (ComponentCounts, Readiness) {
     let status = ds.status.clone().unwrap_or_default();
     let counts = ComponentCounts {
         desired: status.desired_number_scheduled,
@@ -104,10 +112,14 @@ fn daemonset_readiness(ds: &DaemonSet, labelled: Option<i32>) -> (ComponentCount
     if let Some(labelled) = labelled
         && labelled != counts.desired
     {
-        problems.push(format!(
-            "{labelled} nodes labelled for it but the DaemonSet wants {} pods (a taint it does not tolerate, or pod creation failing)",
+        let mut problem = format!(
+            "{labelled} nodes labelled for it but the DaemonSet wants {} pods",
             counts.desired
-        ));
+        );
+        if explain {
+            problem.push_str(" (a taint it does not tolerate, or pod creation failing)");
+        }
+        problems.push(problem);
     }
     let mut message = if problems.is_empty() {
         format!("{}/{} pods ready", counts.ready, counts.desired)
@@ -177,6 +189,65 @@ fn condition(
     }
 }
 
+/// GPU nodes labelled for `operand` (`None` for operands without a deploy label).
+fn labelled_for_operand(operand: Operand, nodes: &[NodeView]) -> Option<i32> {
+    operand.deploy_label().map(|_| {
+        nodes
+            .iter()
+            .filter(|n| n.is_gpu_node() && n.runs(operand))
+            .count() as i32
+    })
+}
+
+/// GPU nodes that carry every label the rendered DaemonSet selects on (the deploy label, and
+/// e.g. mps.capable for the MPS daemon).
+fn labelled_for_daemonset(operand: Operand, ds: &DaemonSet, nodes: &[NodeView]) -> Option<i32> {
+    let labelled = labelled_for_operand(operand, nodes)?;
+    let selector = ds
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .node_selector
+        .as_ref();
+    Some(match selector {
+        Some(selector) => nodes
+            .iter()
+            .filter(|n| n.is_gpu_node() && n.matches(selector))
+            .count() as i32,
+        None => labelled,
+    })
+}
+
+/// The rendered DaemonSets whose live pod count differs from the GPU nodes labelled for them.
+/// The DaemonSet controller follows node labels within moments, so only a difference that
+/// persists says something about the DaemonSet (the controller tracks for how long).
+pub fn label_mismatches(
+    desired: &DesiredState,
+    daemon_sets: &BTreeMap<String, DaemonSet>,
+    nodes: &[NodeView],
+) -> std::collections::BTreeSet<String> {
+    let mut mismatched = std::collections::BTreeSet::new();
+    for state in &desired.operands {
+        let Outcome::Rendered(objects) = &state.outcome else {
+            continue;
+        };
+        for rendered in &objects.daemon_sets {
+            let name = rendered.metadata.name.clone().unwrap_or_default();
+            let live = daemon_sets
+                .get(&name)
+                .and_then(|d| d.status.as_ref())
+                .map(|s| s.desired_number_scheduled);
+            let labelled = labelled_for_daemonset(state.operand, rendered, nodes);
+            if labelled.is_some() && live.is_some() && labelled != live {
+                mismatched.insert(name);
+            }
+        }
+    }
+    mismatched
+}
+
 /// The status of the active policy.
 pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
     let gpu_nodes = inputs.nodes.iter().filter(|n| n.is_gpu_node()).count();
@@ -188,13 +259,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
 
     for state in &inputs.desired.operands {
         let operand = state.operand;
-        let labelled = operand.deploy_label().map(|_| {
-            inputs
-                .nodes
-                .iter()
-                .filter(|n| n.is_gpu_node() && n.runs(operand))
-                .count() as i32
-        });
+        let labelled = labelled_for_operand(operand, inputs.nodes);
         let rejected = inputs.rejected.get(&operand);
         if let Some(rejection) = rejected {
             frozen.push(format!(
@@ -238,33 +303,15 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         .iter()
                         .find(|d| d.metadata.name.as_deref() == Some(name.as_str()));
                     let hash = rendered_ds.and_then(config_hash).map(str::to_owned);
-                    // Nodes that carry every label the DaemonSet selects on (the deploy label, and
-                    // e.g. mps.capable for the MPS daemon).
-                    let selector = rendered_ds.and_then(|d| {
-                        d.spec
-                            .as_ref()?
-                            .template
-                            .spec
-                            .as_ref()?
-                            .node_selector
-                            .clone()
-                    });
-                    let labelled = match (labelled, selector) {
+                    let labelled = match rendered_ds {
                         _ if inputs.labels_in_flight > 0 => None,
-                        (Some(_), Some(selector)) => Some(
-                            inputs
-                                .nodes
-                                .iter()
-                                .filter(|n| n.is_gpu_node() && n.matches(&selector))
-                                .count() as i32,
-                        ),
-                        (labelled, _) => labelled,
+                        Some(ds) => labelled_for_daemonset(operand, ds, inputs.nodes),
+                        None => labelled,
                     };
                     let observed = if is_daemonset {
-                        inputs
-                            .daemon_sets
-                            .get(&name)
-                            .map(|ds| daemonset_readiness(ds, labelled))
+                        inputs.daemon_sets.get(&name).map(|ds| {
+                            daemonset_readiness(ds, labelled, inputs.explained.contains(&name))
+                        })
                     } else {
                         inputs.deployments.get(&name).map(deployment_readiness)
                     };
@@ -288,10 +335,8 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                     let key = format!("{kind}/{}/{name}", inputs.namespace);
                     if inputs.unsettled.contains(&key) {
                         readiness.ready = false;
-                        readiness.message = format!(
-                            "change applied, not yet observed by the {kind} controller; was: {}",
-                            readiness.message
-                        );
+                        readiness.message =
+                            format!("change applied, waiting for the {kind} controller");
                     }
                     if let Some(rejection) = rejected {
                         readiness.ready = false;
@@ -512,36 +557,39 @@ mod tests {
     #[test]
     fn rolling_update_daemonset_is_ready_only_when_updated_and_available_match_desired() {
         assert!(
-            daemonset_readiness(&ds("RollingUpdate", 3, 3, 3), Some(3))
+            daemonset_readiness(&ds("RollingUpdate", 3, 3, 3), Some(3), false)
                 .1
                 .ready
         );
         assert!(
-            !daemonset_readiness(&ds("RollingUpdate", 3, 2, 3), Some(3))
+            !daemonset_readiness(&ds("RollingUpdate", 3, 2, 3), Some(3), false)
                 .1
                 .ready
         );
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 3, 2), Some(3));
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 3, 2), Some(3), false);
         assert!(!r.ready);
         assert_eq!(r.message, "1 of 3 pods not available");
     }
 
     #[test]
     fn on_delete_driver_with_old_pods_is_ready_with_upgrade_pending() {
-        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3));
+        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3), false);
         assert!(r.ready);
         assert_eq!(r.message, "3/3 pods ready; upgrade pending on 2 nodes");
     }
 
     #[test]
-    fn fewer_pods_than_labelled_nodes_is_explained() {
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3));
+    fn fewer_pods_than_labelled_nodes_is_reported_and_explained_once_it_persists() {
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), false);
         assert!(!r.ready);
+        assert_eq!(
+            r.message,
+            "3 nodes labelled for it but the DaemonSet wants 2 pods"
+        );
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), true);
         assert!(
             r.message
-                .contains("3 nodes labelled for it but the DaemonSet wants 2 pods"),
-            "{}",
-            r.message
+                .ends_with("(a taint it does not tolerate, or pod creation failing)")
         );
     }
 
@@ -549,7 +597,7 @@ mod tests {
     fn unobserved_generation_is_not_ready() {
         let mut d = ds("RollingUpdate", 3, 3, 3);
         d.metadata.generation = Some(3);
-        assert!(!daemonset_readiness(&d, None).1.ready);
+        assert!(!daemonset_readiness(&d, None, false).1.ready);
     }
 
     #[test]

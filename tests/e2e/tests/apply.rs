@@ -402,3 +402,55 @@ async fn a_label_key_the_api_server_would_refuse_is_rejected_by_the_crd_naming_t
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_fresh_install_reports_progress_without_blaming_taints_or_warning() {
+    let s = session::start(json!({}), &[]).await;
+    let api = policies(&s.admin);
+    // Every Ready message the policy shows on its way to ready.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let policy = api.get(&s.policy).await.unwrap();
+        if let Some(message) = policy
+            .status
+            .as_ref()
+            .and_then(|st| st.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.message.clone())
+            && seen.last() != Some(&message)
+        {
+            seen.push(message);
+        }
+        if ready_now(&policy) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready: {seen:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !seen.iter().any(|m| m.contains("taint")),
+        "a taint was blamed on the way to ready (the standard fleet's tainted nodes are tolerated): {seen:#?}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(s.admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(s.policy.as_str()))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        events.iter().all(|(type_, _, _)| type_ == "Normal"),
+        "warnings on a healthy install: {events:#?}"
+    );
+    eprintln!("on the way to ready: {seen:#?}\nevents: {events:#?}");
+    s.teardown().await;
+}

@@ -506,25 +506,43 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
         .patch(&name, &PatchParams::default(), &Patch::Merge(taint))
         .await
         .unwrap();
-    let policy = s
-        .await_state(
-            State::NotReady,
-            "not ready: labelled node without operand pods",
-        )
-        .await;
-    let message = policy
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap()
-        .message;
-    assert!(
-        message.contains("nodes labelled for it but the DaemonSet wants"),
-        "{message}"
-    );
+    // First the difference is reported as it is; once it has lasted, with its likely causes.
+    let api = policies(&s.admin);
+    let policy_name = s.policy.clone();
+    let ready_message = || {
+        let (api, policy_name) = (api.clone(), policy_name.clone());
+        async move {
+            let p = api.get(&policy_name).await?;
+            anyhow::Ok(
+                p.status
+                    .and_then(|st| st.conditions)
+                    .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+                    .map(|c| c.message)
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    for (what, part) in [
+        (
+            "labelled node without operand pods reported",
+            "nodes labelled for it but the DaemonSet wants",
+        ),
+        (
+            "the lasting difference explained",
+            "a taint it does not tolerate",
+        ),
+    ] {
+        wait::until(TIMEOUT, what, || async {
+            let message = ready_message().await?;
+            Ok(if message.contains(part) {
+                Ok(())
+            } else {
+                Err(message)
+            })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    }
     nodes::delete(&s.admin, &[name]).await.unwrap();
     s.await_state(State::Ready, "ready again").await;
 
