@@ -454,3 +454,78 @@ async fn a_fresh_install_reports_progress_without_blaming_taints_or_warning() {
     eprintln!("on the way to ready: {seen:#?}\nevents: {events:#?}");
     s.teardown().await;
 }
+
+#[tokio::test]
+async fn an_operator_upgrade_that_renders_the_same_objects_rolls_nothing() {
+    let mut s = session::start(json!({}), &[]).await;
+    s.await_state(State::Ready, "policy ready").await;
+    s.operator.terminate(Duration::from_secs(20)).unwrap();
+    // What an operator version before the applied-hash annotation left behind: the same objects
+    // without it.
+    let daemonsets = s.daemonsets();
+    let strip = json!({"metadata": {"annotations": {
+        gpu_operator::controller::APPLIED_HASH_ANNOTATION: null}}});
+    for ds in daemonsets.list(&ListParams::default()).await.unwrap() {
+        daemonsets
+            .patch(
+                &ds.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&strip),
+            )
+            .await
+            .unwrap();
+    }
+    let before = s.generations().await;
+    let templates = |list: Vec<DaemonSet>| {
+        list.into_iter()
+            .map(|d| {
+                (
+                    d.name_any(),
+                    serde_json::to_value(d.spec.unwrap().template).unwrap(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let templates_before = templates(daemonsets.list(&ListParams::default()).await.unwrap().items);
+
+    s.operator = Operator::start(&s.identity, &[]).unwrap();
+    wait::until(
+        TIMEOUT,
+        "every DaemonSet annotated by the new operator",
+        || {
+            let daemonsets = daemonsets.clone();
+            async move {
+                let missing: Vec<String> = daemonsets
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|d| {
+                        !d.annotations()
+                            .contains_key(gpu_operator::controller::APPLIED_HASH_ANNOTATION)
+                    })
+                    .map(|d| d.name_any())
+                    .collect();
+                Ok(if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{missing:?}"))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+    s.await_state(State::Ready, "ready after the upgrade").await;
+    assert_eq!(
+        s.generations().await,
+        before,
+        "a DaemonSet rolled on the upgrade"
+    );
+    assert_eq!(
+        templates(daemonsets.list(&ListParams::default()).await.unwrap().items),
+        templates_before,
+        "a pod template changed on the upgrade"
+    );
+    s.teardown().await;
+}
