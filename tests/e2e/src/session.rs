@@ -58,12 +58,7 @@ pub async fn await_policy_state(
         async move {
             let p = api.get(name).await?;
             let state = p.status.as_ref().map(|s| s.state);
-            let observed = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                .and_then(|c| c.observed_generation);
+            let observed = ready_condition(&p).and_then(|c| c.observed_generation);
             Ok(
                 if state == Some(want) && observed >= p.metadata.generation {
                     Ok(p)
@@ -74,6 +69,27 @@ pub async fn await_policy_state(
         }
     })
     .await
+}
+
+/// The policy's `Ready` condition.
+pub fn ready_condition(
+    policy: &ClusterPolicy,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// The message of the policy's `Ready` condition (empty when it has none yet).
+pub async fn ready_message(client: &Client, name: &str) -> anyhow::Result<String> {
+    let policy = policies(client).get(name).await?;
+    Ok(ready_condition(&policy)
+        .map(|c| c.message.clone())
+        .unwrap_or_default())
 }
 
 pub async fn create_policy(client: &Client, name: &str, spec: serde_json::Value) {
@@ -173,6 +189,24 @@ impl Setup {
             .into_iter()
             .map(|d| (d.name_any(), d.metadata.generation.unwrap_or(0)))
             .collect()
+    }
+
+    /// Stops the operator (SIGTERM) and starts it again with the same identity, returning once
+    /// the new process has run a pass.
+    pub async fn restart_operator(&mut self) {
+        self.operator.terminate(Duration::from_secs(20)).unwrap();
+        self.operator = Operator::start(&self.identity, &[]).unwrap();
+        let operator = &self.operator;
+        wait::until(TIMEOUT, "restarted operator reconciled", || async move {
+            let n = operator.reconciles().await;
+            Ok(if n >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{n} reconciles"))
+            })
+        })
+        .await
+        .unwrap();
     }
 
     pub async fn patch_policy(&self, patch: serde_json::Value) {

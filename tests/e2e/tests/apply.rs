@@ -94,12 +94,9 @@ fn settings() -> Vec<Setting> {
 
 /// The policy is `ready` for its current generation.
 fn ready_now(policy: &ClusterPolicy) -> bool {
-    let status = policy.status.as_ref();
-    let observed = status
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .and_then(|c| c.observed_generation);
-    status.map(|s| s.state) == Some(State::Ready) && observed >= policy.metadata.generation
+    let observed = session::ready_condition(policy).and_then(|c| c.observed_generation);
+    policy.status.as_ref().map(|s| s.state) == Some(State::Ready)
+        && observed >= policy.metadata.generation
 }
 
 async fn live_value(api: &Api<DaemonSet>, name: &str, pointer: &str) -> Option<Value> {
@@ -183,19 +180,7 @@ async fn a_removed_setting_is_gone_from_the_live_daemonset_before_the_policy_is_
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     let mark = log.mark().unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    s.operator.terminate(Duration::from_secs(20)).unwrap();
-    s.operator = Operator::start(&s.identity, &[]).unwrap();
-    let operator = &s.operator;
-    wait::until(TIMEOUT, "restarted operator reconciled", || async move {
-        let n = operator.reconciles().await;
-        Ok(if n >= 1.0 {
-            Ok(())
-        } else {
-            Err(format!("{n} reconciles"))
-        })
-    })
-    .await
-    .unwrap();
+    s.restart_operator().await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let writes = audit::described_writes(&log.of_user_since(mark, &user).unwrap());
     assert!(
@@ -316,13 +301,7 @@ async fn an_object_the_api_server_rejects_freezes_its_operand_and_the_others_sti
     let frozen = s
         .await_state(State::NotReady, "rejected exporter reported")
         .await;
-    let ready = frozen
-        .status
-        .as_ref()
-        .and_then(|st| st.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .cloned()
-        .unwrap();
+    let ready = session::ready_condition(&frozen).cloned().unwrap();
     for part in [
         "dcgm-exporter",
         "DaemonSet",
@@ -412,12 +391,7 @@ async fn a_fresh_install_reports_progress_without_blaming_taints_or_warning() {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let policy = api.get(&s.policy).await.unwrap();
-        if let Some(message) = policy
-            .status
-            .as_ref()
-            .and_then(|st| st.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| c.message.clone())
+        if let Some(message) = session::ready_condition(&policy).map(|c| c.message.clone())
             && seen.last() != Some(&message)
         {
             seen.push(message);

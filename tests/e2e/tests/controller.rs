@@ -314,22 +314,10 @@ async fn deleting_or_editing_a_managed_daemonset_is_undone_within_2_seconds() {
 async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_lease() {
     let mut s = start(json!({}), &[]).await;
     s.await_state(State::Ready, "policy ready").await;
-    s.operator.terminate(Duration::from_secs(20)).unwrap();
     let log = AuditLog::from_env().unwrap();
     let mark = log.mark().unwrap();
-    s.operator = Operator::start(&s.identity, &[]).unwrap();
-    // Wait until the new process has run a pass, then a few quiet seconds.
-    let operator = &s.operator;
-    wait::until(TIMEOUT, "new operator reconciled", || async move {
-        let n = operator.reconciles().await;
-        Ok(if n >= 1.0 {
-            Ok(())
-        } else {
-            Err(format!("{n} reconciles"))
-        })
-    })
-    .await
-    .unwrap();
+    // The new process has run a pass; then a few quiet seconds.
+    s.restart_operator().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let events = log.of_user_since(mark, &s.identity.username()).unwrap();
     let writes = audit::described_writes(&events);
@@ -507,21 +495,6 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
         .await
         .unwrap();
     // First the difference is reported as it is; once it has lasted, with its likely causes.
-    let api = policies(&s.admin);
-    let policy_name = s.policy.clone();
-    let ready_message = || {
-        let (api, policy_name) = (api.clone(), policy_name.clone());
-        async move {
-            let p = api.get(&policy_name).await?;
-            anyhow::Ok(
-                p.status
-                    .and_then(|st| st.conditions)
-                    .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
-                    .map(|c| c.message)
-                    .unwrap_or_default(),
-            )
-        }
-    };
     for (what, part) in [
         (
             "labelled node without operand pods reported",
@@ -533,7 +506,7 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
         ),
     ] {
         wait::until(TIMEOUT, what, || async {
-            let message = ready_message().await?;
+            let message = e2e::session::ready_message(&s.admin, &s.policy).await?;
             Ok(if message.contains(part) {
                 Ok(())
             } else {
