@@ -65,8 +65,9 @@ pub struct ClusterFacts {
     pub openshift: bool,
     /// Whether the Prometheus Operator's ServiceMonitor API is served.
     pub service_monitor_api: bool,
-    /// Whether node-feature-discovery already runs (NodeFeature CRD served, or nodes carry
-    /// `nfd.node.kubernetes.io/*` annotations); the operator then deploys no NFD of its own.
+    /// Whether node-feature-discovery already runs: an NFD master workload that is not ours, or
+    /// nodes an NFD master annotated while ours is not deployed (decision 16). NFD's CRDs being
+    /// served says nothing.
     pub nfd_running: bool,
     /// The validated sharing config, when `devicePlugin.config.name` is set and a valid (or last
     /// good) config exists.

@@ -51,6 +51,17 @@ pub struct NodeView {
     pub name: String,
     pub resource_version: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// Whether an NFD master annotated the node ([`NFD_ANNOTATION_PREFIX`]).
+    pub nfd_annotated: bool,
+}
+
+/// Prefix of the annotations an NFD master writes on the nodes it labels (for example
+/// `nfd.node.kubernetes.io/feature-labels`).
+pub const NFD_ANNOTATION_PREFIX: &str = "nfd.node.kubernetes.io/";
+
+/// Whether `annotations` hold one an NFD master writes.
+pub fn nfd_annotated(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| a.keys().any(|k| k.starts_with(NFD_ANNOTATION_PREFIX)))
 }
 
 fn is_read_label(key: &str) -> bool {
@@ -86,6 +97,7 @@ impl NodeView {
                 .filter(|(k, _)| is_read_label(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            nfd_annotated: false,
         }
     }
 

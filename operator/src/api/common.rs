@@ -37,26 +37,27 @@ const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?
 /// above what operand objects carry.
 const MAX_METADATA_ENTRIES: u32 = 64;
 
-/// The CEL rule that rejects, at admission, a map key the API server would refuse on every
-/// object rendered from it (decision 15), naming the first offending key.
-fn qualified_keys_rule(what: &str) -> serde_json::Value {
+/// The CEL rule that rejects, at admission, a key of map `field` the API server would refuse on
+/// every object rendered from it (decision 15), naming the first offending key.
+fn qualified_keys_rule(field: &str) -> serde_json::Value {
     let valid = format!(
         "(k.matches(r'{QUALIFIED_NAME_PATTERN}') && (!k.contains('/') || k.indexOf('/') <= 253))"
     );
+    const RULE: &str = "an optional DNS prefix of at most 253 characters and /, then a name of \
+        at most 63 letters, digits, -, _ or . that starts and ends with a letter or digit";
     serde_json::json!({
         "rule": format!("self.all(k, {valid})"),
+        "message": format!("every key of {field} must be a valid Kubernetes key: {RULE}"),
         "messageExpression": format!(
-            "'{what} key ' + self.filter(k, !{valid})[0] + ' is not a valid Kubernetes key: \
-             an optional DNS prefix of at most 253 characters and /, then a name of at most 63 \
-             letters, digits, -, _ or . that starts and ends with a letter or digit'"
+            "'{field} key ' + self.filter(k, !{valid})[0] + ' is not a valid Kubernetes key: {RULE}'"
         ),
         "reason": "FieldValueInvalid"
     })
 }
 
-/// Schema of a label map: keys and values the API server accepts as labels, checked at
-/// admission instead of failing every object the operator renders from them.
-pub(crate) fn label_map(_: &mut SchemaGenerator) -> Schema {
+/// Schema of a label map named `field`: keys and values the API server accepts as labels,
+/// checked at admission instead of failing every object the operator renders from them.
+fn label_map_named(field: &str) -> Schema {
     json_schema!({
         "type": "object",
         "maxProperties": MAX_METADATA_ENTRIES,
@@ -65,18 +66,38 @@ pub(crate) fn label_map(_: &mut SchemaGenerator) -> Schema {
             "maxLength": 63,
             "pattern": LABEL_VALUE_PATTERN
         },
-        "x-kubernetes-validations": [qualified_keys_rule("label")]
+        "x-kubernetes-validations": [qualified_keys_rule(field)]
     })
 }
 
-/// Schema of an annotation map: keys the API server accepts (values are free text).
-pub(crate) fn annotation_map(_: &mut SchemaGenerator) -> Schema {
+/// Schema of an annotation map named `field`: keys the API server accepts (values are free).
+fn annotation_map_named(field: &str) -> Schema {
     json_schema!({
         "type": "object",
         "maxProperties": MAX_METADATA_ENTRIES,
         "additionalProperties": {"type": "string"},
-        "x-kubernetes-validations": [qualified_keys_rule("annotation")]
+        "x-kubernetes-validations": [qualified_keys_rule(field)]
     })
+}
+
+/// [`label_map_named`] for a field named `labels`.
+pub(crate) fn label_map(_: &mut SchemaGenerator) -> Schema {
+    label_map_named("labels")
+}
+
+/// [`label_map_named`] for a field named `podLabels`.
+pub(crate) fn pod_label_map(_: &mut SchemaGenerator) -> Schema {
+    label_map_named("podLabels")
+}
+
+/// [`annotation_map_named`] for a field named `annotations`.
+pub(crate) fn annotation_map(_: &mut SchemaGenerator) -> Schema {
+    annotation_map_named("annotations")
+}
+
+/// [`annotation_map_named`] for a field named `podAnnotations`.
+pub(crate) fn pod_annotation_map(_: &mut SchemaGenerator) -> Schema {
+    annotation_map_named("podAnnotations")
 }
 
 /// Schema of a free-form object whose content the API server stores as written.

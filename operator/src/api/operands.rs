@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    ConfigMapName, ContainerOverrides, EnvVar, ImageSpec, annotation_map, enabled_or, label_map,
+    ConfigMapName, ContainerOverrides, EnvVar, ImageSpec, annotation_map, enabled_or,
+    pod_annotation_map, pod_label_map,
 };
 
 /// The NVIDIA Container Toolkit (DaemonSet nvidia-container-toolkit-daemonset).
@@ -137,11 +138,11 @@ pub struct DcgmExporterSpec {
     pub image: ImageSpec,
     /// Extra annotations for the exporter's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "annotation_map")]
+    #[schemars(schema_with = "pod_annotation_map")]
     pub pod_annotations: Option<BTreeMap<String, String>>,
     /// Extra labels for the exporter's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "label_map")]
+    #[schemars(schema_with = "pod_label_map")]
     pub pod_labels: Option<BTreeMap<String, String>>,
     /// Extra annotations for the exporter's pods (the spelling some NVIDIA releases document;
     /// merged with podAnnotations).

@@ -22,6 +22,7 @@
 mod apply;
 mod labeller;
 mod namespace;
+pub mod nfd_crds;
 mod plan;
 #[cfg(test)]
 mod plan_tests;
@@ -30,6 +31,7 @@ pub mod status;
 pub mod stores;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +79,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(transparent)]
+    NfdCrds(#[from] nfd_crds::Error),
     #[error("labelling nodes: {0}")]
     Labels(#[source] kube::Error),
     #[error("labelling namespace {namespace} for privileged pods (Pod Security): {source}")]
@@ -95,6 +99,7 @@ impl Error {
             Error::Apply(_) => "ApplyFailed",
             Error::Status { .. } => "StatusFailed",
             Error::Labels(_) => "LabelFailed",
+            Error::NfdCrds(_) => "NfdCrdsFailed",
             Error::Namespace { .. } => "NamespaceLabelFailed",
         }
     }
@@ -109,6 +114,8 @@ pub struct Context {
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
     ledger: Mutex<plan::Ledger>,
+    /// Whether NFD's CRDs were found or made current since the operator started.
+    nfd_crds_current: std::sync::atomic::AtomicBool,
     /// Since when each DaemonSet's pod count has differed from its labelled nodes.
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
     recorder: Recorder,
@@ -424,6 +431,17 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     if ctx.resolver.discovered.nvidia_operator.is_none() {
         let owner_uid = policy.meta().uid.clone();
         let optional = ctx.resolver.discovered.optional_kinds();
+        // NFD's CRDs before NFD itself, whenever we deploy it (decision 16).
+        let deploys_nfd = desired.operands.iter().any(|s| {
+            s.operand == render::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
+        });
+        if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
+            let written = nfd_crds::ensure(&ctx.client).await?;
+            if !written.is_empty() {
+                tracing::info!(crds = ?written, "installed NFD's CRDs");
+            }
+            ctx.nfd_crds_current.store(true, Ordering::Relaxed);
+        }
         // One pass at a time: the ledger is taken for the pass and put back, also on failure.
         let mut ledger = ctx
             .ledger
@@ -658,6 +676,7 @@ pub async fn run(
         label_attempts: Mutex::default(),
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
+        nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
         metrics,
     };
 

@@ -26,7 +26,8 @@ use crate::sharing::select::{SharingDecision, select_config};
 pub struct Discovered {
     pub openshift: bool,
     pub service_monitor: bool,
-    pub node_feature: bool,
+    /// An NFD master that is not ours (`Deployment namespace/name`): NFD already runs.
+    pub foreign_nfd: Option<String>,
     /// Fields of ours the served ClusterPolicy CRD lacks (an older or NVIDIA-installed CRD
     /// would silently prune them from every policy).
     pub crd_missing_fields: Vec<String>,
@@ -44,7 +45,7 @@ impl Discovered {
         Ok(Discovered {
             openshift: has("config.openshift.io"),
             service_monitor: has("monitoring.coreos.com"),
-            node_feature: has("nfd.k8s-sigs.io"),
+            foreign_nfd: foreign_nfd_master(client).await?,
             crd_missing_fields: missing_crd_fields(client).await?,
             nvidia_operator: nvidia_operator_live(client).await?,
         })
@@ -135,6 +136,51 @@ async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::E
                 .unwrap_or_else(|| "an unknown holder".into())
         })
     }))
+}
+
+/// An NFD master workload someone else deployed (NFD's Helm chart or kustomize manifests, or
+/// NVIDIA's operator's subchart), found by its labels in any namespace. A served NodeFeature API
+/// proves nothing: NFD's CRDs can exist without NFD (decision 16).
+async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Error> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let api: Api<Deployment> = Api::all(client.clone());
+    for selector in [
+        "app.kubernetes.io/name=node-feature-discovery",
+        "app=nfd-master",
+    ] {
+        let params = kube::api::ListParams::default().labels(&format!(
+            "{selector},{}!={}",
+            crate::render::MANAGED_BY_LABEL,
+            crate::render::MANAGER
+        ));
+        if let Some(d) = api.list_metadata(&params).await?.items.into_iter().next() {
+            return Ok(Some(format!(
+                "Deployment {}/{}",
+                d.metadata.namespace.unwrap_or_default(),
+                d.metadata.name.unwrap_or_default()
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Why NFD counts as already running, if it does: a foreign master workload, or nodes that an
+/// NFD master annotated while ours is not deployed.
+fn nfd_already_running(
+    foreign: Option<&str>,
+    nodes: &[NodeView],
+    ours_deployed: bool,
+) -> Option<String> {
+    if let Some(workload) = foreign {
+        return Some(format!("its master runs as {workload}"));
+    }
+    let annotated = nodes.iter().filter(|n| n.nfd_annotated).count();
+    (annotated > 0 && !ours_deployed).then(|| {
+        format!(
+            "{annotated} nodes carry {}* annotations from an NFD master that is not ours",
+            crate::nodes::NFD_ANNOTATION_PREFIX
+        )
+    })
 }
 
 /// What resolve found, plus the per-operand problems it noticed.
@@ -419,6 +465,19 @@ impl Resolver {
         })
         .collect();
 
+        let ours_deployed = stores
+            .deployments
+            .get(&ObjectRef::new(crate::render::nfd::MASTER).within(&self.namespace))
+            .is_some();
+        let nfd_running =
+            nfd_already_running(self.discovered.foreign_nfd.as_deref(), nodes, ours_deployed);
+        if let Some(why) = &nfd_running
+            && spec.is_enabled(Component::Nfd)
+        {
+            notes.push(format!(
+                "node-feature-discovery is not deployed: NFD already runs ({why})"
+            ));
+        }
         let facts = ClusterFacts {
             namespace: self.namespace.clone(),
             owner: owner_reference(policy),
@@ -426,7 +485,7 @@ impl Resolver {
             os_tag: os_tag(&gpu_nodes),
             openshift: self.discovered.openshift,
             service_monitor_api: self.discovered.service_monitor,
-            nfd_running: self.discovered.node_feature,
+            nfd_running: nfd_running.is_some(),
             sharing,
             mig_config,
             dcgm_metrics,

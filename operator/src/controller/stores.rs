@@ -79,7 +79,10 @@ impl NodeCache {
         let view = |n: &PartialObjectMeta<Node>| {
             let name = n.metadata.name.clone().unwrap_or_default();
             let labels = n.metadata.labels.clone().unwrap_or_default();
-            NodeView::from_labels(&name, n.metadata.resource_version.clone(), &labels)
+            NodeView {
+                nfd_annotated: crate::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
+                ..NodeView::from_labels(&name, n.metadata.resource_version.clone(), &labels)
+            }
         };
         match event {
             Event::Init => {
@@ -102,7 +105,9 @@ impl NodeCache {
             }
             Event::Apply(n) => {
                 let v = view(&n);
-                let changed = nodes.get(&v.name).is_none_or(|old| old.labels != v.labels);
+                let changed = nodes.get(&v.name).is_none_or(|old| {
+                    old.labels != v.labels || old.nfd_annotated != v.nfd_annotated
+                });
                 // Keep the newest resourceVersion for patch preconditions even when no label
                 // we read changed.
                 nodes.insert(v.name.clone(), v);

@@ -5,7 +5,8 @@
 //! runs.
 //!
 //! NFD's own CRDs (NodeFeature, NodeFeatureRule, NodeFeatureGroup) are not rendered here: they
-//! ship with the chart / bundle, since resolve treats a served NodeFeature API as "NFD runs".
+//! are never pruned, so the apply stage installs them apart (`controller::nfd_crds`); the chart's
+//! `crds/` holds them too.
 
 use std::collections::BTreeMap;
 

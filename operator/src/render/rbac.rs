@@ -159,6 +159,19 @@ fn controller_rules() -> Vec<PolicyRule> {
             &[crate::crd_upgrade::CRD_NAME],
             &["get", "update"],
         ),
+        // NFD's CRDs, installed and upgraded whenever the operator deploys NFD (decision 16).
+        // `create` cannot be scoped to names; updates can.
+        rule(
+            &["apiextensions.k8s.io"],
+            &["customresourcedefinitions"],
+            &["create"],
+        ),
+        rule_named(
+            &["apiextensions.k8s.io"],
+            &["customresourcedefinitions"],
+            &crate::controller::nfd_crds::NAMES,
+            &["get", "patch"],
+        ),
         // OpenShift detection and its cluster proxy.
         rule(
             &["config.openshift.io"],
@@ -432,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn operator_role_may_update_its_own_crd_and_no_other() {
+    fn operator_role_may_update_its_own_crd_and_install_only_nfds() {
         let rules = operator_cluster_role().rules.unwrap();
         let update = |name: Option<&str>| {
             allows(
@@ -448,12 +461,21 @@ mod tests {
         assert!(update(Some(crate::crd_upgrade::CRD_NAME)));
         assert!(!update(Some("nvidiadrivers.nvidia.com")));
         assert!(!update(None));
-        let create = Grant {
-            group: "apiextensions.k8s.io".to_owned(),
-            resource: "customresourcedefinitions".to_owned(),
-            verb: "create".to_owned(),
-            name: None,
+        let grant = |verb: &str, name: Option<&str>| {
+            allows(
+                &rules,
+                &Grant {
+                    group: "apiextensions.k8s.io".to_owned(),
+                    resource: "customresourcedefinitions".to_owned(),
+                    verb: verb.to_owned(),
+                    name: name.map(str::to_owned),
+                },
+            )
         };
-        assert!(!allows(&rules, &create));
+        // NFD's CRDs: created (unscopable) and patched by name, nothing else patched.
+        assert!(grant("create", None));
+        assert!(grant("patch", Some("nodefeaturerules.nfd.k8s-sigs.io")));
+        assert!(!grant("patch", Some("nvidiadrivers.nvidia.com")));
+        assert!(!grant("delete", Some("nodefeaturerules.nfd.k8s-sigs.io")));
     }
 }

@@ -52,3 +52,15 @@ pub async fn install_cluster_policy_crd(client: &Client, field_manager: &str) ->
     .await?;
     Ok(())
 }
+
+/// Waits until CRD `name` is established.
+pub async fn await_established(client: &Client, name: &str) -> Result<CustomResourceDefinition> {
+    wait::for_object(
+        Api::all(client.clone()),
+        name,
+        Duration::from_secs(60),
+        "CRD established",
+        conditions::is_crd_established(),
+    )
+    .await
+}

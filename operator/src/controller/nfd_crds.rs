@@ -1,0 +1,117 @@
+//! Apply stage, NFD's CRDs (IO; decision 16): whenever the operator deploys NFD it installs and
+//! upgrades NFD's CRDs (NodeFeature, NodeFeatureRule, NodeFeatureGroup) at the version of the NFD
+//! image it pins, with server-side apply. Without them the worker cannot report a node and the
+//! master labels nothing, so no node would ever become a GPU node on a fresh cluster.
+//!
+//! They are never deleted, not even when NFD is switched off: deleting a CRD deletes every
+//! object of it, the users' NodeFeatureRules included. They carry no owner reference for the same
+//! reason. Each CRD is written only when its applied-hash annotation differs from the bundled
+//! definition, and the operator looks at them once per process (and again after a failure), so
+//! a steady cluster costs no request for them.
+//!
+//! RBAC: `create` on customresourcedefinitions (Kubernetes cannot scope `create` by name) and
+//! `get`/`patch` on the three names.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde::Deserialize;
+
+use super::plan::{APPLIED_HASH_ANNOTATION, applied_hash};
+use crate::render::MANAGER;
+
+/// NFD's CRDs as NFD v0.19.0 publishes them (`deployment/base/nfd-crds/nfd-api-crds.yaml` of
+/// sigs.k8s.io/node-feature-discovery; the chart's `crds/` holds the same file).
+const NFD_CRDS_YAML: &str = include_str!("../../../crds/nfd-api-crds.yaml");
+
+/// The names of NFD's CRDs, for RBAC (sorted).
+pub const NAMES: [&str; 3] = [
+    "nodefeaturegroups.nfd.k8s-sigs.io",
+    "nodefeaturerules.nfd.k8s-sigs.io",
+    "nodefeatures.nfd.k8s-sigs.io",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("NFD's bundled CRDs do not parse: {0}")]
+    Parse(#[from] serde_yaml_ng::Error),
+    #[error("hashing NFD's CRD {name}: {source}")]
+    Hash {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "installing NFD's CRD {name} (the operator's ClusterRole needs create on customresourcedefinitions and get/patch on NFD's three, as the chart's has): {source}"
+    )]
+    Apply {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// NFD's CRDs as the operator installs them.
+pub fn definitions() -> Result<Vec<CustomResourceDefinition>, Error> {
+    serde_yaml_ng::Deserializer::from_str(NFD_CRDS_YAML)
+        .map(CustomResourceDefinition::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Error::Parse)
+}
+
+/// Installs or upgrades each of NFD's CRDs whose served copy lacks the bundled definition's
+/// hash; returns the names written.
+pub async fn ensure(client: &Client) -> Result<Vec<String>, Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(MANAGER).force();
+    let mut written = Vec::new();
+    for mut crd in definitions()? {
+        let name = crd.name_any();
+        let value = serde_json::to_value(&crd).map_err(|source| Error::Hash {
+            name: name.clone(),
+            source,
+        })?;
+        let hash = applied_hash(&value).map_err(|source| Error::Hash {
+            name: name.clone(),
+            source,
+        })?;
+        let apply_error = |source| Error::Apply {
+            name: name.clone(),
+            source,
+        };
+        let served = api.get_metadata_opt(&name).await.map_err(apply_error)?;
+        if served.is_some_and(|s| s.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash)) {
+            continue;
+        }
+        crd.annotations_mut()
+            .insert(APPLIED_HASH_ANNOTATION.to_owned(), hash);
+        api.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .map_err(apply_error)?;
+        written.push(name);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bundled_definitions_are_nfds_three_crds() {
+        let crds = definitions().unwrap();
+        let mut names: Vec<String> = crds.iter().map(|c| c.name_any()).collect();
+        names.sort();
+        assert_eq!(names, NAMES);
+        assert!(crds.iter().all(|c| c.spec.group == "nfd.k8s-sigs.io"));
+    }
+
+    #[test]
+    fn the_chart_ships_the_same_nfd_crds_the_operator_installs() {
+        let chart = include_str!("../../../charts/gpu-operator/crds/nfd-api-crds.yaml");
+        assert_eq!(
+            chart, NFD_CRDS_YAML,
+            "charts/gpu-operator/crds/nfd-api-crds.yaml differs from crds/nfd-api-crds.yaml: run `make chart`"
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! NFD and its CRDs (decision 16): the operator installs NFD's CRDs whenever it deploys NFD and
+//! never deletes them; CRDs alone do not mean NFD runs, a foreign NFD master does, and status
+//! says which it was.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use e2e::session::{self, TIMEOUT};
+use e2e::wait;
+use gpu_operator::api::State;
+use gpu_operator::controller::APPLIED_HASH_ANNOTATION;
+use gpu_operator::controller::nfd_crds;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const MASTER: &str = "node-feature-discovery-master";
+
+fn crds(client: &Client) -> Api<CustomResourceDefinition> {
+    Api::all(client.clone())
+}
+
+/// Deletes NFD's CRDs and waits until they are gone.
+async fn delete_nfd_crds(client: &Client) {
+    for name in nfd_crds::NAMES {
+        match crds(client).delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("deleting {name}: {e}"),
+        }
+    }
+    let api = crds(client);
+    wait::until(TIMEOUT, "NFD's CRDs gone", || {
+        let api = api.clone();
+        async move {
+            let mut left = Vec::new();
+            for name in nfd_crds::NAMES {
+                if api.get_opt(name).await?.is_some() {
+                    left.push(name);
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn nfds_crds_are_installed_with_nfd_and_kept_when_nfd_is_switched_off() {
+    let admin = e2e::client().await.unwrap();
+    delete_nfd_crds(&admin).await;
+    let s = session::start(json!({}), &[]).await;
+    s.await_state(State::Ready, "ready with NFD deployed").await;
+    for name in nfd_crds::NAMES {
+        let crd = e2e::crd::await_established(&s.admin, name).await.unwrap();
+        assert!(
+            crd.annotations().contains_key(APPLIED_HASH_ANNOTATION),
+            "{name} was not installed by the operator"
+        );
+    }
+    s.patch_policy(json!({"spec": {"nfd": {"enabled": false}}}))
+        .await;
+    let deployments: Api<Deployment> = Api::namespaced(s.admin.clone(), &s.identity.namespace);
+    wait::until(TIMEOUT, "NFD pruned", || {
+        let deployments = deployments.clone();
+        async move {
+            Ok(match deployments.get_opt(MASTER).await? {
+                None => Ok(()),
+                Some(_) => Err("master still there".to_owned()),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    s.await_state(State::Ready, "ready without NFD").await;
+    for name in nfd_crds::NAMES {
+        assert!(
+            crds(&s.admin).get_opt(name).await.unwrap().is_some(),
+            "{name} was deleted with NFD: users' NodeFeatureRules would go with it"
+        );
+    }
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_deploys_nfd() {
+    let admin = e2e::client().await.unwrap();
+    delete_nfd_crds(&admin).await;
+    // As a user would: NFD's own CRD file, applied by someone else.
+    for mut crd in nfd_crds::definitions().unwrap() {
+        crd.metadata.annotations = None;
+        crds(&admin)
+            .patch(
+                &crd.name_any(),
+                &PatchParams::apply("e2e-user").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .unwrap();
+        e2e::crd::await_established(&admin, &crd.name_any())
+            .await
+            .unwrap();
+    }
+    let s = session::start(json!({}), &[]).await;
+    s.await_state(State::Ready, "ready").await;
+    let deployments: Api<Deployment> = Api::namespaced(s.admin.clone(), &s.identity.namespace);
+    assert!(
+        deployments.get_opt(MASTER).await.unwrap().is_some(),
+        "served NFD CRDs were taken for a running NFD"
+    );
+    for name in nfd_crds::NAMES {
+        let crd = crds(&s.admin).get(name).await.unwrap();
+        assert!(
+            crd.annotations().contains_key(APPLIED_HASH_ANNOTATION),
+            "{name} was not brought to the deployed NFD's version"
+        );
+    }
+    s.teardown().await;
+}
+
+#[tokio::test]
+async fn a_foreign_nfd_master_is_left_to_run_and_named_in_status() {
+    let admin = e2e::client().await.unwrap();
+    let namespace = e2e::cluster::unique_name("nfd-by-hand");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    // NFD as its Helm chart labels it.
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "nfd-master", "labels": {
+            "app.kubernetes.io/name": "node-feature-discovery", "role": "master"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "node-feature-discovery"}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": "node-feature-discovery"}},
+                "spec": {"containers": [{"name": "nfd-master",
+                    "image": "registry.k8s.io/nfd/node-feature-discovery:v0.19.0"}]}
+            }
+        }
+    }))
+    .unwrap();
+    let foreign_api: Api<Deployment> = Api::namespaced(admin.clone(), &namespace);
+    foreign_api
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+
+    let s = session::start(json!({}), &[]).await;
+    let ready = s
+        .await_state(State::Ready, "ready beside a foreign NFD")
+        .await;
+    let message = session::ready_condition(&ready).unwrap().message.clone();
+    assert!(
+        message.contains(&format!(
+            "NFD already runs (its master runs as Deployment {namespace}/nfd-master)"
+        )),
+        "{message}"
+    );
+    let ours: Api<Deployment> = Api::namespaced(s.admin.clone(), &s.identity.namespace);
+    assert!(
+        ours.get_opt(MASTER).await.unwrap().is_none(),
+        "a second NFD was deployed beside the running one"
+    );
+    s.teardown().await;
+    // Gone before the next test's operator looks for a foreign NFD at its start.
+    foreign_api
+        .delete("nfd-master", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(TIMEOUT, "the foreign NFD master gone", || {
+        let foreign_api = foreign_api.clone();
+        async move {
+            Ok(match foreign_api.get_opt("nfd-master").await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}
