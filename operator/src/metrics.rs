@@ -1,5 +1,6 @@
 //! Prometheus metrics of the operator (no IO here; `http` serves them): reconciles, errors,
-//! durations, GPU nodes and ready operands.
+//! durations, GPU nodes and ready operands; and NVIDIA's operator's metric names with their
+//! meanings, so dashboards and alerts written for it keep working (docs/metrics.md lists both).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +11,125 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     reason: String,
+}
+
+/// `gpu_operator_reconciliation_status` as NVIDIA's operator defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReconciliationStatus {
+    /// Every operand ready.
+    Success = 1,
+    /// The operands are not ready (yet).
+    NotReady = 0,
+    /// No ClusterPolicy is in force (none, being deleted, or undecodable).
+    PolicyUnavailable = -1,
+    /// The reconcile failed (API errors, an object refused, an invalid config).
+    OperatorError = -2,
+}
+
+/// NVIDIA's operator's metrics under their names.
+#[derive(Clone, Default)]
+struct NvidiaCompatible {
+    gpu_nodes_total: Gauge,
+    reconciliation_status: Gauge,
+    reconciliation_last_success: Gauge<f64, AtomicU64>,
+    reconciliation: Counter,
+    reconciliation_failed: Counter,
+    has_nfd_labels: Gauge,
+    driver_auto_upgrade_enabled: Gauge,
+    /// `nodes_upgrades_{in_progress,done,failed,available,pending}`: driver upgrades are not
+    /// managed by this operator yet, so these stay 0 (no node is upgrading through it).
+    upgrades: [Gauge; 5],
+    /// `openshift_driver_toolkit_{enabled,nfd_too_old,imagestream_missing,rhcos_tags_missing,
+    /// imagestream_broken}`.
+    driver_toolkit: [Gauge; 5],
+}
+
+impl NvidiaCompatible {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "gpu_nodes_total",
+            "Number of nodes with GPUs",
+            self.gpu_nodes_total.clone(),
+        );
+        registry.register(
+            "reconciliation_status",
+            "1 if the reconciliation is currently successful, 0 if the operands are not ready, -1 if the cluster policy is unavailable, -2 if an error occurred within the operator.",
+            self.reconciliation_status.clone(),
+        );
+        registry.register(
+            "reconciliation_last_success_ts_seconds",
+            "Timestamp (in seconds) of the last reconciliation loop success",
+            self.reconciliation_last_success.clone(),
+        );
+        registry.register(
+            "reconciliation",
+            "Total number of reconciliation",
+            self.reconciliation.clone(),
+        );
+        registry.register(
+            "reconciliation_failed",
+            "Number of failed reconciliation",
+            self.reconciliation_failed.clone(),
+        );
+        registry.register(
+            "reconciliation_has_nfd_labels",
+            "1 if NFD mandatory kernel labels have been found, 0 otherwise",
+            self.has_nfd_labels.clone(),
+        );
+        registry.register(
+            "driver_auto_upgrade_enabled",
+            "1 if driver auto upgrade is enabled 0 if not (this operator does not upgrade drivers automatically yet: always 0)",
+            self.driver_auto_upgrade_enabled.clone(),
+        );
+        let upgrades = [
+            ("in_progress", "being upgraded"),
+            ("done", "successfully upgraded"),
+            ("failed", "whose upgrade failed"),
+            ("available", "where an upgrade can be done"),
+            ("pending", "where an upgrade is pending"),
+        ];
+        for ((name, what), gauge) in upgrades.into_iter().zip(&self.upgrades) {
+            registry.register(
+                format!("nodes_upgrades_{name}"),
+                format!("Number of nodes {what} (driver upgrades are not managed by this operator yet: always 0)"),
+                gauge.clone(),
+            );
+        }
+        let toolkit = [
+            (
+                "enabled",
+                "1 if OCP DriverToolkit is enabled, -1 if requested but could not be enabled, 0 if not requested",
+            ),
+            (
+                "nfd_too_old",
+                "1 if OCP DriverToolkit is enabled but NFD doesn't expose OSTREE labels, 0 otherwise",
+            ),
+            (
+                "imagestream_missing",
+                "1 if OCP DriverToolkit is enabled but its imagestream is not available, 0 otherwise",
+            ),
+            (
+                "rhcos_tags_missing",
+                "1 if OCP DriverToolkit is enabled but some of the RHCOS tags are missing, 0 otherwise",
+            ),
+            (
+                "imagestream_broken",
+                "1 if OCP DriverToolkit is enabled but its imagestream is broken, 0 otherwise",
+            ),
+        ];
+        for ((name, help), gauge) in toolkit.into_iter().zip(&self.driver_toolkit) {
+            registry.register(
+                format!("openshift_driver_toolkit_{name}"),
+                help,
+                gauge.clone(),
+            );
+        }
+    }
 }
 
 /// The operator's metrics; cheap to clone.
@@ -25,6 +141,7 @@ pub struct Metrics {
     duration: Histogram,
     gpu_nodes: Gauge,
     ready_operands: Gauge,
+    nvidia: NvidiaCompatible,
 }
 
 impl Default for Metrics {
@@ -60,6 +177,8 @@ impl Default for Metrics {
             "Operand workloads with every pod available",
             ready_operands.clone(),
         );
+        let nvidia = NvidiaCompatible::default();
+        nvidia.register(&mut registry);
         Metrics {
             registry: Arc::new(registry),
             reconciles,
@@ -67,6 +186,7 @@ impl Default for Metrics {
             duration,
             gpu_nodes,
             ready_operands,
+            nvidia,
         }
     }
 }
@@ -74,6 +194,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn observe_reconcile(&self, took: Duration) {
         self.reconciles.inc();
+        self.nvidia.reconciliation.inc();
         self.duration.observe(took.as_secs_f64());
     }
 
@@ -83,13 +204,37 @@ impl Metrics {
                 reason: reason.to_string(),
             })
             .inc();
+        self.nvidia.reconciliation_failed.inc();
+        self.observe_status(ReconciliationStatus::OperatorError, 0.0);
     }
 
-    pub fn observe_state(&self, gpu_nodes: usize, ready_operands: usize) {
-        self.gpu_nodes
-            .set(i64::try_from(gpu_nodes).unwrap_or(i64::MAX));
-        self.ready_operands
-            .set(i64::try_from(ready_operands).unwrap_or(i64::MAX));
+    /// The outcome of a pass; `now` (seconds since the epoch) is recorded as the last success
+    /// when it succeeded.
+    pub fn observe_status(&self, status: ReconciliationStatus, now: f64) {
+        self.nvidia.reconciliation_status.set(status as i64);
+        if status == ReconciliationStatus::Success {
+            self.nvidia.reconciliation_last_success.set(now);
+        }
+    }
+
+    /// What a pass saw. `toolkit_requested`: the policy asks for OpenShift's Driver Toolkit on
+    /// OpenShift, which this operator does not build drivers with (NVIDIA's -1: requested but
+    /// not possible).
+    pub fn observe_state(
+        &self,
+        gpu_nodes: usize,
+        ready_operands: usize,
+        nfd_labelled_nodes: usize,
+        toolkit_requested: bool,
+    ) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.gpu_nodes.set(count(gpu_nodes));
+        self.ready_operands.set(count(ready_operands));
+        self.nvidia.gpu_nodes_total.set(count(gpu_nodes));
+        self.nvidia
+            .has_nfd_labels
+            .set(i64::from(nfd_labelled_nodes > 0));
+        self.nvidia.driver_toolkit[0].set(if toolkit_requested { -1 } else { 0 });
     }
 
     /// The text exposition format.
@@ -102,6 +247,27 @@ impl Metrics {
     }
 }
 
+/// NVIDIA's operator's metric names (v26.7), as its dashboards and alerts use them.
+pub const NVIDIA_METRICS: [&str; 17] = [
+    "gpu_operator_gpu_nodes_total",
+    "gpu_operator_reconciliation_last_success_ts_seconds",
+    "gpu_operator_reconciliation_status",
+    "gpu_operator_reconciliation_total",
+    "gpu_operator_reconciliation_failed_total",
+    "gpu_operator_reconciliation_has_nfd_labels",
+    "gpu_operator_openshift_driver_toolkit_enabled",
+    "gpu_operator_openshift_driver_toolkit_nfd_too_old",
+    "gpu_operator_openshift_driver_toolkit_imagestream_missing",
+    "gpu_operator_openshift_driver_toolkit_rhcos_tags_missing",
+    "gpu_operator_openshift_driver_toolkit_imagestream_broken",
+    "gpu_operator_driver_auto_upgrade_enabled",
+    "gpu_operator_nodes_upgrades_in_progress",
+    "gpu_operator_nodes_upgrades_done",
+    "gpu_operator_nodes_upgrades_failed",
+    "gpu_operator_nodes_upgrades_available",
+    "gpu_operator_nodes_upgrades_pending",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,7 +277,7 @@ mod tests {
         let m = Metrics::default();
         m.observe_reconcile(Duration::from_millis(3));
         m.observe_error("ApplyFailed");
-        m.observe_state(6, 5);
+        m.observe_state(6, 5, 6, false);
         let text = m.encode();
         assert!(text.contains("gpu_operator_reconciles_total 1"), "{text}");
         assert!(
@@ -119,5 +285,45 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("gpu_operator_gpu_nodes 6"), "{text}");
+    }
+
+    #[test]
+    fn every_nvidia_metric_name_is_exported_with_its_meaning() {
+        let m = Metrics::default();
+        m.observe_reconcile(Duration::from_millis(3));
+        m.observe_state(6, 5, 6, false);
+        m.observe_status(ReconciliationStatus::Success, 1_700_000_000.0);
+        let text = m.encode();
+        let sample = |name: &str| {
+            text.lines()
+                .find(|l| l.split([' ', '{']).next() == Some(name))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
+        for name in NVIDIA_METRICS {
+            assert!(sample(name).is_some(), "{name} missing:\n{text}");
+        }
+        assert_eq!(sample("gpu_operator_gpu_nodes_total").as_deref(), Some("6"));
+        assert_eq!(
+            sample("gpu_operator_reconciliation_status").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            sample("gpu_operator_reconciliation_total").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            sample("gpu_operator_reconciliation_last_success_ts_seconds").as_deref(),
+            Some("1700000000.0")
+        );
+        m.observe_error("ApplyFailed");
+        let text = m.encode();
+        assert!(
+            text.contains("gpu_operator_reconciliation_status -2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_operator_reconciliation_failed_total 1"),
+            "{text}"
+        );
     }
 }

@@ -52,7 +52,7 @@ use resolve::{Discovered, Resolver};
 use stores::Stores;
 
 use crate::api::{ClusterPolicy, ClusterPolicyStatus, State};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::nodes::GpuLabelLoss;
 use crate::render::{self, Outcome};
 use crate::validate;
@@ -281,13 +281,19 @@ async fn reconcile(
     let now = Time(k8s_openapi::jiff::Timestamp::now());
 
     if is_deleting(policy) {
+        ctx.metrics
+            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
         return Ok(None);
     }
     let Some(active) = active_policy(&ctx.policies) else {
+        ctx.metrics
+            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
         return Ok(None);
     };
     if is_deleting(&active) {
         // Its operands are being collected; the next policy takes over once it is gone.
+        ctx.metrics
+            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
         return Ok(None);
     }
     if active.name_any() != name {
@@ -531,6 +537,30 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             .flatten()
             .filter(|c| c.desired > 0 && c.available == c.desired)
             .count(),
+        nodes.iter().filter(|n| n.has_nfd_gpu()).count(),
+        // OpenShift's Driver Toolkit is on unless switched off; the driver is built the standard
+        // way here (render::driver), so a request for it cannot be honoured.
+        ctx.resolver.discovered.openshift
+            && policy.spec.is_enabled(crate::api::Component::Driver)
+            && policy
+                .spec
+                .operator
+                .as_ref()
+                .and_then(|o| o.use_ocp_driver_toolkit)
+                .unwrap_or(true),
+    );
+    let error = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == status::ERROR && c.status == "True");
+    ctx.metrics.observe_status(
+        match status.state {
+            State::Ready => ReconciliationStatus::Success,
+            _ if error => ReconciliationStatus::OperatorError,
+            _ => ReconciliationStatus::NotReady,
+        },
+        k8s_openapi::jiff::Timestamp::now().as_millisecond() as f64 / 1000.0,
     );
     let previous_state = policy.status.as_ref().map(|s| s.state);
     if !still_in_force(ctx, policy) {
@@ -549,11 +579,6 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             .unwrap_or_default();
         // A policy that has never been ready is progressing, not failing: a warning then only
         // for what a user must fix.
-        let error = status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == status::ERROR && c.status == "True");
         let (kind, reason) = match (status.state, previous_state) {
             (State::Ready, _) => (EventType::Normal, "Ready"),
             (_, None) if !error => (EventType::Normal, "Progressing"),
@@ -721,6 +746,10 @@ pub async fn run(
 
         let mut next: Option<Duration> = None;
         let mut failed = false;
+        if ctx.policies.is_empty() {
+            ctx.metrics
+                .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
+        }
         for guard in ctx.policies.state() {
             match reconcile(&guard, &ctx).await {
                 Ok(requeue) => next = next.into_iter().chain(requeue).min(),

@@ -426,6 +426,39 @@ async fn a_fresh_install_reports_progress_without_blaming_taints_or_warning() {
         "warnings on a healthy install: {events:#?}"
     );
     eprintln!("on the way to ready: {seen:#?}\nevents: {events:#?}");
+
+    // The metrics NVIDIA's dashboards and alerts read, under their names and meanings.
+    let text = e2e::operator::scrape_metrics(s.operator.metrics_port)
+        .await
+        .unwrap();
+    for name in gpu_operator::metrics::NVIDIA_METRICS {
+        assert!(
+            text.lines()
+                .any(|l| l.split([' ', '{']).next() == Some(name)),
+            "{name} is not exported:\n{text}"
+        );
+    }
+    let value = |name| e2e::operator::metric(&text, name);
+    assert_eq!(
+        value("gpu_operator_reconciliation_status"),
+        Some(1.0),
+        "{text}"
+    );
+    let gpu_nodes = e2e::nodes::gpu_node_names(&s.admin).await.unwrap().len() as f64;
+    assert_eq!(
+        value("gpu_operator_gpu_nodes_total"),
+        Some(gpu_nodes),
+        "{text}"
+    );
+    assert_eq!(
+        value("gpu_operator_reconciliation_has_nfd_labels"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        value("gpu_operator_reconciliation_last_success_ts_seconds") > Some(1.7e9),
+        "{text}"
+    );
     s.teardown().await;
 }
 
