@@ -18,7 +18,7 @@ demo-down: ## stop what `make demo` started
 	tests/demo/demo-down.sh
 
 .PHONY: test
-test: unit e2e ## everything: unit tests, then the harness and the end-to-end tests
+test: unit image-check e2e ## everything: unit tests, the image check, then the harness and the end-to-end tests
 
 .PHONY: unit
 unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
@@ -28,6 +28,14 @@ unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
 .PHONY: e2e
 e2e: harness olm-validator ## end-to-end tests on a fresh harness (started and stopped here)
 	tests/e2e.sh
+
+.PHONY: image
+image: ## the operator's OCI image archive, reproducibly, without a container daemon (prints its digest; docs/install.md)
+	scripts/image.sh
+
+.PHONY: image-check
+image-check: ## build the image twice (same digest) and check it: layout, config, user, entrypoint, labels, the binary runs
+	scripts/image-check.sh
 
 .PHONY: harness
 harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries

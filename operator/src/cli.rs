@@ -11,9 +11,21 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::api;
 
+/// What `gpu-operator --version` prints after the name: the release and the git commit the
+/// binary was built from (operator/build.rs; "unknown" when built without git metadata).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPU_OPERATOR_COMMIT"),
+    ")"
+);
+
+/// The git commit of [`VERSION`].
+pub const COMMIT: &str = env!("GPU_OPERATOR_COMMIT");
+
 /// Kubernetes operator that rolls out the NVIDIA GPU software stack from one ClusterPolicy.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-operator", version, about)]
+#[command(name = "gpu-operator", version = VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -280,6 +292,25 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn version_names_the_release_and_the_commit() {
+        let err = Cli::try_parse_from(["gpu-operator", "--version"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let printed = err.render().to_string();
+        assert_eq!(
+            printed,
+            format!(
+                "gpu-operator {} (commit {COMMIT})\n",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+        assert!(
+            COMMIT == "unknown"
+                || (COMMIT.len() >= 7 && COMMIT.bytes().all(|b| b.is_ascii_hexdigit())),
+            "the commit is neither a git hash nor \"unknown\": {COMMIT:?}"
+        );
     }
 
     #[test]

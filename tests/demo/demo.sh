@@ -22,6 +22,9 @@ METRICS_ADDR=127.0.0.1:$((HARNESS_PORT_BASE + 10))
 SCENARIO_1=(--set driver.enabled=true --set toolkit.enabled=true --set devicePlugin.enabled=true
             --set dcgmExporter.enabled=true --set migManager.enabled=true)
 TIME_SLICING=$root/charts/gpu-operator/ci/time-slicing-values.yaml
+# The chart refuses to install without an operator image (docs/install.md). The Deployment's pod
+# lands on a fake node where nothing is pulled; the binary runs here instead (below).
+OPERATOR_IMAGE=(--set operator.repository=registry.example.com/gpu-operator)
 
 started=$SECONDS
 step() { printf '\n\033[1m==> %s\033[0m  (%ss)\n' "$*" "$((SECONDS - started))"; }
@@ -49,9 +52,9 @@ step "Creating fake nodes: a T4, an A100-40GB and an H100 GPU node, and a CPU no
 "$root/tests/cluster/nodes.sh" 3 --prefix demo
 kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count
 
-step "helm install $RELEASE charts/gpu-operator -n $NAMESPACE --create-namespace ${SCENARIO_1[*]} --wait"
+step "helm install $RELEASE charts/gpu-operator -n $NAMESPACE --create-namespace ${OPERATOR_IMAGE[*]} ${SCENARIO_1[*]} --wait"
 helm install "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" --create-namespace \
-  "${SCENARIO_1[@]}" --wait --timeout 3m | sed -n '1,/^NOTES:/p' | sed '$d'
+  "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" --wait --timeout 3m | sed -n '1,/^NOTES:/p' | sed '$d'
 
 step "Running the operator as ServiceAccount $NAMESPACE/gpu-operator (only the chart's RBAC)"
 # The operator pod of the Deployment sits on a fake node, where no container runs; the binary
@@ -125,7 +128,7 @@ step "Before time-slicing: the config consumers"
 step "helm upgrade $RELEASE ... -f charts/gpu-operator/ci/time-slicing-values.yaml (scenario 2: every GPU shared 4 ways)"
 sed -n '/^devicePlugin:/,/^node-feature-discovery:/p' "$TIME_SLICING" | sed '$d'
 before=$(kubectl get ds -n "$NAMESPACE" "$plugin" -o jsonpath='{.metadata.generation}')
-helm upgrade "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" "${SCENARIO_1[@]}" \
+helm upgrade "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" \
   -f "$TIME_SLICING" --wait --timeout 3m >/dev/null
 echo "ClusterPolicy spec.devicePlugin.config: $(policy_field '{.spec.devicePlugin.config}')"
 

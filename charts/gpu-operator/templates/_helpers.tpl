@@ -20,16 +20,52 @@ app: gpu-operator
 app.kubernetes.io/component: gpu-operator
 {{- end -}}
 
-{{/* The operator's image: repository/image:version, the tag defaulting to the appVersion. */}}
+{{/*
+The operator's image. repository/image:version, the tag defaulting to the appVersion (the
+version of every part of a release: Cargo, chart, bundle and image). A digest is taken as
+operator.version=sha256:... or as an image that already holds one (gpu-operator@sha256:...);
+with repository and version empty, an image with its own tag is used as it is.
+*/}}
 {{- define "gpu-operator.image" -}}
 {{- $op := .Values.operator -}}
 {{- $name := $op.image -}}
 {{- if $op.repository }}{{ $name = printf "%s/%s" (trimSuffix "/" $op.repository) $op.image }}{{ end -}}
-{{- $tag := toString ($op.version | default .Chart.AppVersion) -}}
-{{- if hasPrefix "sha256:" $tag -}}
-{{ printf "%s@%s" $name $tag }}
+{{- $version := toString ($op.version | default "") -}}
+{{- if contains "@" $name -}}
+{{ $name }}
+{{- else if and (not $op.repository) (not $version) (contains ":" (last (splitList "/" $name))) -}}
+{{ $name }}
+{{- else if hasPrefix "sha256:" $version -}}
+{{ printf "%s@%s" $name $version }}
 {{- else -}}
-{{ printf "%s:%s" $name $tag }}
+{{ printf "%s:%s" $name ($version | default .Chart.AppVersion) }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The oldest Kubernetes release the operator supports: MIN_KUBERNETES_VERSION in
+operator/src/api/mod.rs (operator/tests/release.rs checks that they agree).
+*/}}
+{{- define "gpu-operator.minKubernetesVersion" -}}1.33{{- end -}}
+
+{{/*
+What can only be checked against the cluster the chart is installed into: its Kubernetes
+version, and that the operator has an image to run. `lookup` answers only when Helm talks to a
+cluster (install, upgrade, --dry-run=server); offline (`helm template`, `helm lint`) it returns
+nothing, so rendering for review or GitOps needs no flags. kube-system exists in every cluster.
+*/}}
+{{- define "gpu-operator.clusterChecks" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" -}}
+{{- $min := include "gpu-operator.minKubernetesVersion" . -}}
+{{- $running := .Capabilities.KubeVersion.Version -}}
+{{- /* -0 lets pre-release and vendor builds such as v1.33.1-eks-1234 compare as releases. */ -}}
+{{- if semverCompare (printf "<%s.0-0" $min) $running -}}
+{{- fail (printf "this cluster runs Kubernetes %s; the GPU operator needs %s or later (the oldest release its API client and the ClusterPolicy CRD's validation rules support)" $running $min) -}}
+{{- end -}}
+{{- $image := include "gpu-operator.image" . -}}
+{{- if not (contains "/" $image) -}}
+{{- fail (printf "operator.repository is not set, so the operator's image would be %q, which no registry serves (this project publishes no image). Build and push the image (docs/install.md: make image, then skopeo copy), then set operator.repository to the registry and path you pushed to, for example --set operator.repository=registry.example.com/gpu-operator (operator.version: the tag, default %s, or a digest sha256:...)" $image .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -5,6 +5,9 @@
 //! operator running with nothing but the chart's ServiceAccount, `helm upgrade` rolling the
 //! sharing-config consumers and `helm uninstall` leaving no operand behind; and a CRD change
 //! reaching the cluster on `helm upgrade` through the operator (Helm never upgrades `crds/`).
+//! `helm template` and `helm lint` with no flags and no cluster; the operator image by tag or
+//! digest, the same reference as the OLM bundle's; an install with no image failing before it
+//! creates anything, with the value to set.
 //!
 //! Tests that touch the cluster run one at a time (`--test-threads=1`, as tests/e2e.sh runs
 //! them): the ClusterPolicy and the CRD are cluster-wide. Each removes what an earlier failed run
@@ -18,7 +21,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use e2e::audit::AuditLog;
-use e2e::cluster::{pinned_version, unique_name};
+use e2e::cluster::unique_name;
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
@@ -110,19 +113,42 @@ fn helm_ok(args: &[String]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The Kubernetes version `helm template` renders for (it defaults to an old one, which the
-/// chart's kubeVersion rejects).
-fn kube_version() -> String {
-    pinned_version("KUBERNETES_VERSION").unwrap()
-}
-
+/// `helm template` as users type it: Helm's offline defaults (no --kube-version), which the
+/// chart renders with.
 fn template_args(extra: &[String]) -> Vec<String> {
     let mut args = strings(&["template", RELEASE]);
     args.push(chart());
-    args.extend(strings(&["--namespace", "gpu-operator", "--kube-version"]));
-    args.push(kube_version());
+    args.extend(strings(&["--namespace", "gpu-operator"]));
     args.extend(extra.iter().cloned());
     args
+}
+
+/// The registry the committed OLM bundle names (scripts/bundle-values.yaml): installs set it,
+/// as users must (docs/install.md), so the chart's Deployment names the bundle's image.
+fn operator_repository() -> String {
+    let path = repo_root().join("scripts/bundle-values.yaml");
+    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    values["operator"]["repository"]
+        .as_str()
+        .expect("scripts/bundle-values.yaml sets no operator.repository")
+        .to_owned()
+}
+
+fn operator_image_args() -> Vec<String> {
+    vec![
+        "--set".into(),
+        format!("operator.repository={}", operator_repository()),
+    ]
+}
+
+/// The operator image the committed bundle's CSV names in `containerImage`.
+fn csv_container_image() -> String {
+    let path = repo_root().join("bundle/manifests/gpu-operator.clusterserviceversion.yaml");
+    let csv: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    csv["metadata"]["annotations"]["containerImage"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// The objects `helm template` renders, as JSON.
@@ -363,6 +389,72 @@ fn misspelt_and_unsupported_values_fail_with_a_message_naming_the_value() {
     }
 }
 
+/// `helm template` and `helm lint` as users type them, with no flags at all and no cluster to
+/// ask: the chart carries no kubeVersion (Helm checks it against v1.20 offline) and its
+/// install-time checks stay quiet offline.
+#[test]
+fn helm_template_and_lint_work_with_no_flags_and_no_cluster() {
+    for verb in ["template", "lint"] {
+        let out = Command::new("helm")
+            .arg(verb)
+            .arg(chart())
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "helm {verb} {} failed:\n{}{}",
+            chart(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if verb == "template" {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("kind: ClusterPolicy"), "{text}");
+            // No registry set: rendered for review as the bare name and the release's tag.
+            assert!(
+                text.contains(&format!("image: gpu-operator:{OPERATOR_VERSION}")),
+                "{text}"
+            );
+        }
+    }
+}
+
+/// The operator's image by tag (default: the release version) or by digest, in both forms.
+#[test]
+fn the_operator_image_is_taken_by_tag_or_by_digest() {
+    let image = |extra: &[String]| -> String {
+        let docs = template(extra);
+        let deployment = find(&docs, "Deployment", "gpu-operator").expect("no Deployment");
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let repository = operator_repository();
+    assert_eq!(image(&operator_image_args()), csv_container_image());
+    assert_eq!(
+        image(&operator_image_args()),
+        format!("{repository}/gpu-operator:{OPERATOR_VERSION}")
+    );
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let mut by_version = operator_image_args();
+    by_version.extend(["--set".into(), format!("operator.version={digest}")]);
+    assert_eq!(
+        image(&by_version),
+        format!("{repository}/gpu-operator@{digest}")
+    );
+    let mut by_image = operator_image_args();
+    by_image.extend([
+        "--set".into(),
+        format!("operator.image=gpu-operator@{digest}"),
+    ]);
+    assert_eq!(
+        image(&by_image),
+        format!("{repository}/gpu-operator@{digest}")
+    );
+}
+
 // ---- against the cluster ----
 
 fn policies(client: &Client) -> Api<ClusterPolicy> {
@@ -548,6 +640,7 @@ fn helm_release(verb: &str, namespace: &str, args: &[String]) -> Duration {
     if verb == "install" {
         all.push("--create-namespace".into());
     }
+    all.extend(operator_image_args());
     all.extend(args.iter().cloned());
     let started = Instant::now();
     helm_ok(&all);
@@ -696,6 +789,15 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
         Some(1),
         "operator Deployment not available after helm install --wait"
     );
+    // The image the chart rendered is the one the OLM bundle names (one source: the chart's
+    // image helper, the registry of scripts/bundle-values.yaml, the release version).
+    let image = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.image.clone());
+    assert_eq!(image, Some(csv_container_image()));
 
     // The operator with the chart's ServiceAccount (and so only the chart's RBAC).
     let (_identity, operator) = start_chart_operator(&admin, &namespace).await;
@@ -996,4 +1098,94 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
         Vec::<String>::new()
     );
     stop(operator);
+}
+
+/// Installing with no operator image fails before any object of the release exists, with a
+/// message naming the value to set; the same install by digest passes the live checks (the
+/// cluster's Kubernetes version included) with `--dry-run=server`.
+#[tokio::test]
+async fn helm_install_without_an_operator_image_fails_early_naming_the_value_and_a_digest_passes() {
+    let admin = e2e::client().await.unwrap();
+    remove_leftovers(&admin).await;
+    let namespace = release_namespace(&admin).await;
+    let install = |extra: &[String]| {
+        let mut args = strings(&["install", RELEASE]);
+        args.push(chart());
+        args.extend(strings(&["--namespace", &namespace]));
+        args.extend(extra.iter().cloned());
+        helm(&args)
+    };
+
+    let out = install(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "helm install with no operator image succeeded"
+    );
+    for text in [
+        "operator.repository is not set",
+        "--set operator.repository=",
+        "docs/install.md",
+    ] {
+        assert!(stderr.contains(text), "{text:?} not in:\n{stderr}");
+    }
+    let releases = helm_ok(&strings(&[
+        "list",
+        "--all",
+        "--short",
+        "--namespace",
+        &namespace,
+    ]));
+    assert_eq!(releases.trim(), "", "a release was recorded: {releases}");
+    for (what, count) in [
+        (
+            "Deployments",
+            Api::<Deployment>::namespaced(admin.clone(), &namespace)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+        ),
+        (
+            "ServiceAccounts other than default",
+            Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|sa| sa.name_any() != "default")
+                .count(),
+        ),
+    ] {
+        assert_eq!(count, 0, "{what} created by a failed install");
+    }
+    assert!(
+        policies(&admin).get_opt(POLICY).await.unwrap().is_none(),
+        "a failed install created the ClusterPolicy"
+    );
+
+    // Against the live cluster (lookups answer), by digest: accepted and rendered.
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let mut args = operator_image_args();
+    args.extend(strings(&["--dry-run=server", "--set"]));
+    args.push(format!("operator.version={digest}"));
+    let out = install(&args);
+    assert!(
+        out.status.success(),
+        "helm install --dry-run=server by digest failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = String::from_utf8_lossy(&out.stdout);
+    let expected = format!("image: {}/gpu-operator@{digest}", operator_repository());
+    assert!(
+        manifest.contains(&expected),
+        "{expected} not in:\n{manifest}"
+    );
+
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
 }
