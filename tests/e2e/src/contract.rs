@@ -423,6 +423,67 @@ pub fn markdown_table(rows: &[Row]) -> String {
     out
 }
 
+/// The environment facts file: which binary each rendered container runs, and the variables
+/// each binary reads.
+pub const ENV_FACTS: &str = include_str!("../testdata/operand-env-contract.tsv");
+
+/// The binary whose variables the NVIDIA container runtime reads from any container's spec.
+pub const RUNTIME_READER: &str = "nvidia-container-runtime";
+
+/// The environment contract: `(operand, container) -> binary` and `binary -> variables`.
+#[derive(Clone, Debug, Default)]
+pub struct EnvContract {
+    pub containers: BTreeMap<(String, String), String>,
+    pub variables: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl EnvContract {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut out = EnvContract::default();
+        for (i, line) in text.lines().enumerate() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            match line.split('\t').collect::<Vec<_>>()[..] {
+                ["container", operand, container, binary, _] => {
+                    out.containers.insert(
+                        (operand.to_owned(), container.to_owned()),
+                        binary.to_owned(),
+                    );
+                }
+                ["env", binary, variable, "binary" | "runtime" | "parity", _] => {
+                    out.variables
+                        .entry(binary.to_owned())
+                        .or_default()
+                        .insert(variable.to_owned());
+                }
+                _ => return Err(format!("line {}: {line}", i + 1)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The variables set on `container` of `operand` that its binary does not read (`None`:
+    /// the container is not in the contract).
+    pub fn unread<'a>(
+        &self,
+        operand: &str,
+        container: &str,
+        set: impl IntoIterator<Item = &'a str>,
+    ) -> Option<Vec<String>> {
+        let binary = self
+            .containers
+            .get(&(operand.to_owned(), container.to_owned()))?;
+        let reads = |b: &str, v: &str| self.variables.get(b).is_some_and(|vars| vars.contains(v));
+        Some(
+            set.into_iter()
+                .filter(|v| !reads(binary, v) && !reads(RUNTIME_READER, v))
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -435,10 +496,10 @@ mod tests {
     const NAMESPACE: &str = "gpu-operator";
     const DOC: &str = "../../docs/operand-api-contract.md";
 
-    /// What the operator renders for a policy with every operand and RBAC-bearing option on.
-    fn rendered(openshift: bool) -> Rbac {
-        let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
-        let facts = ClusterFacts {
+    /// The cluster the local renderings are for: OpenShift (CRI-O) or plain (containerd), the
+    /// sharing ConfigMap of [`super::policy`] present.
+    fn rendering_facts(openshift: bool) -> ClusterFacts {
+        ClusterFacts {
             namespace: NAMESPACE.to_owned(),
             runtime: if openshift {
                 Runtime::CriO
@@ -454,7 +515,13 @@ mod tests {
                 default_inferred: false,
             }),
             ..ClusterFacts::default()
-        };
+        }
+    }
+
+    /// What the operator renders for a policy with every operand and RBAC-bearing option on.
+    fn rendered(openshift: bool) -> Rbac {
+        let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
+        let facts = rendering_facts(openshift);
         let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
         let mut rbac = Rbac::default();
         for state in render(&policy, &facts).operands {
@@ -607,5 +674,92 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn pods(
+        openshift: bool,
+        runtime: Runtime,
+    ) -> Vec<(String, k8s_openapi::api::core::v1::PodSpec)> {
+        let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
+        let facts = ClusterFacts {
+            runtime,
+            openshift,
+            ..rendering_facts(openshift)
+        };
+        let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
+        let mut out = Vec::new();
+        for state in render(&policy, &facts).operands {
+            if let Outcome::Rendered(o) = state.outcome {
+                for ds in o.daemon_sets {
+                    out.push((
+                        state.operand.name().to_owned(),
+                        ds.spec.unwrap().template.spec.unwrap(),
+                    ));
+                }
+                for d in o.deployments {
+                    out.push((
+                        state.operand.name().to_owned(),
+                        d.spec.unwrap().template.spec.unwrap(),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_variable_we_set_is_read_by_the_containers_binary() {
+        let contract = EnvContract::parse(ENV_FACTS).unwrap();
+        let mut seen = BTreeSet::new();
+        let mut unread = Vec::new();
+        for (openshift, runtime) in [
+            (false, Runtime::Containerd),
+            (false, Runtime::CriO),
+            (false, Runtime::Docker),
+            (true, Runtime::CriO),
+        ] {
+            for (operand, pod) in pods(openshift, runtime) {
+                for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+                    let set = c.env.iter().flatten().map(|e| e.name.as_str());
+                    if let Some(names) = contract.unread(&operand, &c.name, set) {
+                        seen.insert((operand.clone(), c.name.clone()));
+                        for name in names {
+                            unread.push(format!(
+                                "{operand} container {} ({runtime:?}, openshift={openshift}) sets \
+                                 {name}, which {} does not read",
+                                c.name,
+                                contract.containers[&(operand.clone(), c.name.clone())]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        unread.sort();
+        unread.dedup();
+        assert!(unread.is_empty(), "{}", unread.join("\n"));
+        let listed: BTreeSet<_> = contract.containers.keys().cloned().collect();
+        assert_eq!(
+            listed.difference(&seen).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "containers in the env contract that are not rendered"
+        );
+    }
+
+    #[test]
+    fn a_renamed_variable_is_reported() {
+        let contract = EnvContract::parse(ENV_FACTS).unwrap();
+        assert_eq!(
+            contract.unread(
+                "mig-manager",
+                "nvidia-mig-manager",
+                ["GPU_CLIENTS_FILE", "GPU_CLIENT_FILE"]
+            ),
+            Some(vec!["GPU_CLIENT_FILE".to_owned()])
+        );
+        assert_eq!(
+            contract.unread("gpu-feature-discovery", "no-such-container", ["X"]),
+            None
+        );
     }
 }
