@@ -175,7 +175,7 @@ async fn contract_failures(setup: &Setup, openshift: bool) -> Vec<String> {
     for (sa, operands) in contract::service_accounts(&all) {
         if !accounts.contains(&sa) {
             failures.push(format!(
-                "{} : ServiceAccount {sa} was not rendered",
+                "{}: ServiceAccount {sa} was not rendered",
                 operands.into_iter().collect::<Vec<_>>().join(", ")
             ));
         }
