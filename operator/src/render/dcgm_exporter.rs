@@ -23,7 +23,8 @@ pub const NAME: &str = "nvidia-dcgm-exporter";
 /// ServiceAccount, Role and SCC name.
 pub const SERVICE_ACCOUNT: &str = "nvidia-dcgm-exporter";
 pub const MAIN_CONTAINER: &str = "nvidia-dcgm-exporter";
-/// ClusterRole letting the exporter label metrics with pod labels / UIDs.
+/// ClusterRole letting the exporter read pods (pod labels / UIDs on metrics); rendered whenever
+/// its token is mounted, since its pod informer then runs.
 pub const READ_PODS_ROLE: &str = "nvidia-dcgm-exporter-read-pods";
 pub const PORT: i32 = 9400;
 /// Key of the metrics list in `dcgmExporter.config.name`.
@@ -113,7 +114,10 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     )) || is_true(env_value(&envs, "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"));
     let configmap_data = env_value(&envs, "DCGM_EXPORTER_CONFIGMAP_DATA")
         .is_some_and(|v| !v.is_empty() && v != "none");
-    // The exporter reads the API server only for pod labels or a metrics ConfigMap.
+    // The exporter reads the API server only for pod labels or a metrics ConfigMap. Once it
+    // has a token, DCGM_EXPORTER_KUBERNETES=true starts its pod informer whatever the pod
+    // label switches say (dcgm-exporter internal/pkg/transformation/kubernetes.go,
+    // NewPodMapper), so reading pods comes with the token.
     let needs_token = pod_labels_on || configmap_data;
 
     let mut mounts = vec![mount(POD_RESOURCES, "/var/lib/kubelet/pod-resources").read_only()];
@@ -240,7 +244,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         Vec::new(),
         facts,
     );
-    if pod_labels_on {
+    if needs_token {
         common::add_cluster_role(
             &mut objects,
             Operand::DcgmExporter,

@@ -1244,6 +1244,25 @@ fn exporter_reads_pods_only_when_pod_labels_are_asked_for() {
 }
 
 #[test]
+fn exporter_with_a_token_for_its_metrics_configmap_may_read_pods() {
+    // With a token its pod informer runs, pod labels or not (dcgm-exporter 4.8.x NewPodMapper).
+    let cm = objects(
+        "{dcgmExporter: {env: [{name: DCGM_EXPORTER_CONFIGMAP_DATA, value: 'gpu-operator:metrics'}]}}",
+        &facts(),
+        Operand::DcgmExporter,
+    );
+    assert_eq!(
+        pod(&cm.daemon_sets[0]).automount_service_account_token,
+        Some(true)
+    );
+    assert_eq!(
+        cm.cluster_roles[0].metadata.name.as_deref(),
+        Some("nvidia-dcgm-exporter-read-pods")
+    );
+    assert_eq!(cm.cluster_role_bindings.len(), 1);
+}
+
+#[test]
 fn exporter_metrics_config_is_mounted_and_hashed() {
     let metrics = |csv: &str| ClusterFacts {
         dcgm_metrics: Some(ConfigMapData {

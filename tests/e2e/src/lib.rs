@@ -5,8 +5,10 @@
 pub mod audit;
 pub mod chaos;
 pub mod cluster;
+pub mod contract;
 pub mod crd;
 pub mod nodes;
+pub mod openshift;
 pub mod operator;
 pub mod procs;
 pub mod procstat;

@@ -18,11 +18,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
 
 use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
 use e2e::crd::install_cluster_policy_crd;
+use e2e::openshift;
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
@@ -33,18 +33,10 @@ use gpu_operator::render::rbac;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
-};
-use kube::runtime::wait::conditions;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-const SCC_CRD: &str = "securitycontextconstraints.security.openshift.io";
-const CLUSTER_VERSION_CRD: &str = "clusterversions.config.openshift.io";
-const OPENSHIFT_GROUPS: [&str; 2] = ["security.openshift.io", "config.openshift.io"];
 const FIELD_MANAGER: &str = "e2e-openshift";
 /// The operator's generated ClusterRole, under a name of this test's own.
 const OPERATOR_ROLE: &str = "gpu-operator-e2e-openshift";
@@ -86,97 +78,8 @@ const SCC_ANNOTATIONS: [(&str, Option<&str>); 9] = [
 /// mounts host paths, uses the privileged SCC). The test fails when one appears.
 const KNOWN_UNADMITTED: [&str; 0] = [];
 
-fn manifests_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster/manifests/openshift")
-}
-
 fn scc_api(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &scc_api_resource())
-}
-
-async fn served_openshift_groups(client: &Client) -> Vec<String> {
-    client
-        .list_api_groups()
-        .await
-        .unwrap()
-        .groups
-        .into_iter()
-        .map(|g| g.name)
-        .filter(|name| OPENSHIFT_GROUPS.contains(&name.as_str()))
-        .collect()
-}
-
-/// Installs the SCC and ClusterVersion CRDs, waits until they are established, and creates the
-/// cluster's `version` ClusterVersion as an OpenShift installer does.
-async fn install_openshift_apis(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (name, file) in [
-        (SCC_CRD, "securitycontextconstraints.yaml"),
-        (CLUSTER_VERSION_CRD, "clusterversions.yaml"),
-    ] {
-        let path = manifests_dir().join(file);
-        let crd: CustomResourceDefinition =
-            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap())
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        api.patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
-        wait::for_object(
-            api.clone(),
-            name,
-            TIMEOUT,
-            "OpenShift CRD established",
-            conditions::is_crd_established(),
-        )
-        .await
-        .unwrap();
-    }
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("config.openshift.io", "v1", "ClusterVersion"),
-        "clusterversions",
-    );
-    let mut version = DynamicObject::new("version", &resource);
-    version.data = json!({"spec": {"clusterID": "6b1f3a52-8d4e-4c2a-9f0e-3c5d7a9b1e24", "channel": "stable-4.20"}});
-    Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .create(&PostParams::default(), &version)
-        .await
-        .unwrap();
-}
-
-/// Deletes the OpenShift CRDs (their objects go with them) and waits until the API server no
-/// longer serves their groups, so that the next operator started on this harness finds a plain
-/// Kubernetes cluster. Tolerates CRDs that are already gone.
-async fn remove_openshift_apis(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => panic!("deleting CRD {name}: {e}"),
-        }
-    }
-    wait::until(TIMEOUT, "OpenShift APIs no longer served", || {
-        let (api, client) = (api.clone(), client.clone());
-        async move {
-            let mut left = served_openshift_groups(&client).await;
-            for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
-                if api.get_opt(name).await?.is_some() {
-                    left.push(format!("CRD {name}"));
-                }
-            }
-            Ok(if left.is_empty() {
-                Ok(())
-            } else {
-                Err(left.join(", "))
-            })
-        }
-    })
-    .await
-    .unwrap();
 }
 
 fn strings(value: &Value) -> Vec<String> {
@@ -373,13 +276,13 @@ async fn toolkit(setup: &Setup) -> (PodSpec, BTreeMap<String, String>) {
 async fn on_openshift_the_operator_creates_sccs_the_api_server_accepts_and_the_policy_becomes_ready()
  {
     let admin = e2e::client().await.unwrap();
-    remove_openshift_apis(&admin).await;
-    install_openshift_apis(&admin).await;
+    openshift::remove_apis(&admin).await;
+    openshift::install_apis(&admin).await;
     let outcome = AssertUnwindSafe(openshift_steps(&admin))
         .catch_unwind()
         .await;
     // Whatever happened, the next test's operator must find a plain Kubernetes cluster.
-    remove_openshift_apis(&admin).await;
+    openshift::remove_apis(&admin).await;
     let _ = Api::<ClusterRole>::all(admin.clone())
         .delete(OPERATOR_ROLE, &DeleteParams::default())
         .await;
@@ -693,7 +596,7 @@ async fn openshift_steps(admin: &Client) {
 #[tokio::test]
 async fn without_openshift_apis_nothing_openshift_is_rendered_or_requested() {
     let admin = e2e::client().await.unwrap();
-    remove_openshift_apis(&admin).await;
+    openshift::remove_apis(&admin).await;
     let audit = AuditLog::from_env().unwrap();
     let mark = audit.mark().unwrap();
     let setup = session::start(
@@ -744,7 +647,11 @@ async fn without_openshift_apis_nothing_openshift_is_rendered_or_requested() {
         .unwrap()
         .into_iter()
         .filter(|e| e.user.username == user)
-        .filter(|e| OPENSHIFT_GROUPS.iter().any(|g| e.request_uri.contains(g)))
+        .filter(|e| {
+            openshift::OPENSHIFT_GROUPS
+                .iter()
+                .any(|g| e.request_uri.contains(g))
+        })
         .map(|e| format!("{} {}", e.verb, e.request_uri))
         .collect();
     assert!(

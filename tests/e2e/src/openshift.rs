@@ -1,0 +1,113 @@
+//! The simulated OpenShift of the harness: OpenShift's SecurityContextConstraints and
+//! ClusterVersion CRDs (`tests/cluster/manifests/openshift/`, written from the public API
+//! definitions) installed and removed again, so that an operator started meanwhile detects
+//! OpenShift. A failed step panics: this is test support.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::runtime::wait::conditions;
+use serde_json::json;
+
+use crate::session::TIMEOUT;
+use crate::wait;
+
+pub const SCC_CRD: &str = "securitycontextconstraints.security.openshift.io";
+pub const CLUSTER_VERSION_CRD: &str = "clusterversions.config.openshift.io";
+/// The API groups the two CRDs serve.
+pub const OPENSHIFT_GROUPS: [&str; 2] = ["security.openshift.io", "config.openshift.io"];
+const FIELD_MANAGER: &str = "e2e-openshift";
+
+fn manifests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster/manifests/openshift")
+}
+
+pub async fn served_groups(client: &Client) -> Vec<String> {
+    client
+        .list_api_groups()
+        .await
+        .unwrap()
+        .groups
+        .into_iter()
+        .map(|g| g.name)
+        .filter(|name| OPENSHIFT_GROUPS.contains(&name.as_str()))
+        .collect()
+}
+
+/// Installs the SCC and ClusterVersion CRDs, waits until they are established, and creates the
+/// cluster's `version` ClusterVersion as an OpenShift installer does.
+pub async fn install_apis(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (name, file) in [
+        (SCC_CRD, "securitycontextconstraints.yaml"),
+        (CLUSTER_VERSION_CRD, "clusterversions.yaml"),
+    ] {
+        let path = manifests_dir().join(file);
+        let crd: CustomResourceDefinition =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait::for_object(
+            api.clone(),
+            name,
+            TIMEOUT,
+            "OpenShift CRD established",
+            conditions::is_crd_established(),
+        )
+        .await
+        .unwrap();
+    }
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("config.openshift.io", "v1", "ClusterVersion"),
+        "clusterversions",
+    );
+    let mut version = DynamicObject::new("version", &resource);
+    version.data = json!({"spec": {"clusterID": "6b1f3a52-8d4e-4c2a-9f0e-3c5d7a9b1e24", "channel": "stable-4.20"}});
+    Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &version)
+        .await
+        .unwrap();
+}
+
+/// Deletes the OpenShift CRDs (their objects go with them) and waits until the API server no
+/// longer serves their groups, so that the next operator started on this harness finds a plain
+/// Kubernetes cluster. Tolerates CRDs that are already gone.
+pub async fn remove_apis(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("deleting CRD {name}: {e}"),
+        }
+    }
+    wait::until(TIMEOUT, "OpenShift APIs no longer served", || {
+        let (api, client) = (api.clone(), client.clone());
+        async move {
+            let mut left = served_groups(&client).await;
+            for name in [SCC_CRD, CLUSTER_VERSION_CRD] {
+                if api.get_opt(name).await?.is_some() {
+                    left.push(format!("CRD {name}"));
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join(", "))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
