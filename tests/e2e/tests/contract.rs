@@ -36,13 +36,6 @@ const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
 /// The operator's generated ClusterRole on the simulated OpenShift, under a name of this test's.
 const OPERATOR_ROLE: &str = "gpu-operator-e2e-contract";
 
-/// API versions rows need that the harness does not serve, each with the reason. The test
-/// fails when one of these becomes served (remove it here then) and when any other is missing.
-const KNOWN_UNSERVED: [(&str, &str); 1] = [(
-    "nfd.k8s-sigs.io/v1alpha1",
-    "issue 14: the operator deploys NFD only while NFD's CRDs are absent and does not install them",
-)];
-
 /// Every Role and binding in the operator namespace, and our ClusterRoles and bindings.
 async fn live_rbac(admin: &Client, namespace: &str) -> Rbac {
     let all = ListParams::default();
@@ -183,23 +176,11 @@ async fn contract_failures(setup: &Setup, openshift: bool) -> Vec<String> {
 
     let (discovery, unserved) = discovery_failures(admin, &rows).await;
     failures.extend(discovery);
+    // Every API a row needs is served, NFD's included: the operator installs NFD's CRDs
+    // whenever it deploys NFD.
     for (version, needing) in &unserved {
-        if let Some((_, why)) = KNOWN_UNSERVED.iter().find(|(v, _)| v == version) {
-            println!(
-                "known gap: {version} is not served ({why}); {} rows need it",
-                needing.len()
-            );
-        } else {
-            for n in needing {
-                failures.push(format!("{n}: {version} is not served"));
-            }
-        }
-    }
-    for (version, _) in KNOWN_UNSERVED {
-        if !unserved.contains_key(version) {
-            failures.push(format!(
-                "{version} is served now: remove it from KNOWN_UNSERVED"
-            ));
+        for n in needing {
+            failures.push(format!("{n}: {version} is not served"));
         }
     }
 
