@@ -81,7 +81,7 @@ const UPGRADE_CRD_OFF: &str = "--upgrade-crd=false";
 
 /// Every image a policy can name. [`in_bundle`] matches on the kind without a wildcard, so a new
 /// variant does not compile until it is listed there, next to this list.
-const IMAGE_KINDS: [ImageKind; 20] = [
+const IMAGE_KINDS: [ImageKind; 21] = [
     ImageKind::Driver,
     ImageKind::DriverManager,
     ImageKind::Toolkit,
@@ -96,6 +96,7 @@ const IMAGE_KINDS: [ImageKind; 20] = [
     ImageKind::Gds,
     ImageKind::GdrCopy,
     ImageKind::SandboxDevicePlugin,
+    ImageKind::KataSandboxDevicePlugin,
     ImageKind::VgpuManager,
     ImageKind::VgpuDeviceManager,
     ImageKind::VfioManager,
@@ -124,6 +125,7 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::Nfd => kind.pinned().is_some(),
         ImageKind::InitContainer
         | ImageKind::SandboxDevicePlugin
+        | ImageKind::KataSandboxDevicePlugin
         | ImageKind::VgpuManager
         | ImageKind::VgpuDeviceManager
         | ImageKind::VfioManager

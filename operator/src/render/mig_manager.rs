@@ -232,6 +232,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
     let mut ds = OperandDaemonSet::new(Operand::MigManager, NAME, pod, MAIN_CONTAINER);
     ds.image = Some(&manager.image);
+    ds.host_network = manager.host_network.unwrap_or(false);
     ds.overrides = Some(&manager.container);
     ds.gpu_access = GpuAccess::Runtime {
         nri_container: MAIN_CONTAINER,
