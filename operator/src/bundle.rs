@@ -552,15 +552,6 @@ pub fn spec_descriptors() -> Vec<Descriptor> {
         &[],
     );
     mig_strategy.x_descriptors = select(&["none", "single", "mixed"]);
-    let mut runtime = descriptor(
-        "operator.defaultRuntime",
-        "Default container runtime",
-        "Runtime assumed when the GPU nodes do not report one (OpenShift always uses CRI-O).",
-        &[ADVANCED],
-    );
-    runtime
-        .x_descriptors
-        .extend(select(&["crio", "containerd", "docker"]));
     vec![
         descriptor(
             "driver.enabled",
@@ -653,7 +644,6 @@ pub fn spec_descriptors() -> Vec<Descriptor> {
             "Hand GPUs to containers through the Container Device Interface.",
             &[SWITCH, ADVANCED],
         ),
-        runtime,
         descriptor(
             "daemonsets.priorityClassName",
             "Operand priority class",

@@ -422,11 +422,7 @@ mod tests {
                 .map(|v| v.as_str().unwrap().to_owned())
                 .collect()
         };
-        let cases: [(&Value, &[&str]); 8] = [
-            (
-                &spec["operator"]["properties"]["defaultRuntime"],
-                &["docker", "crio", "containerd"],
-            ),
+        let cases: [(&Value, &[&str]); 7] = [
             (
                 &spec["daemonsets"]["properties"]["updateStrategy"],
                 &["RollingUpdate", "OnDelete"],

@@ -53,8 +53,8 @@ pub use operands::{
     ValidatorSpec,
 };
 pub use platform::{
-    CdiConfigSpec, ContainerRuntime, DaemonsetsSpec, HostPathsSpec, InitContainerSpec,
-    OperatorMetricsSpec, OperatorSpec, PsaSpec, PspSpec, RollingUpdateSpec, UpdateStrategy,
+    CdiConfigSpec, DaemonsetsSpec, HostPathsSpec, InitContainerSpec, OperatorMetricsSpec,
+    OperatorSpec, PsaSpec, PspSpec, RollingUpdateSpec, UpdateStrategy,
 };
 pub use sandbox::{
     CcManagerSpec, CcMode, KataArtifacts, KataManagerConfig, KataManagerSpec, KataRuntimeClass,

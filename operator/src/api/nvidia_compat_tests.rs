@@ -131,6 +131,15 @@ fn incompatibilities(
                 show(&theirs.default)
             ));
         }
+        if theirs.enum_.is_none()
+            && let Some(my_values) = &mine.enum_
+        {
+            problems.push(format!(
+                "{path}: enum {} where NVIDIA accepts any {}",
+                Value::Array(my_values.clone()),
+                theirs.type_
+            ));
+        }
         if let (Some(their_values), Some(my_values)) = (&theirs.enum_, &mine.enum_) {
             let refused: Vec<String> = their_values
                 .iter()
@@ -194,6 +203,7 @@ fn comparison_names_missing_retyped_redefaulted_and_narrowed_fields() {
             "spec.d".to_owned(),
             field("string", None, Some(vec!["on".into(), "off".into()])),
         ),
+        ("spec.e".to_owned(), field("string", None, None)),
         (
             "spec.daemonsets.rollingUpdate.maxUnavailable".to_owned(),
             field("string", None, None),
@@ -207,6 +217,10 @@ fn comparison_names_missing_retyped_redefaulted_and_narrowed_fields() {
             field("string", None, Some(vec!["on".into()])),
         ),
         (
+            "spec.e".to_owned(),
+            field("string", None, Some(vec!["docker".into()])),
+        ),
+        (
             "spec.daemonsets.rollingUpdate.maxUnavailable".to_owned(),
             field("int-or-string", None, None),
         ),
@@ -218,6 +232,7 @@ fn comparison_names_missing_retyped_redefaulted_and_narrowed_fields() {
             "spec.b: type string (NVIDIA: boolean)",
             "spec.c: default none (NVIDIA: \"x\")",
             "spec.d: enum refuses \"off\" that NVIDIA accepts",
+            "spec.e: enum [\"docker\"] where NVIDIA accepts any string",
         ]
     );
 }

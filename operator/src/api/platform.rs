@@ -24,27 +24,15 @@ fn daemonset_max_unavailable(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Container runtime assumed when the operator cannot tell it from the nodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(description = "")]
-#[serde(rename_all = "lowercase")]
-pub enum ContainerRuntime {
-    /// Docker.
-    Docker,
-    /// CRI-O.
-    Crio,
-    /// containerd.
-    Containerd,
-}
-
 /// Settings of the operator that apply to all operands.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorSpec {
     /// Deprecated and ignored, as by NVIDIA's operator since v26.7: the container runtime is
-    /// read from the GPU nodes. Accepted values: docker, crio or containerd.
+    /// read from the GPU nodes. NVIDIA's values were docker, crio and containerd; any string is
+    /// stored, as NVIDIA's CRD stores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_runtime: Option<ContainerRuntime>,
+    pub default_runtime: Option<String>,
     /// Name of the RuntimeClass that operand pods and GPU workloads use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "nvidia"))]
