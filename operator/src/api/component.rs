@@ -331,6 +331,36 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_device_plugins_and_cc_manager_follow_the_sandbox_mode() {
+        let on = "{enabled: true}";
+        let policy = |mode: &str| {
+            spec(&format!(
+                "{{sandboxWorkloads: {{enabled: true{mode}}}, sandboxDevicePlugin: {on}, \
+                 kataSandboxDevicePlugin: {on}, ccManager: {on}, vfioManager: {on}}}"
+            ))
+        };
+        for (mode, kubevirt) in [
+            ("", true),
+            (", mode: kubevirt", true),
+            (", mode: kata", false),
+        ] {
+            let s = policy(mode);
+            assert_eq!(
+                s.is_enabled(Component::SandboxDevicePlugin),
+                kubevirt,
+                "{mode}"
+            );
+            assert_eq!(
+                s.is_enabled(Component::KataSandboxDevicePlugin),
+                !kubevirt,
+                "{mode}"
+            );
+            assert_eq!(s.is_enabled(Component::CcManager), !kubevirt, "{mode}");
+            assert!(s.is_enabled(Component::VfioManager), "{mode}");
+        }
+    }
+
+    #[test]
     fn unsupported_enabled_lists_gds_and_gdrcopy_only_when_on() {
         assert!(
             ClusterPolicySpec::default()
