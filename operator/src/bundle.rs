@@ -81,7 +81,7 @@ const UPGRADE_CRD_OFF: &str = "--upgrade-crd=false";
 
 /// Every image a policy can name. [`in_bundle`] matches on the kind without a wildcard, so a new
 /// variant does not compile until it is listed there, next to this list.
-const IMAGE_KINDS: [ImageKind; 20] = [
+const IMAGE_KINDS: [ImageKind; 21] = [
     ImageKind::Driver,
     ImageKind::DriverManager,
     ImageKind::Toolkit,
@@ -96,6 +96,7 @@ const IMAGE_KINDS: [ImageKind; 20] = [
     ImageKind::Gds,
     ImageKind::GdrCopy,
     ImageKind::SandboxDevicePlugin,
+    ImageKind::KataSandboxDevicePlugin,
     ImageKind::VgpuManager,
     ImageKind::VgpuDeviceManager,
     ImageKind::VfioManager,
@@ -124,6 +125,7 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::Nfd => kind.pinned().is_some(),
         ImageKind::InitContainer
         | ImageKind::SandboxDevicePlugin
+        | ImageKind::KataSandboxDevicePlugin
         | ImageKind::VgpuManager
         | ImageKind::VgpuDeviceManager
         | ImageKind::VfioManager
@@ -550,15 +552,6 @@ pub fn spec_descriptors() -> Vec<Descriptor> {
         &[],
     );
     mig_strategy.x_descriptors = select(&["none", "single", "mixed"]);
-    let mut runtime = descriptor(
-        "operator.defaultRuntime",
-        "Default container runtime",
-        "Runtime assumed when the GPU nodes do not report one (OpenShift always uses CRI-O).",
-        &[ADVANCED],
-    );
-    runtime
-        .x_descriptors
-        .extend(select(&["crio", "containerd", "docker"]));
     vec![
         descriptor(
             "driver.enabled",
@@ -651,7 +644,6 @@ pub fn spec_descriptors() -> Vec<Descriptor> {
             "Hand GPUs to containers through the Container Device Interface.",
             &[SWITCH, ADVANCED],
         ),
-        runtime,
         descriptor(
             "daemonsets.priorityClassName",
             "Operand priority class",

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::ClusterPolicySpec;
+use super::{ClusterPolicySpec, SandboxMode};
 
 /// An operand (or optional feature) that a ClusterPolicy switches on or off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,6 +33,8 @@ pub enum Component {
     GdrCopy,
     /// `spec.sandboxDevicePlugin`.
     SandboxDevicePlugin,
+    /// `spec.kataSandboxDevicePlugin`.
+    KataSandboxDevicePlugin,
     /// `spec.vgpuManager`.
     VgpuManager,
     /// `spec.vgpuDeviceManager`.
@@ -47,7 +49,7 @@ pub enum Component {
 
 impl Component {
     /// Every component, in the order the status lists them.
-    pub const ALL: [Component; 18] = [
+    pub const ALL: [Component; 19] = [
         Component::Driver,
         Component::Toolkit,
         Component::Validator,
@@ -61,6 +63,7 @@ impl Component {
         Component::Gds,
         Component::GdrCopy,
         Component::SandboxDevicePlugin,
+        Component::KataSandboxDevicePlugin,
         Component::VgpuManager,
         Component::VgpuDeviceManager,
         Component::VfioManager,
@@ -84,6 +87,7 @@ impl Component {
             Component::Gds => "gds",
             Component::GdrCopy => "gdrcopy",
             Component::SandboxDevicePlugin => "sandboxDevicePlugin",
+            Component::KataSandboxDevicePlugin => "kataSandboxDevicePlugin",
             Component::VgpuManager => "vgpuManager",
             Component::VgpuDeviceManager => "vgpuDeviceManager",
             Component::VfioManager => "vfioManager",
@@ -109,6 +113,7 @@ impl Component {
             | Component::Gds
             | Component::GdrCopy
             | Component::SandboxDevicePlugin
+            | Component::KataSandboxDevicePlugin
             | Component::VgpuManager
             | Component::VgpuDeviceManager
             | Component::VfioManager
@@ -134,6 +139,7 @@ impl Component {
             Component::Gds
             | Component::GdrCopy
             | Component::SandboxDevicePlugin
+            | Component::KataSandboxDevicePlugin
             | Component::VgpuManager
             | Component::VgpuDeviceManager
             | Component::VfioManager
@@ -142,11 +148,22 @@ impl Component {
         }
     }
 
+    /// The sandbox mode the component needs, where it serves only one (NVIDIA's operator
+    /// deploys it only in that `sandboxWorkloads.mode`).
+    pub const fn needs_sandbox_mode(self) -> Option<SandboxMode> {
+        match self {
+            Component::SandboxDevicePlugin => Some(SandboxMode::Kubevirt),
+            Component::KataSandboxDevicePlugin | Component::CcManager => Some(SandboxMode::Kata),
+            _ => None,
+        }
+    }
+
     /// Whether the component is deployed only with `sandboxWorkloads.enabled: true`.
     pub const fn needs_sandbox_workloads(self) -> bool {
         matches!(
             self,
             Component::SandboxDevicePlugin
+                | Component::KataSandboxDevicePlugin
                 | Component::VgpuManager
                 | Component::VgpuDeviceManager
                 | Component::VfioManager
@@ -169,11 +186,13 @@ pub(super) fn is_enabled(spec: &ClusterPolicySpec, component: Component) -> bool
         s.as_ref().map_or(component.enabled_by_default(), on)
     }
 
-    let sandbox = spec
-        .sandbox_workloads
-        .as_ref()
-        .is_some_and(|s| s.is_enabled());
-    if component.needs_sandbox_workloads() && !sandbox {
+    let sandbox = spec.sandbox_workloads.as_ref().filter(|s| s.is_enabled());
+    if component.needs_sandbox_workloads() && sandbox.is_none() {
+        return false;
+    }
+    if let Some(mode) = component.needs_sandbox_mode()
+        && sandbox.map(|s| s.mode()) != Some(mode)
+    {
         return false;
     }
     match component {
@@ -193,6 +212,11 @@ pub(super) fn is_enabled(spec: &ClusterPolicySpec, component: Component) -> bool
         Component::GdrCopy => section(&spec.gdrcopy, component, |s| s.is_enabled()),
         Component::SandboxDevicePlugin => {
             section(&spec.sandbox_device_plugin, component, |s| s.is_enabled())
+        }
+        Component::KataSandboxDevicePlugin => {
+            section(&spec.kata_sandbox_device_plugin, component, |s| {
+                s.is_enabled()
+            })
         }
         Component::VgpuManager => section(&spec.vgpu_manager, component, |s| s.is_enabled()),
         Component::VgpuDeviceManager => {
@@ -304,6 +328,36 @@ mod tests {
         assert!(with.is_enabled(Component::VfioManager));
         assert!(!with.is_enabled(Component::VgpuManager));
         assert_eq!(with.unsupported_enabled(), [Component::VfioManager]);
+    }
+
+    #[test]
+    fn sandbox_device_plugins_and_cc_manager_follow_the_sandbox_mode() {
+        let on = "{enabled: true}";
+        let policy = |mode: &str| {
+            spec(&format!(
+                "{{sandboxWorkloads: {{enabled: true{mode}}}, sandboxDevicePlugin: {on}, \
+                 kataSandboxDevicePlugin: {on}, ccManager: {on}, vfioManager: {on}}}"
+            ))
+        };
+        for (mode, kubevirt) in [
+            ("", true),
+            (", mode: kubevirt", true),
+            (", mode: kata", false),
+        ] {
+            let s = policy(mode);
+            assert_eq!(
+                s.is_enabled(Component::SandboxDevicePlugin),
+                kubevirt,
+                "{mode}"
+            );
+            assert_eq!(
+                s.is_enabled(Component::KataSandboxDevicePlugin),
+                !kubevirt,
+                "{mode}"
+            );
+            assert_eq!(s.is_enabled(Component::CcManager), !kubevirt, "{mode}");
+            assert!(s.is_enabled(Component::VfioManager), "{mode}");
+        }
     }
 
     #[test]

@@ -394,12 +394,13 @@ mod tests {
             ".spec.driver.upgradePolicy.podDeletion.force=false",
             ".spec.driver.upgradePolicy.podDeletion.timeoutSeconds=300",
             ".spec.driver.upgradePolicy.waitForCompletion.timeoutSeconds=0",
+            ".spec.hostPaths.kubeletRootDir=\"/var/lib/kubelet\"",
             ".spec.kataManager.config.artifactsDir=\"/opt/nvidia-gpu-operator/artifacts/runtimeclasses\"",
             ".spec.migManager.config.default=\"all-disabled\"",
-            ".spec.migManager.config.name=\"default-mig-parted-config\"",
-            ".spec.operator.defaultRuntime=\"docker\"",
+            ".spec.operator.metrics.serviceMonitor.relabelings[].action=\"replace\"",
             ".spec.operator.runtimeClass=\"nvidia\"",
             ".spec.sandboxWorkloads.defaultWorkload=\"container\"",
+            ".spec.sandboxWorkloads.mode=\"kubevirt\"",
             ".spec.toolkit.installDir=\"/usr/local/nvidia\"",
             ".spec.vgpuDeviceManager.config.default=\"default\"",
         ]
@@ -421,11 +422,7 @@ mod tests {
                 .map(|v| v.as_str().unwrap().to_owned())
                 .collect()
         };
-        let cases: [(&Value, &[&str]); 8] = [
-            (
-                &spec["operator"]["properties"]["defaultRuntime"],
-                &["docker", "crio", "containerd"],
-            ),
+        let cases: [(&Value, &[&str]); 7] = [
             (
                 &spec["daemonsets"]["properties"]["updateStrategy"],
                 &["RollingUpdate", "OnDelete"],

@@ -48,6 +48,8 @@ pub enum ImageKind {
     GdrCopy,
     /// `spec.sandboxDevicePlugin`.
     SandboxDevicePlugin,
+    /// `spec.kataSandboxDevicePlugin`.
+    KataSandboxDevicePlugin,
     /// `spec.vgpuManager`.
     VgpuManager,
     /// `spec.vgpuDeviceManager`.
@@ -80,6 +82,7 @@ impl ImageKind {
             ImageKind::Gds => "spec.gds",
             ImageKind::GdrCopy => "spec.gdrcopy",
             ImageKind::SandboxDevicePlugin => "spec.sandboxDevicePlugin",
+            ImageKind::KataSandboxDevicePlugin => "spec.kataSandboxDevicePlugin",
             ImageKind::VgpuManager => "spec.vgpuManager",
             ImageKind::VgpuDeviceManager => "spec.vgpuDeviceManager",
             ImageKind::VfioManager => "spec.vfioManager",
@@ -106,6 +109,7 @@ impl ImageKind {
             ImageKind::Gds => "GDS_IMAGE",
             ImageKind::GdrCopy => "GDRCOPY_IMAGE",
             ImageKind::SandboxDevicePlugin => "SANDBOX_DEVICE_PLUGIN_IMAGE",
+            ImageKind::KataSandboxDevicePlugin => "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
             ImageKind::VgpuManager => "VGPU_MANAGER_IMAGE",
             ImageKind::VgpuDeviceManager => "VGPU_DEVICE_MANAGER_IMAGE",
             ImageKind::VfioManager => "VFIO_MANAGER_IMAGE",
@@ -141,6 +145,7 @@ impl ImageKind {
             ImageKind::Nfd => Some("registry.k8s.io/nfd/node-feature-discovery:v0.19.0"),
             ImageKind::InitContainer
             | ImageKind::SandboxDevicePlugin
+            | ImageKind::KataSandboxDevicePlugin
             | ImageKind::VgpuManager
             | ImageKind::VgpuDeviceManager
             | ImageKind::VfioManager
@@ -311,6 +316,9 @@ impl ClusterPolicySpec {
             ImageKind::Gds => self.gds.as_ref().map(|s| &s.image),
             ImageKind::GdrCopy => self.gdrcopy.as_ref().map(|s| &s.image),
             ImageKind::SandboxDevicePlugin => self.sandbox_device_plugin.as_ref().map(|s| &s.image),
+            ImageKind::KataSandboxDevicePlugin => {
+                self.kata_sandbox_device_plugin.as_ref().map(|s| &s.image)
+            }
             ImageKind::VgpuManager => self.vgpu_manager.as_ref().map(|s| &s.image),
             ImageKind::VgpuDeviceManager => self.vgpu_device_manager.as_ref().map(|s| &s.image),
             ImageKind::VfioManager => self.vfio_manager.as_ref().map(|s| &s.image),

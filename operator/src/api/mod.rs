@@ -22,10 +22,13 @@ mod driver;
 mod example_tests;
 pub mod image;
 mod nfd;
+#[cfg(test)]
+mod nvidia_compat_tests;
 mod operands;
 mod platform;
 mod sandbox;
 mod status;
+mod unsupported;
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -50,15 +53,17 @@ pub use operands::{
     ValidatorSpec,
 };
 pub use platform::{
-    CdiConfigSpec, ContainerRuntime, DaemonsetsSpec, HostPathsSpec, InitContainerSpec,
+    CdiConfigSpec, DaemonsetsSpec, HostPathsSpec, InitContainerSpec, OperatorMetricsSpec,
     OperatorSpec, PsaSpec, PspSpec, RollingUpdateSpec, UpdateStrategy,
 };
 pub use sandbox::{
     CcManagerSpec, CcMode, KataArtifacts, KataManagerConfig, KataManagerSpec, KataRuntimeClass,
-    SandboxDevicePluginSpec, SandboxWorkload, SandboxWorkloadsSpec, VfioManagerSpec,
-    VgpuDeviceManagerSpec, VgpuDevicesConfigSpec, VgpuManagerSpec,
+    KataSandboxDevicePluginSpec, SandboxDevicePluginSpec, SandboxMode, SandboxWorkload,
+    SandboxWorkloadsSpec, VfioManagerSpec, VgpuDeviceManagerSpec, VgpuDevicesConfigSpec,
+    VgpuManagerSpec,
 };
 pub use status::{ClusterPolicyStatus, ComponentStatus, State};
+pub use unsupported::{NOT_ACTED_ON, Unsupported};
 
 /// API group of the ClusterPolicy resource.
 pub const GROUP: &str = "nvidia.com";
@@ -179,6 +184,10 @@ pub struct ClusterPolicySpec {
     /// supported by this operator yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_device_plugin: Option<SandboxDevicePluginSpec>,
+    /// The Kata sandbox device plugin, which advertises GPUs to Kata Containers when
+    /// sandboxWorkloads.mode is kata. Not supported by this operator yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kata_sandbox_device_plugin: Option<KataSandboxDevicePluginSpec>,
     /// The Kata manager, which prepares Kata Containers runtime classes for GPUs. Not supported
     /// by this operator yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]

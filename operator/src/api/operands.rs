@@ -30,6 +30,9 @@ pub struct ToolkitSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "/usr/local/nvidia"))]
     pub install_dir: Option<String>,
+    /// Run the toolkit pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 impl ToolkitSpec {
@@ -173,6 +176,19 @@ pub struct DcgmExporterSpec {
     /// Attach HPC job identifiers to metrics, read from files a workload manager writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hpc_job_mapping: Option<DcgmExporterHpcJobMappingSpec>,
+    /// Add the Kubernetes labels of the pod using a GPU to its metrics (the exporter then reads
+    /// pods cluster-wide). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_pod_labels: Option<bool>,
+    /// Add the UID of the pod using a GPU to its metrics (the exporter then reads pods
+    /// cluster-wide). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "enablePodUID")]
+    pub enable_pod_uid: Option<bool>,
+    /// Regular expressions selecting which pod labels enablePodLabels adds; all labels when
+    /// empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_label_allowlist_regex: Option<Vec<String>>,
 }
 
 impl DcgmExporterSpec {
@@ -214,7 +230,11 @@ pub struct DcgmExporterHpcJobMappingSpec {
     pub directory: Option<String>,
 }
 
-/// A ServiceMonitor for the DCGM exporter.
+/// Prometheus' duration syntax, as NVIDIA's CRD checks it for scrape intervals and timeouts.
+const DURATION_PATTERN: &str =
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
+
+/// A Prometheus Operator ServiceMonitor (for the DCGM exporter, or the operator itself).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceMonitorSpec {
@@ -224,10 +244,13 @@ pub struct ServiceMonitorSpec {
     /// Scrape interval such as 15s or 1m30s (units y, w, d, h, m, s, ms). Prometheus' global
     /// interval applies when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(
-        pattern = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
-    ))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub interval: Option<String>,
+    /// Time after which a scrape times out, in the same units as interval; Prometheus' global
+    /// timeout applies when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub scrape_timeout: Option<String>,
     /// On a label clash, keep the metric's label instead of the target's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub honor_labels: Option<bool>,
@@ -292,6 +315,9 @@ pub struct GfdSpec {
     /// Resources, arguments and environment of the GPU feature discovery container.
     #[serde(flatten)]
     pub container: ContainerOverrides,
+    /// Run the GPU feature discovery pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 impl GfdSpec {
@@ -344,6 +370,9 @@ pub struct MigManagerSpec {
     /// while a GPU is repartitioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_clients_config: Option<MigGpuClientsConfigSpec>,
+    /// Run the MIG manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 impl MigManagerSpec {
@@ -369,9 +398,9 @@ pub enum MigDefault {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MigPartedConfigSpec {
     /// Name of a ConfigMap in the operator's namespace with a config.yaml key holding
-    /// mig-configs.
+    /// mig-configs. When empty, the operator's default layouts (default-mig-parted-config,
+    /// one per MIG profile of the known GPU models) are used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = "default-mig-parted-config"))]
     pub name: Option<String>,
     /// Layout for MIG-capable nodes without a nvidia.com/mig.config label: all-disabled, or an
     /// empty string to leave them alone.
@@ -401,6 +430,9 @@ pub struct NodeStatusExporterSpec {
     /// Resources, arguments and environment of the node status exporter container.
     #[serde(flatten)]
     pub container: ContainerOverrides,
+    /// Run the node status exporter pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 impl NodeStatusExporterSpec {

@@ -8,6 +8,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use super::common::{ImageSpec, annotation_map, enabled_or, label_map};
+use super::operands::ServiceMonitorSpec;
 
 /// Schema of `daemonsets.rollingUpdate.maxUnavailable`: a positive integer, or a percentage
 /// between 1% and 100%, given as a number or a string (NVIDIA's CRD takes only strings).
@@ -23,28 +24,15 @@ fn daemonset_max_unavailable(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Container runtime assumed when the operator cannot tell it from the nodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(description = "")]
-#[serde(rename_all = "lowercase")]
-pub enum ContainerRuntime {
-    /// Docker.
-    Docker,
-    /// CRI-O.
-    Crio,
-    /// containerd.
-    Containerd,
-}
-
 /// Settings of the operator that apply to all operands.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorSpec {
-    /// Container runtime assumed when it cannot be read from the GPU nodes: docker, crio or
-    /// containerd. The runtime reported by the nodes wins.
+    /// Deprecated and ignored, as by NVIDIA's operator since v26.7: the container runtime is
+    /// read from the GPU nodes. NVIDIA's values were docker, crio and containerd; any string is
+    /// stored, as NVIDIA's CRD stores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = "docker"))]
-    pub default_runtime: Option<ContainerRuntime>,
+    pub default_runtime: Option<String>,
     /// Name of the RuntimeClass that operand pods and GPU workloads use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "nvidia"))]
@@ -64,6 +52,18 @@ pub struct OperatorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "use_ocp_driver_toolkit")]
     pub use_ocp_driver_toolkit: Option<bool>,
+    /// Metrics of the operator itself: a Prometheus Operator ServiceMonitor for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<OperatorMetricsSpec>,
+}
+
+/// Metrics of the operator itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorMetricsSpec {
+    /// A ServiceMonitor for the operator's metrics endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<ServiceMonitorSpec>,
 }
 
 impl OperatorSpec {
@@ -153,6 +153,7 @@ pub struct HostPathsSpec {
     pub driver_install_dir: Option<String>,
     /// The kubelet's root directory; /var/lib/kubelet when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "/var/lib/kubelet"))]
     pub kubelet_root_dir: Option<String>,
 }
 

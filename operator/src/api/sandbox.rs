@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::DriverManagerSpec;
-use super::common::{ContainerOverrides, ImageSpec, enabled_or};
+use super::common::{ConfigMapName, ContainerOverrides, ImageSpec, enabled_or};
 
 /// Kind of workload a GPU node is prepared for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -28,6 +28,18 @@ pub enum SandboxWorkload {
     VmVgpu,
 }
 
+/// How sandboxed (virtual machine) workloads run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// KubeVirt virtual machines.
+    #[default]
+    Kubevirt,
+    /// Kata Containers.
+    Kata,
+}
+
 /// Sandbox (virtual machine) workloads.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -40,12 +52,23 @@ pub struct SandboxWorkloadsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "container"))]
     pub default_workload: Option<SandboxWorkload>,
+    /// How virtual machine workloads run: kubevirt (the default; the sandbox device plugin
+    /// serves them) or kata (Kata Containers; the Kata sandbox device plugin and the CC manager
+    /// serve them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "kubevirt"))]
+    pub mode: Option<SandboxMode>,
 }
 
 impl SandboxWorkloadsSpec {
     /// Whether sandbox workloads are managed; false when `enabled` is absent.
     pub fn is_enabled(&self) -> bool {
         enabled_or(self.enabled, false)
+    }
+
+    /// The sandbox mode; kubevirt when `mode` is absent.
+    pub fn mode(&self) -> SandboxMode {
+        self.mode.unwrap_or_default()
     }
 }
 
@@ -65,6 +88,12 @@ pub struct VgpuManagerSpec {
     /// The k8s-driver-manager init container of the vGPU manager pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_manager: Option<DriverManagerSpec>,
+    /// A ConfigMap with kernel module parameters for the vGPU manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_module_config: Option<ConfigMapName>,
+    /// Run the vGPU manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 /// The vGPU device manager.
@@ -83,6 +112,9 @@ pub struct VgpuDeviceManagerSpec {
     /// The vGPU device layouts nodes choose from with the nvidia.com/vgpu.config label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<VgpuDevicesConfigSpec>,
+    /// Run the vGPU device manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 /// The vGPU devices configuration.
@@ -113,6 +145,9 @@ pub struct VfioManagerSpec {
     /// The k8s-driver-manager init container of the VFIO manager pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_manager: Option<DriverManagerSpec>,
+    /// Run the VFIO manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 /// The sandbox device plugin.
@@ -128,6 +163,30 @@ pub struct SandboxDevicePluginSpec {
     /// Resources, arguments and environment of the sandbox device plugin container.
     #[serde(flatten)]
     pub container: ContainerOverrides,
+    /// Run the sandbox device plugin pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
+}
+
+/// The Kata sandbox device plugin, which advertises GPUs to Kata Containers (sandbox mode
+/// kata).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KataSandboxDevicePluginSpec {
+    /// Deploy the Kata sandbox device plugin (needs sandboxWorkloads.enabled and
+    /// sandboxWorkloads.mode kata). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The Kata sandbox device plugin image.
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// Resources, arguments and environment of the Kata sandbox device plugin container.
+    #[serde(flatten)]
+    pub container: ContainerOverrides,
+    /// Run the Kata sandbox device plugin pods in the host's network namespace. Defaults to
+    /// false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 /// The Kata manager.
@@ -146,6 +205,9 @@ pub struct KataManagerSpec {
     /// Resources, arguments and environment of the Kata manager container.
     #[serde(flatten)]
     pub container: ContainerOverrides,
+    /// Run the Kata manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 /// Configuration of the Kata manager.
@@ -217,6 +279,9 @@ pub struct CcManagerSpec {
     /// Resources, arguments and environment of the CC manager container.
     #[serde(flatten)]
     pub container: ContainerOverrides,
+    /// Run the CC manager pods in the host's network namespace. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
 }
 
 macro_rules! off_by_default {
@@ -236,6 +301,7 @@ off_by_default!(
     VgpuDeviceManagerSpec,
     VfioManagerSpec,
     SandboxDevicePluginSpec,
+    KataSandboxDevicePluginSpec,
     KataManagerSpec,
     CcManagerSpec
 );

@@ -344,6 +344,7 @@ async fn report_failure(
         return Ok(());
     }
     let mut status = policy.status.clone().unwrap_or_default();
+    let unsupported = unsupported_lines(&policy.spec);
     let failed = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
         namespace: &ctx.settings.namespace,
@@ -354,6 +355,7 @@ async fn report_failure(
         failures: &[error.to_string()],
         config_problems: &BTreeMap::new(),
         notes: &[],
+        unsupported: &unsupported,
         diagnoses: &BTreeMap::new(),
         rejected: &BTreeMap::new(),
         unsettled: &[],
@@ -385,6 +387,14 @@ fn mig_default_layout(spec: &crate::api::ClusterPolicySpec) -> Option<&'static s
         .unwrap_or(MigDefault::AllDisabled);
     (spec.is_enabled(Component::MigManager) && default == MigDefault::AllDisabled)
         .then_some("all-disabled")
+}
+
+/// The status lines of what the policy sets and this operator does not act on.
+fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
+    spec.unsupported_fields()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
@@ -502,13 +512,8 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             diagnoses.insert(ds.name_any(), d);
         }
     }
-    let mut notes = resolved.notes;
-    notes.extend(policy.spec.unsupported_enabled().iter().map(|c| {
-        format!(
-            "{} is enabled but not supported by this operator yet; nothing is deployed for it",
-            c.spec_key()
-        )
-    }));
+    let notes = resolved.notes;
+    let unsupported = unsupported_lines(&policy.spec);
     let mismatched = status::label_mismatches(&desired, &daemon_sets, &nodes);
     let explained = lasting_mismatches(ctx, &mismatched);
     let status = status::compute(&status::StatusInputs {
@@ -521,6 +526,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         failures: &coexistence,
         config_problems: &resolved.config_problems,
         notes: &notes,
+        unsupported: &unsupported,
         diagnoses: &diagnoses,
         rejected: &report.rejected,
         unsettled: &unsettled,

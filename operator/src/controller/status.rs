@@ -13,6 +13,9 @@ use crate::render::{DesiredState, Operand, Outcome, config_hash, device_plugin};
 
 pub const READY: &str = "Ready";
 pub const ERROR: &str = "Error";
+/// Condition naming what the policy sets that this operator does not act on; present only
+/// while there is something to name.
+pub const UNSUPPORTED: &str = "Unsupported";
 
 /// Why the policy is not ready (condition reasons; stable, used by tests and alerts).
 pub mod reason {
@@ -25,6 +28,7 @@ pub mod reason {
     pub const OBJECT_REJECTED: &str = "ObjectRejected";
     pub const IGNORED: &str = "Ignored";
     pub const NO_ERROR: &str = "NoError";
+    pub const NOT_ACTED_ON: &str = "AcceptedNotActedOn";
 }
 
 /// Everything a status is computed from.
@@ -42,6 +46,9 @@ pub struct StatusInputs<'a> {
     pub config_problems: &'a BTreeMap<Operand, String>,
     /// Warnings that do not make the policy unready (e.g. "default inferred").
     pub notes: &'a [String],
+    /// What the policy sets that this operator does not act on, one line per field path
+    /// (`ClusterPolicySpec::unsupported_fields`).
+    pub unsupported: &'a [String],
     /// Per DaemonSet, a diagnosis of pods that are missing or not ready (from on-demand reads).
     pub diagnoses: &'a BTreeMap<String, String>,
     /// Operands frozen because the API server refused one of their objects.
@@ -448,6 +455,15 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
             &inputs.now,
         ),
     ];
+    let conditions = conditions
+        .into_iter()
+        .chain(unsupported_condition(
+            inputs.unsupported,
+            inputs.generation,
+            inputs.previous,
+            &inputs.now,
+        ))
+        .collect();
     ClusterPolicyStatus {
         state: if ready { State::Ready } else { State::NotReady },
         namespace: Some(inputs.namespace.to_string()),
@@ -468,6 +484,28 @@ fn first_few(items: &[String], shown: usize) -> String {
         text.push_str(&format!(" and {} more", items.len() - shown));
     }
     text
+}
+
+/// The `Unsupported` condition (status True) listing every field path the policy sets that is
+/// not acted on; none when there is nothing to list. It never affects readiness: the operands
+/// that are acted on can be ready regardless.
+fn unsupported_condition(
+    unsupported: &[String],
+    generation: Option<i64>,
+    previous: Option<&ClusterPolicyStatus>,
+    now: &Time,
+) -> Option<Condition> {
+    (!unsupported.is_empty()).then(|| {
+        condition(
+            UNSUPPORTED,
+            true,
+            reason::NOT_ACTED_ON,
+            unsupported.join("; "),
+            generation,
+            previous,
+            now,
+        )
+    })
 }
 
 /// One component per workload: the operand's name, or the workload's name when an operand has
@@ -552,6 +590,33 @@ mod tests {
                 ..DaemonSetStatus::default()
             }),
         }
+    }
+
+    #[test]
+    fn unsupported_condition_names_every_path_and_is_absent_when_there_is_none() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        assert_eq!(unsupported_condition(&[], Some(1), None, &now), None);
+        let lines = [
+            "spec.gds is accepted but not acted on by this operator (enabled, but this operator \
+             does not deploy it)"
+                .to_owned(),
+            "spec.driver.upgradePolicy.autoUpgrade is accepted but not acted on by this \
+             operator (automatic driver upgrades are not performed)"
+                .to_owned(),
+        ];
+        let c = unsupported_condition(&lines, Some(4), None, &now).unwrap();
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            (UNSUPPORTED, "True", reason::NOT_ACTED_ON)
+        );
+        assert_eq!(c.observed_generation, Some(4));
+        assert!(c.message.contains("spec.gds is accepted"), "{}", c.message);
+        assert!(
+            c.message
+                .contains("; spec.driver.upgradePolicy.autoUpgrade"),
+            "{}",
+            c.message
+        );
     }
 
     #[test]

@@ -208,3 +208,86 @@ fn changing_only_the_sharing_config_changes_only_the_consumers_config_hash() {
         ])
     );
 }
+
+#[test]
+fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
+    // One value per rule of `NOT_ACTED_ON` that asks for something.
+    let patches = [
+        (
+            "spec.operator.defaultRuntime",
+            json!({"operator": {"defaultRuntime": "crio"}}),
+        ),
+        (
+            "spec.operator.initContainer",
+            json!({"operator": {"initContainer": {"repository": "r.example", "image": "cuda", "version": "12"}}}),
+        ),
+        (
+            "spec.operator.use_ocp_driver_toolkit",
+            json!({"operator": {"use_ocp_driver_toolkit": true}}),
+        ),
+        (
+            "spec.operator.metrics",
+            json!({"operator": {"metrics": {"serviceMonitor": {"enabled": true, "interval": "30s"}}}}),
+        ),
+        ("spec.psp", json!({"psp": {"enabled": true}})),
+        ("spec.cdi.default", json!({"cdi": {"default": true}})),
+        (
+            "spec.driver.useOpenKernelModules",
+            json!({"driver": {"useOpenKernelModules": true}}),
+        ),
+        (
+            "spec.driver.livenessProbe",
+            json!({"driver": {"livenessProbe": {"periodSeconds": 7, "failureThreshold": 9}}}),
+        ),
+        (
+            "spec.driver.readinessProbe",
+            json!({"driver": {"readinessProbe": {"periodSeconds": 7}}}),
+        ),
+        (
+            "spec.driver.upgradePolicy",
+            json!({"driver": {"upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 3,
+                "drain": {"enable": true}}}}),
+        ),
+        ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
+        (
+            "spec.validator.vfioPCI",
+            json!({"validator": {"vfioPCI": {"env": [{"name": "X", "value": "1"}]}}}),
+        ),
+        (
+            "spec.validator.vgpuManager",
+            json!({"validator": {"vgpuManager": {"env": [{"name": "X", "value": "1"}]}}}),
+        ),
+        (
+            "spec.validator.vgpuDevices",
+            json!({"validator": {"vgpuDevices": {"env": [{"name": "X", "value": "1"}]}}}),
+        ),
+        (
+            "spec.sandboxWorkloads",
+            json!({"sandboxWorkloads": {"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kata"}}),
+        ),
+    ];
+    let rules: BTreeSet<&str> = crate::api::NOT_ACTED_ON.iter().map(|(p, _)| *p).collect();
+    let patched: BTreeSet<&str> = patches.iter().map(|(p, _)| *p).collect();
+    assert_eq!(patched, rules, "one patch per rule");
+
+    // Every operand on, so that no field goes unread only because its operand is off.
+    let base = with(
+        &example("clusterpolicy-default.yaml"),
+        json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true}}),
+    );
+    for (rule, patch) in patches {
+        let policy = with(&base, patch);
+        let reported = policy.spec.unsupported_fields();
+        assert!(
+            reported.iter().any(|u| u.path.starts_with(rule)),
+            "{rule}: not reported ({reported:?})"
+        );
+        for (variant, facts) in fact_variants(&base) {
+            assert!(
+                objects(&base, &facts) == objects(&policy, &facts),
+                "{rule} changes the rendering ({variant}), so it is acted on: take it out of \
+                 NOT_ACTED_ON"
+            );
+        }
+    }
+}

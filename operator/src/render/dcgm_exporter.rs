@@ -107,6 +107,24 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     if let Some(dir) = &hpc {
         envs.push(env("DCGM_HPC_JOB_MAPPING_DIR", dir));
     }
+    // The policy's pod-metadata switches, as NVIDIA's operator passes them; a variable of the
+    // same name in env wins.
+    if exporter.enable_pod_labels == Some(true) {
+        envs.push(env("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "true"));
+    }
+    if exporter.enable_pod_uid == Some(true) {
+        envs.push(env("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", "true"));
+    }
+    if let Some(regexes) = exporter
+        .pod_label_allowlist_regex
+        .as_ref()
+        .filter(|r| !r.is_empty())
+    {
+        envs.push(env(
+            "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
+            &regexes.join(","),
+        ));
+    }
     merge_user_env(&mut envs, exporter.container.env.as_ref());
     let pod_labels_on = is_true(env_value(
         &envs,
@@ -285,6 +303,9 @@ fn service_monitor(exporter: &DcgmExporterSpec, facts: &ClusterFacts) -> Dynamic
     let mut endpoint = json!({"port": "gpu-metrics", "path": "/metrics"});
     if let Some(interval) = settings.interval.filter(|i| !i.is_empty()) {
         endpoint["interval"] = json!(interval);
+    }
+    if let Some(timeout) = settings.scrape_timeout.filter(|t| !t.is_empty()) {
+        endpoint["scrapeTimeout"] = json!(timeout);
     }
     if let Some(honor) = settings.honor_labels {
         endpoint["honorLabels"] = json!(honor);

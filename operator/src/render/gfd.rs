@@ -104,6 +104,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let mut ds = OperandDaemonSet::new(Operand::Gfd, NAME, pod, MAIN_CONTAINER);
     ds.extra_selector = vec![(PART_OF_LABEL, SELECTOR_PART_OF)];
     ds.image = Some(&gfd.image);
+    ds.host_network = gfd.host_network.unwrap_or(false);
     ds.overrides = Some(&gfd.container);
     ds.gpu_access = GpuAccess::Runtime {
         nri_container: MAIN_CONTAINER,

@@ -26,7 +26,7 @@ pub const NAME: &str = "nvidia-mig-manager";
 pub const SERVICE_ACCOUNT: &str = "nvidia-mig-manager";
 pub const MAIN_CONTAINER: &str = "nvidia-mig-manager";
 pub const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-mig-manager-entrypoint";
-/// The layouts ConfigMap rendered when the policy names no other (also the CRD default name).
+/// The layouts ConfigMap rendered when the policy names no other.
 pub const DEFAULT_CONFIG_MAP: &str = "default-mig-parted-config";
 /// The host services list rendered when the policy names no other.
 pub const DEFAULT_GPU_CLIENTS: &str = "default-gpu-clients";
@@ -232,6 +232,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
     let mut ds = OperandDaemonSet::new(Operand::MigManager, NAME, pod, MAIN_CONTAINER);
     ds.image = Some(&manager.image);
+    ds.host_network = manager.host_network.unwrap_or(false);
     ds.overrides = Some(&manager.container);
     ds.gpu_access = GpuAccess::Runtime {
         nri_container: MAIN_CONTAINER,

@@ -83,6 +83,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let mut ds = OperandDaemonSet::new(Operand::NodeStatusExporter, NAME, pod, MAIN_CONTAINER);
     ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
     ds.image = Some(&exporter.image);
+    ds.host_network = exporter.host_network.unwrap_or(false);
     ds.overrides = Some(&exporter.container);
 
     let mut service_meta = common::meta(Operand::NodeStatusExporter, NAME, facts, true);

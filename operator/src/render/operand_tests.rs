@@ -363,6 +363,35 @@ fn host_network_sets_the_dns_policy_that_keeps_cluster_dns() {
 }
 
 #[test]
+fn host_network_reaches_every_operand_that_has_the_field() {
+    let cases = [
+        ("driver", Operand::Driver),
+        ("toolkit", Operand::Toolkit),
+        ("devicePlugin", Operand::DevicePlugin),
+        ("gfd", Operand::Gfd),
+        ("dcgm", Operand::Dcgm),
+        ("dcgmExporter", Operand::DcgmExporter),
+        ("migManager", Operand::MigManager),
+        ("nodeStatusExporter", Operand::NodeStatusExporter),
+        ("validator", Operand::Validator),
+    ];
+    for (section, operand) in cases {
+        let on = format!("{{{section}: {{enabled: true, hostNetwork: true}}}}");
+        let off = format!("{{{section}: {{enabled: true}}}}");
+        assert_eq!(
+            pod(&daemon_set(&on, &facts(), operand)).host_network,
+            Some(true),
+            "{section}.hostNetwork: true"
+        );
+        assert_eq!(
+            pod(&daemon_set(&off, &facts(), operand)).host_network,
+            None,
+            "{section} without hostNetwork"
+        );
+    }
+}
+
+#[test]
 fn validation_init_containers_get_validator_image_root_and_step_env() {
     let spec = "{validator: {repository: r.local, image: validator, version: v9, \
                 driver: {env: [{name: DISABLE_DEV_CHAR_SYMLINK_CREATION, value: 'true'}]}, \
@@ -1185,7 +1214,7 @@ fn exporter_uses_the_standalone_engine_only_when_it_runs() {
 
 #[test]
 fn exporter_service_monitor_needs_the_switch_and_the_api() {
-    let spec = "{dcgmExporter: {serviceMonitor: {enabled: true, interval: 15s, additionalLabels: {release: prom}}}}";
+    let spec = "{dcgmExporter: {serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, additionalLabels: {release: prom}}}}";
     let with_api = ClusterFacts {
         service_monitor_api: true,
         ..facts()
@@ -1197,6 +1226,10 @@ fn exporter_service_monitor_needs_the_switch_and_the_api() {
         "prom"
     );
     assert_eq!(monitors[0].data["spec"]["endpoints"][0]["interval"], "15s");
+    assert_eq!(
+        monitors[0].data["spec"]["endpoints"][0]["scrapeTimeout"],
+        "10s"
+    );
     assert!(
         objects(spec, &facts(), Operand::DcgmExporter)
             .dynamic
@@ -1260,6 +1293,61 @@ fn exporter_with_a_token_for_its_metrics_configmap_may_read_pods() {
         Some("nvidia-dcgm-exporter-read-pods")
     );
     assert_eq!(cm.cluster_role_bindings.len(), 1);
+}
+
+#[test]
+fn exporter_pod_metadata_fields_become_the_exporters_variables_and_read_access_to_pods() {
+    let cases = [
+        (
+            "{dcgmExporter: {enablePodLabels: true, podLabelAllowlistRegex: ['^app$', '^team-.*']}}",
+            vec![
+                ("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "true"),
+                (
+                    "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
+                    "^app$,^team-.*",
+                ),
+            ],
+        ),
+        (
+            "{dcgmExporter: {enablePodUID: true}}",
+            vec![("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", "true")],
+        ),
+    ];
+    for (spec, expected) in cases {
+        let on = objects(spec, &facts(), Operand::DcgmExporter);
+        let p = pod(&on.daemon_sets[0]);
+        let envs = p.containers[0].env.clone().unwrap_or_default();
+        for (name, value) in expected {
+            let got = envs.iter().find(|e| e.name == name);
+            assert_eq!(
+                got.and_then(|e| e.value.as_deref()),
+                Some(value),
+                "{spec}: {name}"
+            );
+        }
+        assert_eq!(p.automount_service_account_token, Some(true), "{spec}");
+        assert_eq!(
+            on.cluster_roles[0].metadata.name.as_deref(),
+            Some("nvidia-dcgm-exporter-read-pods"),
+            "{spec}"
+        );
+    }
+    let off = objects(
+        "{dcgmExporter: {enablePodLabels: false, enablePodUID: false}}",
+        &facts(),
+        Operand::DcgmExporter,
+    );
+    assert!(off.cluster_roles.is_empty());
+    let envs = pod(&off.daemon_sets[0]).containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        !envs
+            .iter()
+            .any(|e| e.name.starts_with("DCGM_EXPORTER_KUBERNETES_")),
+        "{envs:?}"
+    );
 }
 
 #[test]

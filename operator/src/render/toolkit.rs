@@ -327,6 +327,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let mut ds = OperandDaemonSet::new(Operand::Toolkit, NAME, pod, MAIN_CONTAINER);
     ds.annotations = openshift::scc_annotation(facts, "hostmount-anyuid");
     ds.image = Some(&toolkit.image);
+    ds.host_network = toolkit.host_network.unwrap_or(false);
     // NVIDIA's toolkit section has no args: ours are accepted for schema parity but not applied,
     // since replacing the entrypoint would skip the driver wait.
     let overrides = crate::api::ContainerOverrides {

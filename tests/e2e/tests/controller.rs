@@ -166,6 +166,77 @@ async fn disabling_dcgm_exporter_removes_its_objects_and_rolls_nothing_else() {
     s.teardown().await;
 }
 
+/// The `Unsupported` condition's message once it names every one of `paths` (or, with an empty
+/// list, once the condition is gone).
+async fn await_unsupported(s: &Setup, paths: &[&str]) -> String {
+    let api = policies(&s.admin);
+    let name = s.policy.clone();
+    let want: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+    wait::until(TIMEOUT, "Unsupported condition", || {
+        let api = api.clone();
+        let name = name.clone();
+        let want = want.clone();
+        async move {
+            let policy = api.get(&name).await?;
+            let condition = policy
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "Unsupported");
+            Ok(match condition {
+                None if want.is_empty() => Ok(String::new()),
+                None => Err("no Unsupported condition".to_string()),
+                Some(c) if want.is_empty() => Err(format!("still there: {}", c.message)),
+                Some(c) => match want.iter().find(|p| {
+                    !c.message.contains(&format!(
+                        "{p} is accepted but not acted on by this operator"
+                    ))
+                }) {
+                    None => Ok(c.message),
+                    Some(p) => Err(format!("{p} not named in: {}", c.message)),
+                },
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()))
+}
+
+#[tokio::test]
+async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
+    let s = start(
+        json!({
+            "driver": {"upgradePolicy": {"autoUpgrade": true}, "livenessProbe": {"periodSeconds": 20}},
+            "operator": {"metrics": {"serviceMonitor": {"enabled": true}}},
+            "gds": {"enabled": true},
+        }),
+        &[],
+    )
+    .await;
+    let message = await_unsupported(
+        &s,
+        &[
+            "spec.gds",
+            "spec.driver.upgradePolicy.autoUpgrade",
+            "spec.driver.livenessProbe.periodSeconds",
+            "spec.operator.metrics.serviceMonitor.enabled",
+        ],
+    )
+    .await;
+    // Server-side defaults (upgradePolicy.maxParallelUpgrades: 1, ...) ask for nothing.
+    assert!(!message.contains("maxParallelUpgrades"), "{message}");
+
+    s.patch_policy(json!({"spec": {
+        "driver": {"upgradePolicy": {"autoUpgrade": false}, "livenessProbe": null},
+        "operator": {"metrics": null},
+        "gds": {"enabled": false},
+    }}))
+    .await;
+    await_unsupported(&s, &[]).await;
+    s.teardown().await;
+}
+
 #[tokio::test]
 async fn patching_the_device_plugin_config_name_rolls_the_config_consumers_only() {
     let s = start(json!({}), &[]).await;

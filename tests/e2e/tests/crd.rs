@@ -181,6 +181,180 @@ async fn every_example_reads_back_as_written_plus_schema_defaults() {
     );
 }
 
+/// NVIDIA's v26.7 ClusterPolicy field paths with type and default (facts, from
+/// `scripts/crd-paths.py`).
+const NVIDIA_PATHS: &str = "operator/tests/fixtures/nvidia-v26.7-clusterpolicy-paths.txt";
+
+/// One `spec.` field of [`NVIDIA_PATHS`]: path, type, default and enum.
+struct NvidiaField {
+    path: String,
+    type_: String,
+    default: Option<Value>,
+    enum_first: Option<Value>,
+}
+
+fn nvidia_spec_fields() -> Vec<NvidiaField> {
+    let text = std::fs::read_to_string(repo_root().join(NVIDIA_PATHS)).unwrap();
+    let json_column = |c: &str| (c != "-").then(|| serde_json::from_str::<Value>(c).unwrap());
+    text.lines()
+        .filter(|l| l.starts_with("spec."))
+        .map(|line| {
+            let c: Vec<&str> = line.split('\t').collect();
+            NvidiaField {
+                path: c[0].to_owned(),
+                type_: c[1].to_owned(),
+                default: json_column(c[2]),
+                enum_first: json_column(c[3]).and_then(|e| e.get(0).cloned()),
+            }
+        })
+        .collect()
+}
+
+/// A value for a leaf of NVIDIA's schema that our CRD must accept: the first enum value, else
+/// NVIDIA's default, else a value of the type that passes our patterns and rules (durations
+/// for Prometheus intervals, a label name for relabeling sources, `1` for numbers and
+/// quantities).
+fn sample_value(field: &NvidiaField) -> Value {
+    if let Some(v) = field.enum_first.clone().or_else(|| field.default.clone()) {
+        return v;
+    }
+    let last = field.path.rsplit('.').next().unwrap_or_default();
+    match field.type_.as_str() {
+        "boolean" => json!(true),
+        "integer" => json!(1),
+        "int-or-string" => json!("1"),
+        _ if last == "interval" || last == "scrapeTimeout" => json!("30s"),
+        _ if last == "sourceLabels[]" => json!("pod_name"),
+        _ if field.path.ends_with("maxUnavailable") => json!("1"),
+        _ => json!("value-1"),
+    }
+}
+
+/// Sets `value` at a schema path (`a.b[].c`, `a.labels{}`) in `root`: one item per list, the key
+/// `example.com/key` per map.
+fn set_path(root: &mut Value, path: &str, value: Value) {
+    let mut node = root;
+    let mut rest = path;
+    while !rest.is_empty() {
+        let (segment, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        rest = tail;
+        let mut key = segment;
+        let mut suffixes = Vec::new();
+        while let Some(k) = key.strip_suffix("[]") {
+            suffixes.push("[]");
+            key = k;
+        }
+        while let Some(k) = key.strip_suffix("{}") {
+            suffixes.push("{}");
+            key = k;
+        }
+        node = node
+            .as_object_mut()
+            .unwrap()
+            .entry(key)
+            .or_insert(Value::Null);
+        for suffix in suffixes.into_iter().rev() {
+            if suffix == "[]" {
+                if !node.is_array() {
+                    *node = json!([Value::Null]);
+                }
+                node = &mut node[0];
+            } else {
+                if !node.is_object() {
+                    *node = json!({});
+                }
+                node = node
+                    .as_object_mut()
+                    .unwrap()
+                    .entry("example.com/key")
+                    .or_insert(Value::Null);
+            }
+        }
+        if !rest.is_empty() && !node.is_object() {
+            *node = json!({});
+        }
+    }
+    *node = value;
+}
+
+#[tokio::test]
+async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
+    let fields = nvidia_spec_fields();
+    let paths: std::collections::BTreeSet<&str> = fields.iter().map(|f| f.path.as_str()).collect();
+    // Leaves: paths no other path extends.
+    let leaves: Vec<&NvidiaField> = fields
+        .iter()
+        .filter(|f| {
+            !paths.iter().any(|p| {
+                p.len() > f.path.len()
+                    && p.starts_with(f.path.as_str())
+                    && matches!(p.as_bytes()[f.path.len()], b'.' | b'[' | b'{')
+            })
+        })
+        .collect();
+    assert!(
+        leaves.len() > 350,
+        "{NVIDIA_PATHS}: only {} leaves",
+        leaves.len()
+    );
+    let mut written = json!({});
+    for leaf in &leaves {
+        set_path(&mut written, &leaf.path, sample_value(leaf));
+    }
+
+    let client = client().await.unwrap();
+    let schema = install_crd(&client).await.unwrap();
+    let api = cluster_policies(&client);
+    let name = unique_name("e2e-nvidia-v26-7");
+    let object = json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": written["spec"],
+    });
+    // Strict field validation: a field the schema does not know fails the request instead of
+    // being pruned silently.
+    let params = PatchParams::apply(FIELD_MANAGER)
+        .force()
+        .validation_strict();
+    let applied = api.patch(&name, &params, &Patch::Apply(&object)).await;
+    let read = match applied {
+        Ok(_) => serde_json::to_value(api.get(&name).await.unwrap()).unwrap(),
+        Err(e) => panic!(
+            "a policy with all {} v26.7 leaf paths set is refused: {e}",
+            leaves.len()
+        ),
+    };
+    delete_quietly(&api, &name).await;
+
+    let mut expected = object["spec"].clone();
+    apply_schema_defaults(&mut expected, &schema["properties"]["spec"]);
+    let mut diffs = Vec::new();
+    differences(".spec", &expected, &read["spec"], &mut diffs);
+    assert!(
+        diffs.is_empty(),
+        "{} of NVIDIA v26.7's field paths do not read back as written:\n  {}",
+        diffs.len(),
+        diffs.join("\n  ")
+    );
+    // Every leaf is really there (a sample value that equals nothing proves nothing).
+    for leaf in &leaves {
+        let mut node = &read;
+        for segment in leaf.path.split('.') {
+            let key = segment.trim_end_matches("[]").trim_end_matches("{}");
+            node = &node[key];
+            for suffix in segment.as_bytes()[key.len()..].chunks(2) {
+                node = if suffix == b"[]" {
+                    &node[0]
+                } else {
+                    &node["example.com/key"]
+                };
+            }
+        }
+        assert!(!node.is_null(), "{}: not read back", leaf.path);
+    }
+}
+
 /// The `# expect: ...` lines of an invalid policy: substrings the API server's error must contain.
 fn expectations(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)

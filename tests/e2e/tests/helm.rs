@@ -26,7 +26,7 @@ use e2e::operator::{Operator, OperatorIdentity};
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;
-use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, State};
+use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, SandboxMode, State};
 use gpu_operator::crd_upgrade::{CRD_VERSION_ANNOTATION, OPERATOR_VERSION};
 use gpu_operator::render::config_hash;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -323,6 +323,171 @@ fn the_operator_pod_runs_as_a_fixed_uid_except_on_openshift() {
         uid(&["--api-versions", "security.openshift.io/v1"]),
         Value::Null
     );
+}
+
+/// NVIDIA's v26.7.0 default values as key paths and values (facts, from
+/// `scripts/values-paths.py`).
+const NVIDIA_VALUES: &str = "operator/tests/fixtures/nvidia-v26.7-values-paths.txt";
+
+/// Splits a key path of [`NVIDIA_VALUES`] into its keys (`a."b.c".d` is `a`, `b.c`, `d`).
+fn value_path_keys(path: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut key = String::new();
+    let mut chars = path.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', false) if key.is_empty() => quoted = true,
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                key.push('"');
+            }
+            ('"', true) => quoted = false,
+            ('.', false) => keys.push(std::mem::take(&mut key)),
+            (c, _) => key.push(c),
+        }
+    }
+    keys.push(key);
+    keys
+}
+
+/// The values file that [`NVIDIA_VALUES`] lists, rebuilt, and how many key paths it has.
+fn nvidia_values() -> (Value, usize) {
+    let path = repo_root().join(NVIDIA_VALUES);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut values = json!({});
+    let mut count = 0;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (path, value) = line
+            .split_once('\t')
+            .unwrap_or_else(|| panic!("{NVIDIA_VALUES}: no tab in {line:?}"));
+        let value: Value = serde_json::from_str(value)
+            .unwrap_or_else(|e| panic!("{NVIDIA_VALUES}: {line:?}: {e}"));
+        let keys = value_path_keys(path);
+        let (last, parents) = keys.split_last().unwrap();
+        let mut node = &mut values;
+        for key in parents {
+            node = node
+                .as_object_mut()
+                .unwrap_or_else(|| panic!("{NVIDIA_VALUES}: {path} is below a value"))
+                .entry(key.clone())
+                .or_insert_with(|| json!({}));
+        }
+        node[last.as_str()] = value;
+        count += 1;
+    }
+    (values, count)
+}
+
+#[test]
+fn value_paths_split_at_dots_outside_quotes() {
+    assert_eq!(value_path_keys("a.b"), ["a", "b"]);
+    assert_eq!(
+        value_path_keys(r#"operator.annotations."openshift.io/scc""#),
+        ["operator", "annotations", "openshift.io/scc"]
+    );
+    assert_eq!(
+        value_path_keys(r#"x."say ""hi"".now""#),
+        ["x", r#"say "hi".now"#]
+    );
+}
+
+#[test]
+fn every_key_of_nvidias_v26_7_default_values_passes_the_schema_and_reaches_the_policy() {
+    let (values, count) = nvidia_values();
+    assert!(
+        count > 250,
+        "{NVIDIA_VALUES} looks truncated: {count} key paths"
+    );
+    let file = write_values_file(&values);
+    let out = helm(&template_args(&strings(&["-f", &file])));
+    assert!(
+        out.status.success(),
+        "helm template -f <NVIDIA's v26.7 default values> failed (each line names a key the \
+         chart's values.schema.json refuses):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Keys that map onto the ClusterPolicy reach it.
+    let docs = template(&strings(&["-f", &file]));
+    std::fs::remove_file(&file).ok();
+    let spec = &find(&docs, "ClusterPolicy", POLICY).expect("no ClusterPolicy")["spec"];
+    assert_eq!(spec["sandboxWorkloads"]["mode"], "kubevirt");
+    assert_eq!(
+        spec["dcgmExporter"]["serviceMonitor"]["scrapeTimeout"],
+        "10s"
+    );
+    assert_eq!(
+        spec["kataSandboxDevicePlugin"]["image"],
+        values["kataSandboxDevicePlugin"]["image"]
+    );
+    let policy: ClusterPolicySpec = serde_json::from_value(spec.clone())
+        .unwrap_or_else(|e| panic!("the rendered spec is not a ClusterPolicy spec: {e}"));
+    assert_eq!(
+        policy.sandbox_workloads.and_then(|s| s.mode),
+        Some(SandboxMode::Kubevirt)
+    );
+}
+
+/// Writes `values` to a file of its own and returns its path. JSON, not YAML: helm reads YAML
+/// 1.1, where a plain `on` (ccManager.defaultMode) would become a boolean.
+fn write_values_file(values: &Value) -> String {
+    let file = std::env::temp_dir().join(format!("{}.json", unique_name("values")));
+    std::fs::write(&file, serde_json::to_string_pretty(values).unwrap()).unwrap();
+    file.display().to_string()
+}
+
+#[test]
+fn chart_values_map_new_v26_7_keys_onto_the_policy() {
+    let docs = template(&strings(&[
+        "--set",
+        "toolkit.hostNetwork=true",
+        "--set",
+        "gfd.hostNetwork=true",
+        "--set",
+        "validator.hostNetwork=true",
+        "--set",
+        "dcgmExporter.enablePodUID=true",
+        "--set",
+        "dcgmExporter.podLabelAllowlistRegex={^app$}",
+        "--set",
+        "operator.env[0].name=HTTPS_PROXY",
+        "--set",
+        "operator.env[0].value=http://proxy:3128",
+    ]));
+    let spec = &find(&docs, "ClusterPolicy", POLICY).expect("no ClusterPolicy")["spec"];
+    for section in ["toolkit", "gfd", "validator"] {
+        assert_eq!(spec[section]["hostNetwork"], true, "{section}");
+    }
+    assert_eq!(spec["devicePlugin"].get("hostNetwork"), None);
+    assert_eq!(spec["dcgmExporter"]["enablePodUID"], true);
+    assert_eq!(
+        spec["dcgmExporter"]["podLabelAllowlistRegex"],
+        json!(["^app$"])
+    );
+    let deployment = find(&docs, "Deployment", "gpu-operator").expect("no Deployment");
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "HTTPS_PROXY" && e["value"] == "http://proxy:3128"),
+        "{env}"
+    );
+
+    let without = template(&strings(&["--set", "clusterPolicy.deployCR=false"]));
+    assert!(find(&without, "ClusterPolicy", POLICY).is_none());
+    assert!(find(&without, "Deployment", "gpu-operator").is_some());
+
+    let out = helm(&template_args(&strings(&[
+        "--set",
+        "gpuCluster.deployCR=true",
+    ])));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gpuCluster.deployCR"));
 }
 
 #[test]

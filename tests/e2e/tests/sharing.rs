@@ -540,8 +540,9 @@ async fn an_mps_config_runs_the_mps_control_daemon_on_the_nodes_gfd_marks() {
 
 #[tokio::test]
 async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
-    // The schema defaults migManager.config.name to default-mig-parted-config, the ConfigMap
-    // the operator renders itself (NVIDIA's chart sets exactly this section).
+    // As in NVIDIA's v26.7 CRD, migManager.config.name has no server-side default; without it
+    // mig-manager mounts the layouts ConfigMap the operator renders itself (NVIDIA's chart sets
+    // exactly this section).
     let s = start(
         json!({"migManager": {"config": {"default": "all-disabled"}}}),
         &[],
@@ -555,6 +556,19 @@ async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
         .mig_manager
         .and_then(|m| m.config)
         .and_then(|c| c.name);
-    assert_eq!(name.as_deref(), Some("default-mig-parted-config"));
+    assert_eq!(name, None, "no server-side default for the name");
+    let ds = s.daemonsets().get("nvidia-mig-manager").await.unwrap();
+    let mounted: Vec<String> = ds
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.volumes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.config_map.map(|c| c.name))
+        .collect();
+    assert!(
+        mounted.iter().any(|n| n == "default-mig-parted-config"),
+        "{mounted:?}"
+    );
     s.teardown().await;
 }

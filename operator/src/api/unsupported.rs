@@ -1,0 +1,267 @@
+//! What a ClusterPolicy sets that this operator accepts but does not act on, by field path,
+//! computed from the spec alone (pure; no IO). The status stage names every entry, so no field
+//! of NVIDIA's API is silently ignored.
+//!
+//! Two kinds of entries: an enabled section whose operand this operator does not deploy
+//! (`spec.gds`), and a field inside an acted-on part of the policy that no render or controller
+//! code reads (`spec.driver.upgradePolicy.autoUpgrade`). A field counts only when it asks for
+//! something: `false`, empty values and the CRD's own default ask for nothing, so a policy that
+//! only holds server-side defaults reports nothing.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use serde_json::Value;
+
+use super::{ClusterPolicySpec, crd};
+
+/// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
+/// the reason a user sees. Keep in step with the render and controller code: a test renders a
+/// policy with each of them set and checks that the output does not change.
+pub const NOT_ACTED_ON: [(&str, &str); 15] = [
+    (
+        "spec.operator.defaultRuntime",
+        "deprecated: the container runtime is read from the nodes",
+    ),
+    (
+        "spec.operator.initContainer",
+        "no operand runs a separate CUDA init container",
+    ),
+    (
+        "spec.operator.use_ocp_driver_toolkit",
+        "the OpenShift Driver Toolkit is not used to build the driver",
+    ),
+    (
+        "spec.operator.metrics",
+        "no ServiceMonitor is created for the operator's own metrics",
+    ),
+    (
+        "spec.psp",
+        "deprecated: PodSecurityPolicies no longer exist; use spec.psa",
+    ),
+    (
+        "spec.cdi.default",
+        "deprecated: cdi.enabled alone decides whether CDI is used",
+    ),
+    (
+        "spec.driver.useOpenKernelModules",
+        "deprecated: use driver.kernelModuleType",
+    ),
+    (
+        "spec.driver.livenessProbe",
+        "the driver container keeps its built-in liveness probe",
+    ),
+    (
+        "spec.driver.readinessProbe",
+        "the driver container keeps its built-in readiness probe",
+    ),
+    (
+        "spec.driver.upgradePolicy",
+        "automatic driver upgrades are not performed; driver pods are replaced by deleting them",
+    ),
+    (
+        "spec.dcgm.hostPort",
+        "deprecated: the DCGM engine is reached through its Service",
+    ),
+    (
+        "spec.validator.vfioPCI",
+        "sandbox workloads are not supported, so there is no VFIO check",
+    ),
+    (
+        "spec.validator.vgpuManager",
+        "sandbox workloads are not supported, so there is no vGPU manager check",
+    ),
+    (
+        "spec.validator.vgpuDevices",
+        "sandbox workloads are not supported, so there is no vGPU devices check",
+    ),
+    (
+        "spec.sandboxWorkloads",
+        "sandbox (virtual machine) workloads are not supported; nodes run containers",
+    ),
+];
+
+/// One field or section that the policy sets and this operator does not act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsupported {
+    /// Field path, such as `spec.driver.upgradePolicy.autoUpgrade` or `spec.gds`.
+    pub path: String,
+    /// Why it has no effect.
+    pub why: &'static str,
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is accepted but not acted on by this operator ({})",
+            self.path, self.why
+        )
+    }
+}
+
+/// The `spec` schema of the generated CRD, for the defaults that ask for nothing.
+static SPEC_SCHEMA: LazyLock<Value> = LazyLock::new(|| {
+    let crd = serde_json::to_value(crd::crd()).unwrap_or_default();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+});
+
+/// Whether a value asks for nothing: absent, false, empty, or the schema's default.
+fn is_inert(value: &Value, schema: Option<&Value>) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(s) if s.is_empty() => true,
+        Value::Array(a) if a.is_empty() => true,
+        Value::Object(o) if o.is_empty() => true,
+        _ => schema.and_then(|s| s.get("default")) == Some(value),
+    }
+}
+
+/// Paths under `path` whose values ask for something. Objects with declared properties are
+/// descended; lists, maps and scalars are reported whole.
+fn set_fields(value: &Value, schema: Option<&Value>, path: &str, out: &mut Vec<String>) {
+    let properties = schema.and_then(|s| s.get("properties"));
+    match (value, properties) {
+        (Value::Object(fields), Some(properties)) => {
+            for (name, child) in fields {
+                set_fields(child, properties.get(name), &format!("{path}.{name}"), out);
+            }
+        }
+        _ if is_inert(value, schema) => {}
+        _ => out.push(path.to_owned()),
+    }
+}
+
+/// Walks `spec_value` and the spec schema down a `spec.`-prefixed dotted path.
+fn lookup<'a>(spec_value: &'a Value, path: &str) -> Option<(&'a Value, Option<&'static Value>)> {
+    let mut value = spec_value;
+    let mut schema = Some(&*SPEC_SCHEMA);
+    for key in path.strip_prefix("spec.")?.split('.') {
+        value = value.get(key)?;
+        schema = schema
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get(key));
+    }
+    Some((value, schema))
+}
+
+impl ClusterPolicySpec {
+    /// Everything this policy sets that this operator does not act on, in a stable order:
+    /// enabled sections it does not deploy, then fields it does not read (see
+    /// [`NOT_ACTED_ON`]).
+    pub fn unsupported_fields(&self) -> Vec<Unsupported> {
+        let mut found: Vec<Unsupported> = self
+            .unsupported_enabled()
+            .into_iter()
+            .map(|c| Unsupported {
+                path: format!("spec.{}", c.spec_key()),
+                why: "enabled, but this operator does not deploy it",
+            })
+            .collect();
+        let Ok(spec_value) = serde_json::to_value(self) else {
+            return found;
+        };
+        for (rule, why) in NOT_ACTED_ON {
+            if let Some((value, schema)) = lookup(&spec_value, rule) {
+                let mut paths = Vec::new();
+                set_fields(value, schema, rule, &mut paths);
+                found.extend(paths.into_iter().map(|path| Unsupported { path, why }));
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> ClusterPolicySpec {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    fn paths(yaml: &str) -> Vec<String> {
+        spec(yaml)
+            .unsupported_fields()
+            .into_iter()
+            .map(|u| u.path)
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_policy_and_a_policy_of_server_defaults_report_nothing() {
+        assert!(paths("{}").is_empty());
+        let defaults_only = "{operator: {runtimeClass: nvidia}, cdi: {enabled: true, default: false, \
+             nriPluginEnabled: false}, driver: {upgradePolicy: {autoUpgrade: false, \
+             maxParallelUpgrades: 1, maxUnavailable: 25%, drain: {enable: false, force: false, \
+             timeoutSeconds: 300, deleteEmptyDir: false}, podDeletion: {force: false, \
+             timeoutSeconds: 300, deleteEmptyDir: false}, waitForCompletion: {timeoutSeconds: 0}}}, \
+             sandboxWorkloads: {enabled: false, defaultWorkload: container, mode: kubevirt}, \
+             dcgmExporter: {enablePodLabels: false, enablePodUID: false}}";
+        assert_eq!(paths(defaults_only), Vec::<String>::new());
+    }
+
+    #[test]
+    fn fields_that_ask_for_something_are_named_by_path() {
+        let got = paths(
+            "{operator: {defaultRuntime: containerd, metrics: {serviceMonitor: {enabled: true, \
+             interval: 30s}}}, driver: {upgradePolicy: {autoUpgrade: true, drain: {enable: true}}, \
+             livenessProbe: {periodSeconds: 10}}, dcgmExporter: {enablePodLabels: true, \
+             podLabelAllowlistRegex: ['^app$']}, dcgm: {hostPort: 5555}, psp: {enabled: true}, \
+             validator: {vfioPCI: {env: [{name: A, value: b}]}, plugin: {env: [{name: C}]}}}",
+        );
+        assert_eq!(
+            got,
+            [
+                "spec.operator.defaultRuntime",
+                "spec.operator.metrics.serviceMonitor.enabled",
+                "spec.operator.metrics.serviceMonitor.interval",
+                "spec.psp.enabled",
+                "spec.driver.livenessProbe.periodSeconds",
+                "spec.driver.upgradePolicy.autoUpgrade",
+                "spec.driver.upgradePolicy.drain.enable",
+                "spec.dcgm.hostPort",
+                "spec.validator.vfioPCI.env",
+            ]
+        );
+    }
+
+    #[test]
+    fn enabled_unsupported_sections_come_first_and_their_fields_are_not_repeated() {
+        let got = spec(
+            "{gds: {enabled: true, version: '2.29'}, sandboxWorkloads: {enabled: true, mode: kata}, \
+             kataSandboxDevicePlugin: {enabled: true, hostNetwork: true}, \
+             sandboxDevicePlugin: {enabled: true}, validator: {vgpuDevices: {env: [{name: X}]}}}",
+        )
+        .unsupported_fields();
+        let rendered: Vec<String> = got.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            rendered,
+            [
+                "spec.gds is accepted but not acted on by this operator (enabled, but this \
+                 operator does not deploy it)",
+                "spec.kataSandboxDevicePlugin is accepted but not acted on by this operator \
+                 (enabled, but this operator does not deploy it)",
+                "spec.validator.vgpuDevices.env is accepted but not acted on by this operator \
+                 (sandbox workloads are not supported, so there is no vGPU devices check)",
+                "spec.sandboxWorkloads.enabled is accepted but not acted on by this operator \
+                 (sandbox (virtual machine) workloads are not supported; nodes run containers)",
+                "spec.sandboxWorkloads.mode is accepted but not acted on by this operator \
+                 (sandbox (virtual machine) workloads are not supported; nodes run containers)",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_rule_names_a_field_of_the_schema() {
+        for (path, _) in NOT_ACTED_ON {
+            let mut schema = &*SPEC_SCHEMA;
+            for key in path.strip_prefix("spec.").unwrap().split('.') {
+                schema = schema["properties"]
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{path}: no field {key} in the CRD"));
+            }
+        }
+    }
+}
