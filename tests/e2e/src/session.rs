@@ -195,6 +195,12 @@ impl Setup {
     /// the new process has run a pass.
     pub async fn restart_operator(&mut self) {
         self.operator.terminate(Duration::from_secs(20)).unwrap();
+        self.start_operator_again().await;
+    }
+
+    /// Starts a new operator process with the same identity (the previous one stopped) and
+    /// returns once it has run a pass.
+    pub async fn start_operator_again(&mut self) {
         self.operator = Operator::start(&self.identity, &[]).unwrap();
         let operator = &self.operator;
         wait::until(TIMEOUT, "restarted operator reconciled", || async move {
