@@ -187,9 +187,12 @@ fn controller_rules() -> Vec<PolicyRule> {
     ]
 }
 
-/// Policies and facts that together switch on every RBAC-bearing variant of every operand.
-fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
-    let everything: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+/// A ClusterPolicy spec with every operand on and every option that adds RBAC: DCGM and the
+/// node-status exporter enabled, NFD deployed, a sharing config (config-manager in the device
+/// plugin, MPS daemon and GFD pods) named `sharing` with key `default`, DCGM exporter pod labels
+/// (its pod-reading ClusterRole) and ServiceMonitor. The e2e API-contract test deploys it too.
+pub fn every_rbac_variant() -> serde_json::Value {
+    serde_json::json!({
         "dcgm": {"enabled": true},
         "nodeStatusExporter": {"enabled": true},
         "nfd": {"enabled": true},
@@ -198,8 +201,13 @@ fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
             "env": [{"name": "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "value": "true"}],
             "serviceMonitor": {"enabled": true},
         },
-    }))
-    .unwrap_or_default();
+    })
+}
+
+/// Policies and facts that together switch on every RBAC-bearing variant of every operand.
+fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
+    let everything: ClusterPolicySpec =
+        serde_json::from_value(every_rbac_variant()).unwrap_or_default();
     let mut out = Vec::new();
     for openshift in [false, true] {
         for runtime in [Runtime::Containerd, Runtime::CriO, Runtime::Docker] {

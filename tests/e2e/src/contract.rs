@@ -186,21 +186,10 @@ pub fn parse(text: &str) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-/// A ClusterPolicy spec with every operand on and every option that adds RBAC: DCGM and the
-/// node-status exporter enabled, NFD deployed, a sharing config (config-manager in the device
-/// plugin, MPS daemon and GFD pods) named `sharing` with key `default`, DCGM exporter pod
-/// labels (its pod-reading ClusterRole) and ServiceMonitor.
+/// The policy the contract test deploys: every operand and every RBAC-bearing option, the same
+/// spec the operator's ClusterRole is generated from.
 pub fn policy() -> serde_json::Value {
-    serde_json::json!({
-        "dcgm": {"enabled": true},
-        "nodeStatusExporter": {"enabled": true},
-        "nfd": {"enabled": true},
-        "devicePlugin": {"config": {"name": "sharing", "default": "default"}},
-        "dcgmExporter": {
-            "env": [{"name": "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "value": "true"}],
-            "serviceMonitor": {"enabled": true},
-        },
-    })
+    gpu_operator::render::rbac::every_rbac_variant()
 }
 
 /// The rows of the facts file.

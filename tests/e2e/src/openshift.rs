@@ -111,3 +111,25 @@ pub async fn remove_apis(client: &Client) {
     .await
     .unwrap();
 }
+
+/// Runs `steps` on the simulated OpenShift and, whatever happens in them (a panic included),
+/// removes the OpenShift APIs and the test's operator ClusterRole `operator_role` afterwards, so
+/// the next test's operator finds a plain Kubernetes cluster. A panic in `steps` is resumed.
+pub async fn run_on_simulated_openshift<T>(
+    admin: &Client,
+    operator_role: &str,
+    steps: impl std::future::Future<Output = T>,
+) -> T {
+    use futures::FutureExt;
+    remove_apis(admin).await;
+    install_apis(admin).await;
+    let outcome = std::panic::AssertUnwindSafe(steps).catch_unwind().await;
+    remove_apis(admin).await;
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .delete(operator_role, &DeleteParams::default())
+        .await;
+    match outcome {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}

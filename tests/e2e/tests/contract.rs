@@ -13,7 +13,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::AssertUnwindSafe;
 
 use e2e::cluster::unique_name;
 use e2e::contract::{self, Need, Rbac, Row, Scope};
@@ -21,7 +20,6 @@ use e2e::crd::install_cluster_policy_crd;
 use e2e::openshift;
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, config_map, time_slicing};
-use futures::FutureExt;
 use gpu_operator::api::State;
 use gpu_operator::render::rbac;
 use k8s_openapi::api::authorization::v1::{
@@ -29,7 +27,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
@@ -236,20 +234,10 @@ async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_
 #[tokio::test]
 async fn on_openshift_every_operand_may_make_its_requests_and_use_its_scc() {
     let admin = e2e::client().await.unwrap();
-    openshift::remove_apis(&admin).await;
-    openshift::install_apis(&admin).await;
-    let outcome = AssertUnwindSafe(openshift_contract(&admin))
-        .catch_unwind()
-        .await;
-    // Whatever happened, the next test's operator must find a plain Kubernetes cluster.
-    openshift::remove_apis(&admin).await;
-    let _ = Api::<ClusterRole>::all(admin.clone())
-        .delete(OPERATOR_ROLE, &DeleteParams::default())
-        .await;
-    match outcome {
-        Ok(failures) => assert!(failures.is_empty(), "{}", failures.join("\n")),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    let failures =
+        openshift::run_on_simulated_openshift(&admin, OPERATOR_ROLE, openshift_contract(&admin))
+            .await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 async fn openshift_contract(admin: &Client) -> Vec<String> {

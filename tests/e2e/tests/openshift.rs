@@ -17,7 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::AssertUnwindSafe;
 
 use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
@@ -26,14 +25,13 @@ use e2e::openshift;
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
-use futures::FutureExt;
 use gpu_operator::api::State;
 use gpu_operator::render::openshift::{SCC_ANNOTATION, scc_api_resource};
 use gpu_operator::render::rbac;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -276,19 +274,7 @@ async fn toolkit(setup: &Setup) -> (PodSpec, BTreeMap<String, String>) {
 async fn on_openshift_the_operator_creates_sccs_the_api_server_accepts_and_the_policy_becomes_ready()
  {
     let admin = e2e::client().await.unwrap();
-    openshift::remove_apis(&admin).await;
-    openshift::install_apis(&admin).await;
-    let outcome = AssertUnwindSafe(openshift_steps(&admin))
-        .catch_unwind()
-        .await;
-    // Whatever happened, the next test's operator must find a plain Kubernetes cluster.
-    openshift::remove_apis(&admin).await;
-    let _ = Api::<ClusterRole>::all(admin.clone())
-        .delete(OPERATOR_ROLE, &DeleteParams::default())
-        .await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    openshift::run_on_simulated_openshift(&admin, OPERATOR_ROLE, openshift_steps(&admin)).await;
 }
 
 async fn openshift_steps(admin: &Client) {
