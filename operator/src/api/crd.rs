@@ -493,6 +493,12 @@ mod tests {
             columns,
             [
                 ("Status".to_owned(), ".status.state".to_owned()),
+                ("GPU Nodes".to_owned(), ".status.gpuNodes".to_owned()),
+                ("Operands".to_owned(), ".status.operandsReady".to_owned()),
+                (
+                    "Reason".to_owned(),
+                    r#".status.conditions[?(@.type=="Ready")].reason"#.to_owned()
+                ),
                 ("Age".to_owned(), ".metadata.creationTimestamp".to_owned())
             ]
         );

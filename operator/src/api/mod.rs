@@ -91,6 +91,9 @@ pub const MIN_KUBERNETES_VERSION: &str = "1.33";
     status = "ClusterPolicyStatus",
     doc = "The NVIDIA GPU software stack of the cluster: which operands run on GPU nodes and how. One ClusterPolicy is active; others are marked ignored.",
     printcolumn = r#"{"name":"Status","type":"string","description":"Overall state: ready, notReady or ignored","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"GPU Nodes","type":"integer","description":"Nodes labelled nvidia.com/gpu.present=true","jsonPath":".status.gpuNodes"}"#,
+    printcolumn = r#"{"name":"Operands","type":"string","description":"Operand workloads ready out of those enabled","jsonPath":".status.operandsReady"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the policy is or is not ready (the Ready condition's reason)","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

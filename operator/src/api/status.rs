@@ -46,6 +46,13 @@ pub struct ClusterPolicyStatus {
         "x-kubernetes-list-map-keys" = ["name"]
     ))]
     pub components: Option<Vec<ComponentStatus>>,
+    /// Nodes labelled `nvidia.com/gpu.present=true` (our addition; `kubectl get` shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_nodes: Option<i32>,
+    /// Operand workloads ready out of those enabled, as `ready/enabled` (our addition;
+    /// `kubectl get` shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operands_ready: Option<String>,
 }
 
 /// Rollout state of one operand.

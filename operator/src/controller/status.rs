@@ -263,6 +263,8 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
     let mut not_ready = Vec::new();
     let mut invalid = Vec::new();
     let mut frozen = Vec::new();
+    // Workloads of enabled operands, and how many of them are ready (`kubectl get` shows both).
+    let (mut enabled_workloads, mut ready_workloads) = (0, 0);
 
     for state in &inputs.desired.operands {
         let operand = state.operand;
@@ -277,6 +279,7 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         match &state.outcome {
             Outcome::Disabled => {}
             Outcome::Invalid(message) => {
+                enabled_workloads += 1;
                 invalid.push(format!("{}: {message}", operand.name()));
                 components.push(ComponentStatus {
                     name: operand.name().to_string(),
@@ -361,7 +364,10 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         readiness.message =
                             format!("invalid configuration: {problem}; {}", readiness.message);
                     }
-                    if !readiness.ready {
+                    enabled_workloads += 1;
+                    if readiness.ready {
+                        ready_workloads += 1;
+                    } else {
                         not_ready.push(format!("{}: {}", operand.name(), readiness.message));
                     }
                     components.push(ComponentStatus {
@@ -469,6 +475,8 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         namespace: Some(inputs.namespace.to_string()),
         conditions: Some(conditions),
         components: Some(components),
+        gpu_nodes: Some(i32::try_from(gpu_nodes).unwrap_or(i32::MAX)),
+        operands_ready: Some(format!("{ready_workloads}/{enabled_workloads}")),
     }
 }
 
@@ -552,6 +560,8 @@ pub fn ignored(
             ),
         ]),
         components: None,
+        gpu_nodes: None,
+        operands_ready: None,
     }
 }
 

@@ -427,6 +427,15 @@ async fn a_fresh_install_reports_progress_without_blaming_taints_or_warning() {
     );
     eprintln!("on the way to ready: {seen:#?}\nevents: {events:#?}");
 
+    // What `kubectl get clusterpolicy` shows beside the state.
+    let policy = api.get(&s.policy).await.unwrap();
+    let status = policy.status.as_ref().unwrap();
+    let gpu_node_count = e2e::nodes::gpu_node_names(&s.admin).await.unwrap().len();
+    assert_eq!(status.gpu_nodes, Some(gpu_node_count as i32));
+    let operands = status.operands_ready.clone().unwrap_or_default();
+    let (ready, enabled) = operands.split_once('/').unwrap();
+    assert!(ready == enabled && ready != "0", "operands {operands}");
+
     // The metrics NVIDIA's dashboards and alerts read, under their names and meanings.
     let text = e2e::operator::scrape_metrics(s.operator.metrics_port)
         .await

@@ -458,7 +458,7 @@ async fn kubectl_explain_teaches_the_device_plugin_config() {
 }
 
 #[tokio::test]
-async fn kubectl_get_shows_status_and_age() {
+async fn kubectl_get_shows_status_gpu_nodes_operands_reason_and_age() {
     let client = client().await.unwrap();
     install_crd(&client).await.unwrap();
     let api = cluster_policies(&client);
@@ -476,7 +476,11 @@ async fn kubectl_get_shows_status_and_age() {
     )
     .await
     .unwrap();
-    let status = json!({"status": {"state": "ready", "namespace": "gpu-operator"}});
+    let status = json!({"status": {
+        "state": "ready", "namespace": "gpu-operator", "gpuNodes": 6, "operandsReady": "9/9",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+            "message": "all operands ready on 6 GPU nodes",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
@@ -495,7 +499,17 @@ async fn kubectl_get_shows_status_and_age() {
     let table = table.unwrap();
     let mut lines = table.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "STATUS", "AGE"], "{table}");
+    assert_eq!(
+        header,
+        [
+            "NAME", "STATUS", "GPU", "NODES", "OPERANDS", "REASON", "AGE"
+        ],
+        "{table}"
+    );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(&row[..2], [name.as_str(), "ready"], "{table}");
+    assert_eq!(
+        &row[..5],
+        [name.as_str(), "ready", "6", "9/9", "Ready"],
+        "{table}"
+    );
 }
