@@ -51,12 +51,14 @@ pub enum Error {
     },
 }
 
-/// NFD's CRDs as the operator installs them.
+/// NFD's CRDs as the operator installs them, sorted by name (the order of [`NAMES`]).
 pub fn definitions() -> Result<Vec<CustomResourceDefinition>, Error> {
-    serde_yaml_ng::Deserializer::from_str(NFD_CRDS_YAML)
+    let mut crds = serde_yaml_ng::Deserializer::from_str(NFD_CRDS_YAML)
         .map(CustomResourceDefinition::deserialize)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(Error::Parse)
+        .map_err(Error::Parse)?;
+    crds.sort_by_key(|c| c.name_any());
+    Ok(crds)
 }
 
 /// Installs or upgrades each of NFD's CRDs whose served copy lacks the bundled definition's
@@ -100,8 +102,7 @@ mod tests {
     #[test]
     fn the_bundled_definitions_are_nfds_three_crds() {
         let crds = definitions().unwrap();
-        let mut names: Vec<String> = crds.iter().map(|c| c.name_any()).collect();
-        names.sort();
+        let names: Vec<String> = crds.iter().map(|c| c.name_any()).collect();
         assert_eq!(names, NAMES);
         assert!(crds.iter().all(|c| c.spec.group == "nfd.k8s-sigs.io"));
     }

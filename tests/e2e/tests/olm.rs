@@ -85,13 +85,33 @@ fn validate(dir: &Path) -> (bool, String) {
 fn the_bundle_passes_the_operator_framework_validators() {
     let (ok, output) = validate(&bundle_dir());
     println!("{output}");
-    assert!(ok, "the validators reject bundle/:\n{output}");
-    for suite in ["default", "operatorhub", "good-practices"] {
+    for suite in ["default", "operatorhub"] {
         assert!(
             output.contains(&format!("suite {suite}: 0 errors, 0 warnings")),
             "suite {suite} did not run clean:\n{output}"
         );
     }
+    // One warning is by design (decision 16): the operator installs NFD's CRDs when it deploys
+    // NFD, so its ClusterRole may create CRDs and patch NFD's three. Anything else fails.
+    let warnings: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("\tWARNING\t"))
+        .collect();
+    let by_design = |line: &&str| {
+        line.starts_with("good-practices\tWARNING\t")
+            && line.contains("CSV contains permissions to create CRD")
+    };
+    assert!(
+        output.contains("suite good-practices: 0 errors, 1 warnings")
+            && warnings.len() == 1
+            && warnings.iter().all(by_design),
+        "the validators reject bundle/ beyond the CRD-creation warning NFD needs:\n{output}"
+    );
+    // The strict run (no -allow-warnings) still fails on that warning, as it must on any.
+    assert!(
+        !ok,
+        "the validators passed a bundle they warned about:\n{output}"
+    );
 
     // The same validators on a copy without an icon and with a category OperatorHub does not
     // know: they must fail, naming both.
