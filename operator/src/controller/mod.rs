@@ -280,11 +280,6 @@ async fn reconcile(
     let name = policy.name_any();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
 
-    if is_deleting(policy) {
-        ctx.metrics
-            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        return Ok(None);
-    }
     let Some(active) = active_policy(&ctx.policies) else {
         ctx.metrics
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
@@ -294,6 +289,10 @@ async fn reconcile(
         // Its operands are being collected; the next policy takes over once it is gone.
         ctx.metrics
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
+        return Ok(None);
+    }
+    if is_deleting(policy) {
+        // An ignored policy going away: nothing to write for it.
         return Ok(None);
     }
     if active.name_any() != name {
