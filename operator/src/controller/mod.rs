@@ -456,6 +456,9 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
                 tracing::info!(crds = ?written, "installed NFD's CRDs");
             }
             ctx.nfd_crds_current.store(true, Ordering::Relaxed);
+        } else if !deploys_nfd {
+            // Switched off: look at the CRDs again when NFD is switched back on.
+            ctx.nfd_crds_current.store(false, Ordering::Relaxed);
         }
         // One pass at a time: the ledger is taken for the pass and put back, also on failure.
         let mut ledger = ctx
