@@ -133,3 +133,41 @@ pub async fn run_on_simulated_openshift<T>(
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+/// An operator session on the simulated OpenShift as installed there: the ClusterPolicy CRD,
+/// leftovers of failed tests removed, the operator running with its generated ClusterRole under
+/// the test's name `operator_role` (decision 13; the API server refuses Roles that grant `use` of
+/// SCCs unless the operator holds that itself), and a policy with `spec` created.
+pub async fn start_with_generated_role(
+    admin: &Client,
+    operator_role: &str,
+    spec: serde_json::Value,
+) -> crate::session::Setup {
+    use crate::operator::{Operator, OperatorIdentity};
+    crate::crd::install_cluster_policy_crd(admin, "e2e-controller-test")
+        .await
+        .unwrap();
+    crate::session::remove_leftovers(admin).await;
+    let mut role = gpu_operator::render::rbac::operator_cluster_role();
+    role.metadata.name = Some(operator_role.to_owned());
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .patch(
+            operator_role,
+            &PatchParams::apply("e2e-openshift").force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .unwrap();
+    let identity = OperatorIdentity::create(admin, operator_role)
+        .await
+        .unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
+    let policy = crate::cluster::unique_name("cluster-policy");
+    crate::session::create_policy(admin, &policy, spec).await;
+    crate::session::Setup {
+        admin: admin.clone(),
+        identity,
+        operator,
+        policy,
+    }
+}

@@ -14,20 +14,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use e2e::cluster::unique_name;
 use e2e::contract::{self, Need, Rbac, Row, Scope};
-use e2e::crd::install_cluster_policy_crd;
 use e2e::openshift;
-use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, config_map, time_slicing};
 use gpu_operator::api::State;
-use gpu_operator::render::rbac;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
@@ -241,34 +237,8 @@ async fn on_openshift_every_operand_may_make_its_requests_and_use_its_scc() {
 }
 
 async fn openshift_contract(admin: &Client) -> Vec<String> {
-    install_cluster_policy_crd(admin, "e2e-controller-test")
-        .await
-        .unwrap();
-    session::remove_leftovers(admin).await;
-    // The operator runs with its generated ClusterRole, as installed: the API server refuses
-    // Roles that grant `use` of SCCs unless the operator holds that itself.
-    let mut role = rbac::operator_cluster_role();
-    role.metadata.name = Some(OPERATOR_ROLE.to_owned());
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(
-            OPERATOR_ROLE,
-            &PatchParams::apply("e2e-contract").force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(admin, OPERATOR_ROLE)
-        .await
-        .unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = unique_name("cluster-policy");
-    session::create_policy(admin, &policy, contract::policy()).await;
-    let setup = Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy,
-    };
+    let setup =
+        openshift::start_with_generated_role(admin, OPERATOR_ROLE, contract::policy()).await;
     sharing_config(&setup).await;
     setup
         .await_state(State::Ready, "contract policy ready on OpenShift")

@@ -19,23 +19,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use e2e::audit::AuditLog;
-use e2e::cluster::unique_name;
-use e2e::crd::install_cluster_policy_crd;
 use e2e::openshift;
-use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::render::openshift::{SCC_ANNOTATION, scc_api_resource};
-use gpu_operator::render::rbac;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-const FIELD_MANAGER: &str = "e2e-openshift";
 /// The operator's generated ClusterRole, under a name of this test's own.
 const OPERATOR_ROLE: &str = "gpu-operator-e2e-openshift";
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
@@ -278,40 +273,13 @@ async fn on_openshift_the_operator_creates_sccs_the_api_server_accepts_and_the_p
 }
 
 async fn openshift_steps(admin: &Client) {
-    install_cluster_policy_crd(admin, "e2e-controller-test")
-        .await
-        .unwrap();
-    session::remove_leftovers(admin).await;
-    // The operator runs with its generated ClusterRole (decision 13), not cluster-admin: the API
-    // server refuses Roles that grant `use` of SCCs unless the operator holds that itself.
-    let mut role = rbac::operator_cluster_role();
-    role.metadata.name = Some(OPERATOR_ROLE.to_owned());
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(
-            OPERATOR_ROLE,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(admin, OPERATOR_ROLE)
-        .await
-        .unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = unique_name("cluster-policy");
     // DCGM and the node-status exporter on: every operand with an SCC of its own is rendered.
-    session::create_policy(
+    let setup = openshift::start_with_generated_role(
         admin,
-        &policy,
+        OPERATOR_ROLE,
         json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true}}),
     )
     .await;
-    let setup = Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy,
-    };
     let ready = setup
         .await_state(State::Ready, "policy ready on OpenShift")
         .await;
