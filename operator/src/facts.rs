@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
+use crate::nodes::NodeView;
+
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Runtime {
@@ -49,7 +51,20 @@ pub struct SharingConfig {
     pub default_inferred: bool,
 }
 
-/// Everything render needs to know about the cluster.
+/// What the live device plugin mounts (decision 4's "last good" sharing config).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LastGood {
+    /// No live device plugin, or one without a sharing config.
+    #[default]
+    Nothing,
+    /// The copy it mounts, read back from the cluster.
+    Copy(SharingConfig),
+    /// It mounts a copy that no longer exists (someone deleted it).
+    Gone(String),
+}
+
+/// Everything validate and render need to know about the cluster: facts only, no verdicts
+/// (validate judges them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterFacts {
     /// The operator's namespace, where every namespaced operand object goes.
@@ -69,9 +84,11 @@ pub struct ClusterFacts {
     /// nodes an NFD master annotated while ours is not deployed (decision 16). NFD's CRDs being
     /// served says nothing.
     pub nfd_running: bool,
-    /// The validated sharing config, when `devicePlugin.config.name` is set and a valid (or last
-    /// good) config exists.
-    pub sharing: Option<SharingConfig>,
+    /// The ConfigMap named by `devicePlugin.config.name`, if set and present (validate decides
+    /// what the consumers mount: [`crate::model::ValidatedPolicy::sharing`]).
+    pub sharing_source: Option<ConfigMapData>,
+    /// What the live device plugin mounts.
+    pub sharing_last_good: LastGood,
     /// The ConfigMap named by `migManager.config.name`, if set and present.
     pub mig_config: Option<ConfigMapData>,
     /// The ConfigMap named by `dcgmExporter.config.name`, if set and present.
@@ -81,6 +98,9 @@ pub struct ClusterFacts {
     /// its own file, so render needs the keys (validate marks the driver invalid when one is
     /// named but missing here).
     pub driver_config_maps: BTreeMap<String, ConfigMapData>,
+    /// The GPU nodes (NFD's GPU label or our `nvidia.com/gpu.present`), with the labels the
+    /// operator reads; empty for `gpu-operator render`.
+    pub gpu_nodes: Vec<NodeView>,
     /// Image fallbacks from the operator's environment (`DRIVER_IMAGE`, ...), for OLM.
     pub image_env: BTreeMap<String, String>,
 }

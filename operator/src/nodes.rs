@@ -8,8 +8,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::render::Operand;
-
 /// NFD labels that mark a node with an NVIDIA PCI device (vendor 0x10de, any class, 3D
 /// controller, VGA controller).
 pub const NFD_GPU_LABELS: [&str; 3] = [
@@ -33,16 +31,36 @@ pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
-/// Every deploy key the operator manages, in NVIDIA's spelling.
+pub const DEPLOY_DRIVER: &str = "nvidia.com/gpu.deploy.driver";
+pub const DEPLOY_TOOLKIT: &str = "nvidia.com/gpu.deploy.container-toolkit";
+pub const DEPLOY_VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
+/// The device plugin's key; the MPS daemon shares it, as in NVIDIA's operator.
+pub const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+pub const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
+pub const DEPLOY_DCGM: &str = "nvidia.com/gpu.deploy.dcgm";
+pub const DEPLOY_DCGM_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+/// Set only on MIG-capable nodes.
+pub const DEPLOY_MIG_MANAGER: &str = "nvidia.com/gpu.deploy.mig-manager";
+pub const DEPLOY_NODE_STATUS_EXPORTER: &str = "nvidia.com/gpu.deploy.node-status-exporter";
+
+/// Every deploy key the operator manages, in NVIDIA's spelling, sorted: the operands' keys
+/// ([`crate::model::Operand::deploy_label`], a test keeps the two equal) and [`DEPLOY_CLIENT`].
+pub const DEPLOY_KEYS: [&str; 10] = [
+    DEPLOY_CLIENT,
+    DEPLOY_TOOLKIT,
+    DEPLOY_DCGM,
+    DEPLOY_DCGM_EXPORTER,
+    DEPLOY_DEVICE_PLUGIN,
+    DEPLOY_DRIVER,
+    DEPLOY_GFD,
+    DEPLOY_MIG_MANAGER,
+    DEPLOY_NODE_STATUS_EXPORTER,
+    DEPLOY_VALIDATOR,
+];
+
+/// [`DEPLOY_KEYS`] as an iterator.
 pub fn deploy_keys() -> impl Iterator<Item = &'static str> {
-    let mut keys: Vec<&'static str> = Operand::ALL
-        .iter()
-        .filter_map(|o| o.deploy_label())
-        .collect();
-    keys.push(DEPLOY_CLIENT);
-    keys.sort_unstable();
-    keys.dedup();
-    keys.into_iter()
+    DEPLOY_KEYS.into_iter()
 }
 
 /// What the operator knows about one node: only the labels it reads.
@@ -123,13 +141,6 @@ impl NodeView {
     pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
         selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
     }
-
-    /// Whether the node is labelled to run `operand` (value exactly `true`).
-    pub fn runs(&self, operand: Operand) -> bool {
-        operand
-            .deploy_label()
-            .is_some_and(|k| self.label(k) == Some("true"))
-    }
 }
 
 /// A label change for one node: `Some(value)` sets, `None` removes.
@@ -177,7 +188,7 @@ pub fn desired_label_changes(
     }
     let mig_capable = node.label(MIG_CAPABLE) == Some("true");
     for key in deploy_keys() {
-        let wanted = key != Operand::MigManager.deploy_label().unwrap_or_default() || mig_capable;
+        let wanted = key != DEPLOY_MIG_MANAGER || mig_capable;
         match (wanted, node.label(key)) {
             // Absent or empty: ours to set. Any other value (`false`, `paused-for-*`) was
             // written by someone else and is respected.

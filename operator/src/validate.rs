@@ -20,33 +20,29 @@ use serde_json::Value;
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec, ImageKind, crd};
 use crate::facts::ClusterFacts;
-use crate::render::{Operand, dcgm_exporter, driver, mig_manager};
+use crate::model::{Operand, ValidatedPolicy};
+use crate::operands::{self, device_plugin};
 
-/// A policy that passed validation, with what render needs precomputed.
-#[derive(Clone, Debug, Default)]
-pub struct ValidatedPolicy {
-    /// Name of the ClusterPolicy.
-    pub name: String,
-    pub spec: ClusterPolicySpec,
-    /// Resolved image reference per image kind, for the kinds enabled operands use. The driver's
-    /// already carries the OS suffix (`...:595.91.07-ubuntu22.04`).
-    pub images: BTreeMap<ImageKind, String>,
-    /// Operands whose input is invalid, each with a message that names the field and the fix.
-    pub invalid: BTreeMap<Operand, String>,
-}
-
-/// Validates `policy` against what the cluster told us.
+/// Validates `policy` against what the cluster told us: every verdict of a pass (frozen
+/// operands, reported problems, the sharing config to mount). The controller and
+/// `gpu-operator render` both call this, so they cannot disagree.
 pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy {
     let spec = with_schema_defaults(&policy.spec);
     let env = |name: &str| facts.image_env.get(name).cloned();
     let mut images = BTreeMap::new();
     let mut invalid = BTreeMap::new();
+    let mut reported = BTreeMap::new();
+    // Decided on the spec as written, as the device plugin reads it (decision 4).
+    let sharing = device_plugin::decide_sharing(&policy.spec, facts).unwrap_or_default();
+    if let Some(problem) = sharing.problem {
+        reported.insert(Operand::DevicePlugin, problem);
+    }
     for operand in Operand::ALL {
         if !operand.is_enabled(&spec, facts) {
             continue;
         }
         let mut problems = Vec::new();
-        for kind in operand.images(&spec, facts) {
+        for kind in operand.images(&spec, sharing.sharing.is_some()) {
             match resolve_image(&spec, kind, &env, facts) {
                 Ok(reference) => {
                     images.insert(kind, reference);
@@ -54,10 +50,19 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
                 Err(problem) => problems.push(problem),
             }
         }
-        problems.extend(check(operand, &spec, facts));
+        problems.extend(host_path_problems(operand, &spec));
+        problems.extend(operands::check(operand, &spec, facts));
+        if let Some(freeze) = &sharing.freeze
+            && SHARING_CONSUMERS.contains(&operand)
+        {
+            problems.push(freeze.clone());
+        }
         if !problems.is_empty() {
             problems.dedup();
             invalid.insert(operand, problems.join("; "));
+        }
+        if let Some(problem) = operands::report(operand, &spec, facts) {
+            reported.insert(operand, problem);
         }
     }
     ValidatedPolicy {
@@ -65,8 +70,18 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
         spec,
         images,
         invalid,
+        reported,
+        notes: sharing.notes,
+        sharing: sharing.sharing,
     }
 }
+
+/// The operands that mount the device plugin's sharing config.
+const SHARING_CONSUMERS: [Operand; 3] = [
+    Operand::DevicePlugin,
+    Operand::Gfd,
+    Operand::MpsControlDaemon,
+];
 
 fn resolve_image(
     spec: &ClusterPolicySpec,
@@ -98,110 +113,6 @@ fn resolve_image(
             resolved.reference
         )),
     }
-}
-
-/// Problems with the operand's input other than images.
-fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    let mut problems = host_path_problems(operand, spec);
-    match operand {
-        Operand::Driver => problems.extend(driver_problems(spec, facts)),
-        Operand::MigManager => {
-            if let Some(name) = spec
-                .mig_manager
-                .as_ref()
-                .and_then(mig_manager::custom_config_name)
-            {
-                problems.extend(config_map_problem(
-                    "spec.migManager.config.name",
-                    name,
-                    mig_manager::CONFIG_KEY,
-                    facts.mig_config.as_ref(),
-                    facts,
-                    "or remove the field to use the default layouts",
-                ));
-            }
-        }
-        Operand::DcgmExporter => {
-            let name = spec
-                .dcgm_exporter
-                .as_ref()
-                .and_then(|d| d.config.as_ref())
-                .and_then(|c| c.name.as_deref())
-                .filter(|n| !n.is_empty());
-            if let Some(name) = name {
-                problems.extend(config_map_problem(
-                    "spec.dcgmExporter.config.name",
-                    name,
-                    dcgm_exporter::METRICS_KEY,
-                    facts.dcgm_metrics.as_ref(),
-                    facts,
-                    "or remove the field to collect the default metrics",
-                ));
-            }
-        }
-        _ => {}
-    }
-    problems
-}
-
-fn config_map_problem(
-    field: &str,
-    name: &str,
-    key: &str,
-    found: Option<&crate::facts::ConfigMapData>,
-    facts: &ClusterFacts,
-    alternative: &str,
-) -> Option<String> {
-    match found.filter(|cm| cm.name == name) {
-        None => Some(format!(
-            "{field}: ConfigMap {name} was not found in namespace {}: create it with the key \
-             {key}, {alternative}",
-            facts.namespace
-        )),
-        Some(cm) if !cm.data.contains_key(key) => Some(format!(
-            "{field}: ConfigMap {name} has no key {key}: add it, {alternative}"
-        )),
-        Some(_) => None,
-    }
-}
-
-fn driver_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    let Some(driver) = spec.driver.as_ref() else {
-        return Vec::new();
-    };
-    let mut problems = Vec::new();
-    if driver.uses_precompiled() {
-        problems.push(
-            "spec.driver.usePrecompiled: precompiled driver images (one DaemonSet per kernel) \
-             are not supported by this operator yet; set it to false"
-                .to_owned(),
-        );
-    }
-    let os = facts.os_tag.as_deref().map(driver::os_id);
-    for (field, name) in driver::referenced_config_maps(driver) {
-        if !facts.driver_config_maps.contains_key(name) {
-            problems.push(format!(
-                "{field}: ConfigMap {name} was not found in namespace {}: create it, or clear the \
-                 field",
-                facts.namespace
-            ));
-        }
-        let dir = if field.contains("certConfig") {
-            os.and_then(driver::cert_dir)
-        } else if field.contains("repoConfig") {
-            os.and_then(driver::repo_dir)
-        } else {
-            Some("/drivers")
-        };
-        if dir.is_none() {
-            problems.push(format!(
-                "{field}: where the files go depends on the GPU nodes' OS, which is {}; known are \
-                 ubuntu, debian, rhel, rhcos, centos, rocky, ol, sles and sl-micro",
-                facts.os_tag.as_deref().unwrap_or("not known yet")
-            ));
-        }
-    }
-    problems
 }
 
 /// Host paths must be absolute: a relative hostPath is rejected by the API server only when the

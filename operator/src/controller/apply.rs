@@ -24,9 +24,10 @@ use serde_json::Value;
 
 use super::plan::{self, APPLIED_HASH_ANNOTATION, Ledger, Live, Plan, Rejection};
 use super::stores::Stores;
-use crate::render::device_plugin::{self, CONFIG_COPY_LABEL};
-use crate::render::{DesiredState, MANAGER, OPERAND_LABEL, Operand, OperandObjects, Outcome};
-use crate::render::{gfd, mps};
+use crate::model::{MANAGER, OPERAND_LABEL, Operand, OperandObjects};
+use crate::operands::device_plugin::{self, CONFIG_COPY_LABEL};
+use crate::operands::{gfd, mps};
+use crate::render::{DesiredState, Outcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {

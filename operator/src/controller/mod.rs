@@ -434,8 +434,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .resolve(policy, &ctx.stores, &nodes)
         .await
         .map_err(Error::Resolve)?;
-    let mut validated = validate::validate(policy, &resolved.facts);
-    validated.invalid.extend(resolved.problems);
+    let validated = validate::validate(policy, &resolved.facts);
     let desired = render::render(&validated, &resolved.facts);
 
     if !still_in_force(ctx, policy) {
@@ -448,7 +447,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         let optional = ctx.resolver.discovered.optional_kinds();
         // NFD's CRDs before NFD itself, whenever we deploy it (decision 16).
         let deploys_nfd = desired.operands.iter().any(|s| {
-            s.operand == render::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
+            s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
         });
         if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
             let written = nfd_crds::ensure(&ctx.client).await?;
@@ -514,7 +513,12 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             diagnoses.insert(ds.name_any(), d);
         }
     }
-    let notes = resolved.notes;
+    let notes: Vec<String> = validated
+        .notes
+        .iter()
+        .chain(&resolved.notes)
+        .cloned()
+        .collect();
     let unsupported = unsupported_lines(&policy.spec);
     let mismatched = status::label_mismatches(&desired, &daemon_sets, &nodes);
     let explained = lasting_mismatches(ctx, &mismatched);
@@ -526,7 +530,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         deployments: &deployments,
         nodes: &nodes,
         failures: &coexistence,
-        config_problems: &resolved.config_problems,
+        config_problems: &validated.reported,
         notes: &notes,
         unsupported: &unsupported,
         diagnoses: &diagnoses,

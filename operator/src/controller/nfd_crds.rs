@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde::Deserialize;
 
 use super::plan::{APPLIED_HASH_ANNOTATION, applied_hash};
-use crate::render::MANAGER;
+use crate::model::MANAGER;
 
 /// NFD's CRDs as NFD v0.19.0 publishes them (`deployment/base/nfd-crds/nfd-api-crds.yaml` of
 /// sigs.k8s.io/node-feature-discovery; the chart's `crds/` holds the same file).

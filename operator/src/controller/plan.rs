@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::render::common::sha256_hex;
+use crate::operands::common::sha256_hex;
 
 /// Annotation on every applied object: the SHA-256 of the object as rendered (before the
 /// annotation was added). Equal hashes mean equal renderings, whichever operator version made

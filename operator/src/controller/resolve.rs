@@ -13,13 +13,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::stores::Stores;
 use crate::api::{ClusterPolicy, Component};
-use crate::facts::{ClusterFacts, ConfigMapData, Runtime, SharingConfig};
-use crate::nodes::{DEVICE_PLUGIN_CONFIG, NodeView, OS_ID, OS_VERSION_ID};
-use crate::render::Operand;
-use crate::render::common::mig_strategy_name;
-use crate::render::device_plugin;
-use crate::sharing::mig;
-use crate::sharing::select::{SharingDecision, select_config};
+use crate::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
+use crate::nodes::{NodeView, OS_ID, OS_VERSION_ID};
+use crate::operands::device_plugin;
 
 /// Optional APIs and coexistence facts found at start-up (decision 14).
 #[derive(Clone, Debug, Default)]
@@ -56,9 +52,9 @@ impl Discovered {
     pub fn optional_kinds(&self) -> Vec<kube::api::ApiResource> {
         [
             self.service_monitor
-                .then(crate::render::dcgm_exporter::service_monitor_api_resource),
+                .then(crate::operands::dcgm_exporter::service_monitor_api_resource),
             self.openshift
-                .then(crate::render::openshift::scc_api_resource),
+                .then(crate::operands::openshift::scc_api_resource),
         ]
         .into_iter()
         .flatten()
@@ -150,8 +146,8 @@ async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Err
     ] {
         let params = kube::api::ListParams::default().labels(&format!(
             "{selector},{}!={}",
-            crate::render::MANAGED_BY_LABEL,
-            crate::render::MANAGER
+            crate::model::MANAGED_BY_LABEL,
+            crate::model::MANAGER
         ));
         if let Some(d) = api.list_metadata(&params).await?.items.into_iter().next() {
             return Ok(Some(format!(
@@ -183,113 +179,10 @@ fn nfd_already_running(
     })
 }
 
-/// What resolve found, plus the per-operand problems it noticed.
+/// What resolve found: facts only (validate judges them), plus what it noticed about NFD.
 pub struct Resolved {
     pub facts: ClusterFacts,
-    /// Problems that freeze the operand like a validation error (a referenced ConfigMap that
-    /// does not exist, say): its live objects are kept as they are.
-    pub problems: BTreeMap<Operand, String>,
-    /// Problems reported as an invalid config while the operand still renders: a broken sharing
-    /// config (the consumers keep the last good copy, so new nodes get it too), nodes asking
-    /// for a MIG layout that does not fit them.
-    pub config_problems: BTreeMap<Operand, String>,
     pub notes: Vec<String>,
-}
-
-/// The sharing config the consumers are to mount, and what is wrong with the user's.
-#[derive(Debug, Default, PartialEq)]
-struct SharingResolution {
-    sharing: Option<SharingConfig>,
-    /// Reported, not freezing: the consumers render with `sharing`.
-    problem: Option<String>,
-    /// Freezing the three consumers: their last good copy is gone, so rendering anything
-    /// would change what the nodes run.
-    freeze: Option<String>,
-    notes: Vec<String>,
-}
-
-/// What the live device plugin mounts (decision 4's "last good").
-#[derive(Debug, PartialEq)]
-enum LastGood {
-    /// No live device plugin, or one without a sharing config.
-    Nothing,
-    /// The copy it mounts, read back from the cluster.
-    Copy(SharingConfig),
-    /// It mounts a copy that no longer exists (someone deleted it).
-    Gone(String),
-}
-
-/// Decides the sharing config from the user's ConfigMap (`source`: its name and data, `None`
-/// when it does not exist) and the last good one (pure).
-fn resolve_sharing(
-    source_name: &str,
-    source: Option<&BTreeMap<String, String>>,
-    default: Option<&str>,
-    node_keys: &BTreeMap<String, String>,
-    mig_strategy: Option<&str>,
-    namespace: &str,
-    last_good: LastGood,
-) -> SharingResolution {
-    let problem = match source {
-        None => format!(
-            "spec.devicePlugin.config.name names ConfigMap {source_name}, which does not exist in namespace {namespace}: create it or fix the name"
-        ),
-        Some(data) => match select_config(source_name, data, default, node_keys, mig_strategy) {
-            SharingDecision::Valid {
-                config, warnings, ..
-            } => {
-                let mut notes = warnings;
-                if config.default_inferred {
-                    notes.insert(
-                        0,
-                        format!(
-                            "device-plugin config: default inferred (key {:?}, the only key of ConfigMap {source_name})",
-                            config.default_key
-                        ),
-                    );
-                }
-                return SharingResolution {
-                    sharing: Some(config),
-                    notes,
-                    ..SharingResolution::default()
-                };
-            }
-            SharingDecision::Invalid { problems, .. } => problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        },
-    };
-    match last_good {
-        LastGood::Copy(config) => SharingResolution {
-            problem: Some(format!(
-                "{problem} (not rolled out: the device plugin, GFD and MPS daemon keep the last good config {})",
-                last_good_copy_name(&config)
-            )),
-            sharing: Some(config),
-            ..SharingResolution::default()
-        },
-        LastGood::Nothing => SharingResolution {
-            problem: Some(format!(
-                "{problem} (the device plugin runs without a sharing config until this is fixed)"
-            )),
-            ..SharingResolution::default()
-        },
-        LastGood::Gone(copy) => SharingResolution {
-            freeze: Some(format!(
-                "{problem} (the last good config {copy} that the pods mount was deleted; live objects kept as they are)"
-            )),
-            ..SharingResolution::default()
-        },
-    }
-}
-
-fn last_good_copy_name(config: &SharingConfig) -> String {
-    device_plugin::copy_name(
-        &config.source,
-        &crate::render::common::config_hash(&config.data),
-    )
 }
 
 pub struct Resolver {
@@ -331,118 +224,34 @@ impl Resolver {
         } else {
             self.cluster_runtime(&gpu_nodes).await?
         };
-        let mut problems = BTreeMap::new();
         let mut notes = Vec::new();
         let spec = &policy.spec;
-
-        let mut referenced = |operand: Operand,
-                              field: &str,
-                              name: Option<&String>|
-         -> Option<ConfigMapData> {
-            let name = name?;
-            match stores.config_map_data(&self.namespace, name) {
-                Some(data) => Some(ConfigMapData {
-                    name: name.clone(),
-                    data,
-                }),
-                None => {
-                    problems.insert(
-                        operand,
-                        format!("{field} names ConfigMap {name}, which does not exist in namespace {}: create it or fix the name", self.namespace),
-                    );
-                    None
-                }
-            }
+        let present = |name: Option<&str>| -> Option<ConfigMapData> {
+            let name = name.filter(|n| !n.is_empty())?;
+            let data = stores.config_map_data(&self.namespace, name)?;
+            Some(ConfigMapData {
+                name: name.to_owned(),
+                data,
+            })
         };
-        let plugin_config = spec.device_plugin.as_ref().and_then(|d| d.config.as_ref());
-        let sharing_name = plugin_config
-            .and_then(|c| c.name.as_deref())
-            .filter(|n| !n.is_empty());
-        // The schema defaults the name to the operator's own ConfigMap, which render creates.
-        let custom_mig_config = spec
-            .mig_manager
-            .as_ref()
-            .and_then(crate::render::mig_manager::custom_config_name)
-            .map(str::to_string);
-        let mig_config = referenced(
-            Operand::MigManager,
-            "spec.migManager.config.name",
-            custom_mig_config.as_ref(),
+        let sharing_source = present(
+            spec.device_plugin
+                .as_ref()
+                .and_then(|d| d.config.as_ref())
+                .and_then(|c| c.name.as_deref()),
         );
-        let dcgm_metrics = referenced(
-            Operand::DcgmExporter,
-            "spec.dcgmExporter.config.name",
+        // The schema defaults the name to the operator's own ConfigMap, which render creates.
+        let mig_config = present(
+            spec.mig_manager
+                .as_ref()
+                .and_then(crate::operands::mig_manager::custom_config_name),
+        );
+        let dcgm_metrics = present(
             spec.dcgm_exporter
                 .as_ref()
                 .and_then(|d| d.config.as_ref())
-                .and_then(|c| c.name.as_ref()),
+                .and_then(|c| c.name.as_deref()),
         );
-
-        // Validated as the plugin would (decision 5) before any node sees it; a key named by a
-        // node's nvidia.com/device-plugin.config label must exist (decision 4). An invalid
-        // config never reaches the nodes: the consumers keep the copy they mount.
-        let mut config_problems = BTreeMap::new();
-        let node_keys: BTreeMap<String, String> = gpu_nodes
-            .iter()
-            .filter_map(|n| Some((n.name.clone(), n.label(DEVICE_PLUGIN_CONFIG)?.to_string())))
-            .collect();
-        let mig_strategy = spec
-            .mig
-            .as_ref()
-            .and_then(|m| m.strategy)
-            .map(mig_strategy_name);
-        let sharing = sharing_name.map(|name| {
-            resolve_sharing(
-                name,
-                stores.config_map_data(&self.namespace, name).as_ref(),
-                plugin_config
-                    .and_then(|c| c.default.as_deref())
-                    .filter(|d| !d.is_empty()),
-                &node_keys,
-                mig_strategy,
-                &self.namespace,
-                self.last_good(stores),
-            )
-        });
-        let sharing = sharing.and_then(|resolution| {
-            notes.extend(resolution.notes);
-            if let Some(problem) = resolution.problem {
-                config_problems.insert(Operand::DevicePlugin, problem);
-            }
-            if let Some(problem) = resolution.freeze {
-                for operand in [
-                    Operand::DevicePlugin,
-                    Operand::Gfd,
-                    Operand::MpsControlDaemon,
-                ] {
-                    problems.insert(operand, problem.clone());
-                }
-            }
-            resolution.sharing
-        });
-
-        // MIG layouts the nodes ask for, checked against their GPUs (decision 7).
-        if spec.is_enabled(Component::MigManager) {
-            let parsed = match &mig_config {
-                Some(cm) => mig::parse_config(&cm.name, &cm.data),
-                None => mig::parse_yaml(
-                    crate::render::mig_manager::DEFAULT_CONFIG_MAP,
-                    crate::render::mig_manager::CONFIG_KEY,
-                    &crate::render::mig_manager::default_mig_config(),
-                ),
-            };
-            match parsed {
-                Ok(file) => {
-                    if let Some(report) = mig::node_report(&file, &gpu_nodes) {
-                        config_problems.insert(Operand::MigManager, report);
-                    }
-                }
-                Err(found) => {
-                    let messages: Vec<String> = found.iter().map(ToString::to_string).collect();
-                    problems.insert(Operand::MigManager, messages.join("; "));
-                }
-            }
-        }
 
         // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
         let driver = spec.driver.as_ref();
@@ -467,7 +276,7 @@ impl Resolver {
 
         let ours_deployed = stores
             .deployments
-            .get(&ObjectRef::new(crate::render::nfd::MASTER).within(&self.namespace))
+            .get(&ObjectRef::new(crate::operands::nfd::MASTER).within(&self.namespace))
             .is_some();
         let nfd_running =
             nfd_already_running(self.discovered.foreign_nfd.as_deref(), nodes, ours_deployed);
@@ -486,18 +295,15 @@ impl Resolver {
             openshift: self.discovered.openshift,
             service_monitor_api: self.discovered.service_monitor,
             nfd_running: nfd_running.is_some(),
-            sharing,
+            sharing_source,
+            sharing_last_good: self.last_good(stores),
             mig_config,
             dcgm_metrics,
             driver_config_maps,
+            gpu_nodes: gpu_nodes.into_iter().cloned().collect(),
             image_env: self.image_env.clone(),
         };
-        Ok(Resolved {
-            facts,
-            problems,
-            config_problems,
-            notes,
-        })
+        Ok(Resolved { facts, notes })
     }
 
     /// The sharing config the live device plugin mounts, from the caches.
@@ -613,101 +419,6 @@ mod tests {
         ]
         .into();
         NodeView::from_labels(name, None, &labels)
-    }
-
-    const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
-    const BROKEN: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 0\n";
-
-    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect()
-    }
-
-    fn sharing(
-        source: Option<&BTreeMap<String, String>>,
-        last_good: LastGood,
-    ) -> SharingResolution {
-        resolve_sharing(
-            "time-slicing-config",
-            source,
-            None,
-            &BTreeMap::new(),
-            None,
-            "gpu-operator",
-            last_good,
-        )
-    }
-
-    fn good_copy() -> SharingConfig {
-        SharingConfig {
-            source: "time-slicing-config".into(),
-            data: data(&[("any", TS4)]),
-            default_key: "any".into(),
-            default_inferred: false,
-        }
-    }
-
-    #[test]
-    fn a_valid_single_key_config_is_mounted_with_the_default_inferred() {
-        let r = sharing(Some(&data(&[("any", TS4)])), LastGood::Nothing);
-        let config = r.sharing.unwrap();
-        assert_eq!(config.default_key, "any");
-        assert!(config.default_inferred);
-        assert_eq!(r.problem, None);
-        assert!(r.notes[0].contains("default inferred"), "{:?}", r.notes);
-    }
-
-    #[test]
-    fn an_invalid_edit_keeps_the_last_good_copy_and_is_reported() {
-        let r = sharing(Some(&data(&[("any", BROKEN)])), LastGood::Copy(good_copy()));
-        assert_eq!(r.sharing, Some(good_copy()));
-        assert_eq!(r.freeze, None);
-        let problem = r.problem.unwrap();
-        assert!(problem.contains("replicas"), "{problem}");
-        let copy = device_plugin::copy_name(
-            "time-slicing-config",
-            &crate::render::common::config_hash(&good_copy().data),
-        );
-        assert!(
-            problem.contains(&format!("keep the last good config {copy}")),
-            "{problem}"
-        );
-    }
-
-    #[test]
-    fn a_deleted_config_map_keeps_the_last_good_copy_too() {
-        let r = sharing(None, LastGood::Copy(good_copy()));
-        assert_eq!(r.sharing, Some(good_copy()));
-        assert!(
-            r.problem
-                .unwrap()
-                .contains("does not exist in namespace gpu-operator")
-        );
-    }
-
-    #[test]
-    fn a_first_ever_invalid_config_runs_the_plugin_without_sharing() {
-        let r = sharing(Some(&data(&[("any", BROKEN)])), LastGood::Nothing);
-        assert_eq!(r.sharing, None);
-        assert_eq!(r.freeze, None);
-        assert!(r.problem.unwrap().contains("runs without a sharing config"));
-    }
-
-    #[test]
-    fn an_invalid_config_whose_last_good_copy_was_deleted_freezes_the_consumers() {
-        let r = sharing(
-            Some(&data(&[("any", BROKEN)])),
-            LastGood::Gone("time-slicing-config-0123456789".into()),
-        );
-        assert_eq!(r.sharing, None);
-        assert_eq!(r.problem, None);
-        assert!(
-            r.freeze
-                .unwrap()
-                .contains("time-slicing-config-0123456789 that the pods mount was deleted")
-        );
     }
 
     #[test]

@@ -8,8 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::plan::Rejection;
 use crate::api::{ClusterPolicyStatus, ComponentStatus, State};
+use crate::model::{Operand, config_hash};
 use crate::nodes::NodeView;
-use crate::render::{DesiredState, Operand, Outcome, config_hash, device_plugin};
+use crate::operands::device_plugin;
+use crate::render::{DesiredState, Outcome};
 
 pub const READY: &str = "Ready";
 pub const ERROR: &str = "Error";
@@ -201,7 +203,7 @@ fn labelled_for_operand(operand: Operand, nodes: &[NodeView]) -> Option<i32> {
     operand.deploy_label().map(|_| {
         nodes
             .iter()
-            .filter(|n| n.is_gpu_node() && n.runs(operand))
+            .filter(|n| n.is_gpu_node() && operand.runs_on(n))
             .count() as i32
     })
 }

@@ -26,8 +26,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
-use crate::render::{MANAGED_BY_LABEL, MANAGER};
 
 /// The nodes the operator knows, by name, reduced to the labels it reads.
 #[derive(Clone)]

@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::device_plugin::{AVAILABLE_CONFIGS_VOLUME, CONFIG_COPY_LABEL};
 use super::invariant_tests::{examples, fact_variants};
-use super::{CONFIG_HASH_ANNOTATION, OPERAND_LABEL, render};
+use super::render;
 use crate::api::ClusterPolicy;
-use crate::facts::{ClusterFacts, SharingConfig};
+use crate::facts::{ClusterFacts, ConfigMapData};
+use crate::model::{CONFIG_HASH_ANNOTATION, OPERAND_LABEL};
+use crate::operands::device_plugin::{AVAILABLE_CONFIGS_VOLUME, CONFIG_COPY_LABEL};
 use crate::validate::validate;
 
 /// Every rendered object by `Kind/name`.
@@ -130,11 +131,9 @@ fn sharing_facts(policy: &ClusterPolicy, replicas: u32) -> ClusterFacts {
     let config = format!(
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
     );
-    facts.sharing = Some(SharingConfig {
-        source: "device-plugin-config".to_owned(),
+    facts.sharing_source = Some(ConfigMapData {
+        name: "device-plugin-config".to_owned(),
         data: [("default".to_owned(), config)].into(),
-        default_key: "default".to_owned(),
-        default_inferred: false,
     });
     facts
 }

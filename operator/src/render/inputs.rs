@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use thiserror::Error;
 
-use super::{driver, mig_manager, render};
+use super::render;
 use crate::api::ClusterPolicy;
-use crate::facts::{ClusterFacts, ConfigMapData, Runtime};
+use crate::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime};
+use crate::operands::{driver, mig_manager};
 use crate::sharing::select::{SharingDecision, select_config};
 use crate::validate::validate;
 
@@ -119,37 +120,37 @@ pub fn facts_for(
     };
     let pool = &options.config_maps;
     let plugin_config = spec.device_plugin.as_ref().and_then(|d| d.config.as_ref());
-    let sharing = match pick(
+    let sharing_cm = pick(
         plugin_config.and_then(|c| c.name.as_deref()),
         options.sharing_config.as_ref(),
         pool,
         "--sharing-config",
         "spec.devicePlugin.config.name",
-    )? {
-        None => None,
-        Some(cm) => {
-            let data = cm.data.clone().unwrap_or_default();
-            let default = plugin_config.and_then(|c| c.default.as_deref());
-            let strategy = spec
-                .mig
-                .as_ref()
-                .and_then(|m| m.strategy)
-                .map(super::common::mig_strategy_name);
-            match select_config(&name_of(cm), &data, default, &BTreeMap::new(), strategy) {
-                SharingDecision::Valid { config, .. } => Some(config),
-                SharingDecision::Invalid { problems, .. } => {
-                    return Err(InputError::InvalidSharingConfig {
-                        name: name_of(cm),
-                        problems: problems
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                    });
-                }
-            }
+    )?;
+    if let Some(cm) = sharing_cm {
+        // The operator would keep the nodes on their last good config; here there is none, so
+        // an invalid one is refused outright.
+        let data = cm.data.clone().unwrap_or_default();
+        let default = plugin_config.and_then(|c| c.default.as_deref());
+        let strategy = spec
+            .mig
+            .as_ref()
+            .and_then(|m| m.strategy)
+            .map(crate::operands::common::mig_strategy_name);
+        if let SharingDecision::Invalid { problems, .. } =
+            select_config(&name_of(cm), &data, default, &BTreeMap::new(), strategy)
+        {
+            return Err(InputError::InvalidSharingConfig {
+                name: name_of(cm),
+                problems: problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
         }
-    };
+    }
+    let sharing_source = sharing_cm.map(data_of);
     let mig_config = pick(
         spec.mig_manager
             .as_ref()
@@ -187,10 +188,12 @@ pub fn facts_for(
         openshift: options.openshift,
         service_monitor_api: options.service_monitor_api,
         nfd_running: options.nfd_running,
-        sharing,
+        sharing_source,
+        sharing_last_good: LastGood::Nothing,
         mig_config,
         dcgm_metrics,
         driver_config_maps,
+        gpu_nodes: Vec::new(),
         image_env: BTreeMap::new(),
     })
 }
@@ -211,7 +214,7 @@ pub fn render_yaml(
         .and_then(|d| d.config.as_ref())
         .and_then(|c| c.name.as_deref())
         .filter(|n| !n.is_empty());
-    if let (Some(name), None) = (named, facts.sharing.as_ref()) {
+    if let (Some(name), None) = (named, facts.sharing_source.as_ref()) {
         out.push_str(&format!(
             "# device-plugin: ConfigMap {name} (spec.devicePlugin.config.name) was not given \
              (--sharing-config or --config-map); rendered without config-manager\n"
@@ -263,7 +266,7 @@ mod tests {
             ..RenderOptions::default()
         };
         let facts = facts_for(&p, &options).unwrap();
-        let sharing = facts.sharing.unwrap();
+        let sharing = validate(&p, &facts).sharing.unwrap();
         assert_eq!(sharing.default_key, "only");
         assert!(sharing.default_inferred);
         assert_eq!(facts.mig_config.unwrap().name, "layouts");

@@ -12,15 +12,16 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{ConfigMap, PodSpec};
 use serde_json::Value;
 
-use super::common::{NAME_LABEL, PART_OF, PART_OF_LABEL};
 use super::inputs::{RenderOptions, facts_for};
-use super::validator::Stage;
-use super::{
-    CONFIG_HASH_ANNOTATION, DesiredState, MANAGED_BY_LABEL, MANAGER, OPERAND_LABEL, Operand,
-    OperandObjects, Outcome, gfd, rbac, render,
-};
+use super::{DesiredState, Outcome, rbac, render};
 use crate::api::ClusterPolicy;
 use crate::facts::{ClusterFacts, Runtime};
+use crate::model::{
+    CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, OPERAND_LABEL, Operand, OperandObjects,
+};
+use crate::operands::common::{NAME_LABEL, PART_OF, PART_OF_LABEL};
+use crate::operands::gfd;
+use crate::operands::validator::Stage;
 use crate::validate::validate;
 
 fn examples_dir() -> PathBuf {

@@ -11,10 +11,10 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::tests::{facts, policy, policy_with, rendered};
-use super::{
-    CONFIG_HASH_ANNOTATION, DesiredState, Operand, OperandObjects, Outcome, common, render,
-};
-use crate::facts::{ClusterFacts, ConfigMapData, Runtime, SharingConfig};
+use super::{DesiredState, Outcome, render};
+use crate::facts::{ClusterFacts, ConfigMapData, Runtime};
+use crate::model::{CONFIG_HASH_ANNOTATION, Operand, OperandObjects};
+use crate::operands::common;
 
 fn state(spec: &str, facts: &ClusterFacts) -> DesiredState {
     render(&policy_with(spec, facts), facts)
@@ -96,14 +96,12 @@ fn mount_path(c: &Container, volume: &str) -> String {
 
 fn sharing(data: &[(&str, &str)]) -> ClusterFacts {
     ClusterFacts {
-        sharing: Some(SharingConfig {
-            source: "device-plugin-config".to_owned(),
+        sharing_source: Some(ConfigMapData {
+            name: "device-plugin-config".to_owned(),
             data: data
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            default_key: "default".to_owned(),
-            default_inferred: false,
         }),
         ..facts()
     }
@@ -982,7 +980,7 @@ fn validator_runs_driver_toolkit_cuda_plugin_and_drops_plugin_without_a_device_p
 fn without_a_sharing_config_no_consumer_runs_config_manager() {
     // Named in the policy, but no valid config in the facts: no config-manager (decision 4).
     for facts in [facts(), sharing(&[("default", TS4)])] {
-        let spec = if facts.sharing.is_some() {
+        let spec = if facts.sharing_source.is_some() {
             "{}"
         } else {
             SHARED
@@ -1099,29 +1097,30 @@ fn the_copy_a_live_consumer_mounts_is_read_back_with_its_default_key() {
     ] {
         let ds = daemon_set(SHARED, &facts, op);
         assert_eq!(
-            super::device_plugin::mounted_copy(&ds),
+            crate::operands::device_plugin::mounted_copy(&ds),
             Some((copy_name.clone(), "default".to_owned())),
             "{op:?}"
         );
     }
     let plain = daemon_set("{}", &super::tests::facts(), Operand::DevicePlugin);
-    assert_eq!(super::device_plugin::mounted_copy(&plain), None);
+    assert_eq!(crate::operands::device_plugin::mounted_copy(&plain), None);
 }
 
 #[test]
 fn sharing_hash_changes_with_content_and_never_with_the_default_key() {
-    let hash = |f: &ClusterFacts| {
-        template_annotations(&daemon_set(SHARED, f, Operand::DevicePlugin))[CONFIG_HASH_ANNOTATION]
+    let hash_with = |spec: &str, f: &ClusterFacts| {
+        template_annotations(&daemon_set(spec, f, Operand::DevicePlugin))[CONFIG_HASH_ANNOTATION]
             .clone()
     };
+    let hash = |f: &ClusterFacts| hash_with(SHARED, f);
     let four = sharing(&[("default", TS4)]);
     let eight = sharing(&[("default", TS8)]);
     assert_eq!(hash(&four), hash(&sharing(&[("default", TS4)])));
     assert_ne!(hash(&four), hash(&eight));
-    let mut other_default = sharing(&[("default", TS4), ("x", TS8)]);
-    let with_x = hash(&other_default);
-    other_default.sharing.as_mut().unwrap().default_key = "x".to_owned();
-    assert_eq!(hash(&other_default), with_x);
+    let two_keys = sharing(&[("default", TS4), ("x", TS8)]);
+    let with_default = hash(&two_keys);
+    let default_x = "{devicePlugin: {config: {name: device-plugin-config, default: x}}}";
+    assert_eq!(hash_with(default_x, &two_keys), with_default);
 }
 
 #[test]

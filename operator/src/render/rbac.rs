@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::common::{NAME_LABEL, PART_OF, PART_OF_LABEL, rule, rule_named, string_map};
 use super::{Outcome, render};
 use crate::api::{ClusterPolicy, ClusterPolicySpec};
-use crate::facts::{ClusterFacts, Runtime, SharingConfig};
+use crate::facts::{ClusterFacts, ConfigMapData, Runtime};
+use crate::operands::common::{NAME_LABEL, PART_OF, PART_OF_LABEL, rule, rule_named, string_map};
 use crate::validate::validate;
 
 /// Name of the operator's ClusterRole (and binding, and the ServiceAccount it binds).
@@ -217,11 +217,9 @@ fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
                 os_tag: Some("ubuntu22.04".to_owned()),
                 openshift,
                 service_monitor_api: true,
-                sharing: Some(SharingConfig {
-                    source: "sharing".to_owned(),
+                sharing_source: Some(ConfigMapData {
+                    name: "sharing".to_owned(),
                     data: [("default".to_owned(), "version: v1\n".to_owned())].into(),
-                    default_key: "default".to_owned(),
-                    default_inferred: false,
                 }),
                 ..ClusterFacts::default()
             };

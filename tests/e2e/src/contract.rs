@@ -478,7 +478,7 @@ impl EnvContract {
 mod tests {
     use super::*;
     use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec};
-    use gpu_operator::facts::{ClusterFacts, Runtime, SharingConfig};
+    use gpu_operator::facts::{ClusterFacts, ConfigMapData, Runtime};
     use gpu_operator::render::{Outcome, render};
     use gpu_operator::validate::validate;
 
@@ -497,11 +497,9 @@ mod tests {
             },
             os_tag: Some("ubuntu22.04".to_owned()),
             openshift,
-            sharing: Some(SharingConfig {
-                source: "sharing".to_owned(),
+            sharing_source: Some(ConfigMapData {
+                name: "sharing".to_owned(),
                 data: [("default".to_owned(), "version: v1\n".to_owned())].into(),
-                default_key: "default".to_owned(),
-                default_inferred: false,
             }),
             ..ClusterFacts::default()
         }

@@ -28,7 +28,7 @@ use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;
 use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, SandboxMode, State};
 use gpu_operator::crd_upgrade::{CRD_VERSION_ANNOTATION, OPERATOR_VERSION};
-use gpu_operator::render::config_hash;
+use gpu_operator::model::config_hash;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;

@@ -23,7 +23,7 @@ use e2e::openshift;
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
-use gpu_operator::render::openshift::{SCC_ANNOTATION, scc_api_resource};
+use gpu_operator::operands::openshift::{SCC_ANNOTATION, scc_api_resource};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};

@@ -13,7 +13,7 @@ use e2e::nodes::{self, FakeNode, GpuModel};
 use e2e::session::*;
 use e2e::{steady, wait};
 use gpu_operator::api::{ClusterPolicy, State};
-use gpu_operator::render::device_plugin::{CONFIG_COPY_LABEL, mounted_copy};
+use gpu_operator::operands::device_plugin::{CONFIG_COPY_LABEL, mounted_copy};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -570,5 +570,66 @@ async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
         mounted.iter().any(|n| n == "default-mig-parted-config"),
         "{mounted:?}"
     );
+    s.teardown().await;
+}
+
+/// The message `gpu-operator render` prints for `operand` (`# <operand> not rendered (invalid
+/// input): <message>`), from the binary the operator runs as.
+fn render_message(policy: &serde_json::Value, namespace: &str, operand: &str) -> String {
+    let dir = std::env::temp_dir().join(unique_name("render-same-message"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.yaml");
+    let document = json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "p"},
+        "spec": policy,
+    });
+    std::fs::write(&file, serde_yaml_ng::to_string(&document).unwrap()).unwrap();
+    let output = std::process::Command::new(e2e::operator::binary().unwrap())
+        .args([
+            "render",
+            "--os-tag",
+            "ubuntu22.04",
+            "--namespace",
+            namespace,
+            "-f",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let prefix = format!("# {operand} not rendered (invalid input): ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{text}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_missing_mig_or_dcgm_config_map_reads_the_same_in_status_and_in_gpu_operator_render() {
+    // One validate step for both (issue 16): the controller and the CLI cannot disagree.
+    let spec = json!({
+        "migManager": {"config": {"name": "missing-layouts"}},
+        "dcgmExporter": {"config": {"name": "missing-metrics"}},
+    });
+    let s = start(spec.clone(), &[]).await;
+    await_invalid_config(&s, &["missing-layouts", "missing-metrics"]).await;
+    let p = policy(&s.admin, &s.policy).await;
+    const KEPT: &str = "invalid configuration, live objects kept as they were: ";
+    for (operand, config_map) in [
+        ("mig-manager", "missing-layouts"),
+        ("dcgm-exporter", "missing-metrics"),
+    ] {
+        let in_status = component_message(&p, operand);
+        let in_status = in_status
+            .strip_prefix(KEPT)
+            .unwrap_or_else(|| panic!("{operand}: {in_status}"));
+        let rendered = render_message(&spec, &s.identity.namespace, operand);
+        assert_eq!(in_status, rendered, "{operand}");
+        assert!(rendered.contains(config_map), "{rendered}");
+    }
     s.teardown().await;
 }

@@ -28,7 +28,7 @@ use e2e::operator::{OperatorIdentity, reconciles};
 use e2e::procstat::{self, ProcStat};
 use e2e::steady::{self, GFD_TIMESTAMP};
 use futures::StreamExt;
-use gpu_operator::render::config_hash;
+use gpu_operator::model::config_hash;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::rbac::v1::ClusterRole;

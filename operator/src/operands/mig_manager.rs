@@ -11,14 +11,17 @@ use serde_json::json;
 
 use super::common::{
     self, DRIVER_INSTALL_DIR_VOLUME, GpuAccess, HOST_ROOT_VOLUME, HostPathType, MountExt,
-    OperandDaemonSet, VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount,
-    rule,
+    OperandDaemonSet, VALIDATIONS_DIR, config_map_problem, env, env_field, host_path_volume,
+    merge_user_env, mount, rule,
 };
+use super::openshift;
 use super::validator::{self, VALIDATIONS_VOLUME};
-use super::{Operand, OperandObjects, openshift};
-use crate::api::{Component, ImageKind, MigManagerSpec};
+use crate::api::{ClusterPolicySpec, Component, ImageKind, MigManagerSpec};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
+use crate::nodes::NodeView;
+use crate::sharing::mig;
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-mig-manager";
@@ -290,4 +293,48 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         facts,
     ));
     Some(objects)
+}
+
+/// What validate says about mig-manager's input: the ConfigMap `migManager.config.name` names
+/// must exist with its key, and the layouts in it (or in the default) must parse as mig-parted
+/// reads them (decision 7).
+pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    if let Some(name) = spec.mig_manager.as_ref().and_then(custom_config_name)
+        && let Some(problem) = config_map_problem(
+            "spec.migManager.config.name",
+            name,
+            CONFIG_KEY,
+            facts.mig_config.as_ref(),
+            facts,
+            "or remove the field to use the default layouts",
+        )
+    {
+        return vec![problem];
+    }
+    match layouts(facts) {
+        Ok(_) => Vec::new(),
+        Err(found) => vec![
+            found
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ],
+    }
+}
+
+/// The layouts mig-manager applies: the named ConfigMap's, else the default ones.
+fn layouts(facts: &ClusterFacts) -> Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>> {
+    match &facts.mig_config {
+        Some(cm) => mig::parse_config(&cm.name, &cm.data),
+        None => mig::parse_yaml(DEFAULT_CONFIG_MAP, CONFIG_KEY, &default_mig_config()),
+    }
+}
+
+/// Reported while mig-manager still renders: GPU nodes asking for a layout that does not fit
+/// their GPUs, or where mig-manager gave up (decision 7).
+pub fn report(facts: &ClusterFacts) -> Option<String> {
+    let file = layouts(facts).ok()?;
+    let gpu_nodes: Vec<&NodeView> = facts.gpu_nodes.iter().collect();
+    mig::node_report(&file, &gpu_nodes)
 }

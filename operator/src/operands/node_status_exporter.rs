@@ -13,10 +13,11 @@ use super::common::{
     self, APP_LABEL, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env, env_field,
     host_path_volume, merge_user_env, mount, rule,
 };
-use super::{Operand, OperandObjects, dcgm_exporter, openshift};
+use super::{dcgm_exporter, openshift};
 use crate::api::{Component, ImageKind, NodeStatusExporterSpec};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet, Service, ServiceMonitor and `app` label name.
 pub const NAME: &str = "nvidia-node-status-exporter";

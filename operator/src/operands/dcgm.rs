@@ -11,10 +11,11 @@ use super::common::{
     self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, host_path_volume,
     merge_user_env, mount,
 };
-use super::{Operand, OperandObjects, openshift, validator};
+use super::{openshift, validator};
 use crate::api::{Component, DcgmSpec, ImageKind};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet, Service and `app` label name.
 pub const NAME: &str = "nvidia-dcgm";

@@ -9,10 +9,11 @@ use super::common::{
     host_path_volume, merge_user_env, mount, rule,
 };
 use super::device_plugin::{self, CONFIG_FILE};
-use super::{Operand, OperandObjects, openshift, validator};
+use super::{openshift, validator};
 use crate::api::{Component, GfdSpec, ImageKind};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "gpu-feature-discovery";
@@ -36,7 +37,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     }
     let default_gfd = GfdSpec::default();
     let gfd = spec.gfd.as_ref().unwrap_or(&default_gfd);
-    let copy = device_plugin::sharing_copy(policy, facts);
+    let copy = device_plugin::sharing_copy(policy);
 
     let mut envs = vec![
         env("GFD_SLEEP_INTERVAL", "60s"),

@@ -8,9 +8,9 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
-use super::Operand;
 use super::common::{meta, rule, rule_named};
 use crate::facts::ClusterFacts;
+use crate::model::Operand;
 
 /// API group of SecurityContextConstraints.
 pub const SCC_GROUP: &str = "security.openshift.io";

@@ -21,14 +21,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
-use super::{
-    CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, OPERAND_LABEL, Operand, OperandObjects,
-};
 use crate::api::{
     ClusterPolicySpec, ContainerOverrides, ImageKind, ImageSpec, MigStrategy, UpdateStrategy,
 };
-use crate::facts::{ClusterFacts, Runtime};
-use crate::validate::ValidatedPolicy;
+use crate::facts::{ClusterFacts, ConfigMapData, Runtime};
+use crate::model::ValidatedPolicy;
+use crate::model::{
+    CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, OPERAND_LABEL, Operand, OperandObjects,
+};
 
 /// NVIDIA's pod label that DaemonSet selectors (and mig-manager's pod waits) use.
 pub const APP_LABEL: &str = "app";
@@ -75,10 +75,7 @@ pub fn cdi_enabled(spec: &ClusterPolicySpec) -> bool {
     spec.cdi.as_ref().is_none_or(|c| c.is_enabled())
 }
 
-/// Whether the toolkit's NRI plugin injects devices (needs CDI explicitly on).
-pub fn nri_enabled(spec: &ClusterPolicySpec) -> bool {
-    spec.cdi.as_ref().is_some_and(|c| c.nri_plugin_enabled())
-}
+pub use crate::model::nri_enabled;
 
 /// The RuntimeClass name operand pods and workloads use (`nvidia` unless overridden).
 pub fn runtime_class_name(spec: &ClusterPolicySpec) -> &str {
@@ -154,7 +151,7 @@ pub fn sets_runtime_class(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> boo
 }
 
 /// The resolved image of `kind`. validate resolved every image an enabled operand needs and
-/// [`super::render`] checks that before calling an operand module, so the empty fallback is
+/// [`crate::render::render`] checks that before calling an operand module, so the empty fallback is
 /// never rendered.
 pub fn image(policy: &ValidatedPolicy, kind: ImageKind) -> String {
     policy.images.get(&kind).cloned().unwrap_or_default()
@@ -982,5 +979,29 @@ pub fn operand_daemon_set(
             revision_history_limit: None,
         }),
         status: None,
+    }
+}
+
+/// The problem with a ConfigMap the policy names at `field` (`found`: the one read, if any):
+/// missing, or without the key the operand reads. The same text for the operator and for
+/// `gpu-operator render`, since both go through validate.
+pub fn config_map_problem(
+    field: &str,
+    name: &str,
+    key: &str,
+    found: Option<&ConfigMapData>,
+    facts: &ClusterFacts,
+    alternative: &str,
+) -> Option<String> {
+    match found.filter(|cm| cm.name == name) {
+        None => Some(format!(
+            "{field}: ConfigMap {name} was not found in namespace {}: create it with the key \
+             {key}, {alternative}",
+            facts.namespace
+        )),
+        Some(cm) if !cm.data.contains_key(key) => Some(format!(
+            "{field}: ConfigMap {name} has no key {key}: add it, {alternative}"
+        )),
+        Some(_) => None,
     }
 }

@@ -20,10 +20,13 @@ use super::common::{
     self, COMPONENT_LABEL, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env,
     env_field, host_path_volume, merge_user_env, mount, rule, set_env,
 };
-use super::{Operand, OperandObjects, openshift};
-use crate::api::{Component, ContainerProbeSpec, DriverSpec, ImageKind, KernelModuleType};
+use super::openshift;
+use crate::api::{
+    ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, ImageKind, KernelModuleType,
+};
 use crate::facts::{ClusterFacts, Runtime};
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-driver-daemonset";
@@ -675,4 +678,45 @@ fn add_config_digest(daemon_set: &mut k8s_openapi::api::apps::v1::DaemonSet) {
             );
         }
     }
+}
+
+/// What validate says about the driver's input: supported mode, its ConfigMaps present and
+/// placeable on the GPU nodes' OS.
+pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let Some(driver) = spec.driver.as_ref() else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    if driver.uses_precompiled() {
+        problems.push(
+            "spec.driver.usePrecompiled: precompiled driver images (one DaemonSet per kernel) \
+             are not supported by this operator yet; set it to false"
+                .to_owned(),
+        );
+    }
+    let os = facts.os_tag.as_deref().map(os_id);
+    for (field, name) in referenced_config_maps(driver) {
+        if !facts.driver_config_maps.contains_key(name) {
+            problems.push(format!(
+                "{field}: ConfigMap {name} was not found in namespace {}: create it, or clear the \
+                 field",
+                facts.namespace
+            ));
+        }
+        let dir = if field.contains("certConfig") {
+            os.and_then(cert_dir)
+        } else if field.contains("repoConfig") {
+            os.and_then(repo_dir)
+        } else {
+            Some("/drivers")
+        };
+        if dir.is_none() {
+            problems.push(format!(
+                "{field}: where the files go depends on the GPU nodes' OS, which is {}; known are \
+                 ubuntu, debian, rhel, rhcos, centos, rocky, ol, sles and sl-micro",
+                facts.os_tag.as_deref().unwrap_or("not known yet")
+            ));
+        }
+    }
+    problems
 }

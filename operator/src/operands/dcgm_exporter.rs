@@ -10,13 +10,14 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
 use super::common::{
-    self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, env, env_field,
-    env_value, host_path_volume, merge_user_env, mount, rule,
+    self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, config_map_problem, env,
+    env_field, env_value, host_path_volume, merge_user_env, mount, rule,
 };
-use super::{Operand, OperandObjects, dcgm, openshift, validator};
-use crate::api::{Component, DcgmExporterSpec, ImageKind};
+use super::{dcgm, openshift, validator};
+use crate::api::{ClusterPolicySpec, Component, DcgmExporterSpec, ImageKind};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet, Service, ServiceMonitor and `app` label name.
 pub const NAME: &str = "nvidia-dcgm-exporter";
@@ -322,4 +323,27 @@ fn service_monitor(exporter: &DcgmExporterSpec, facts: &ClusterFacts) -> Dynamic
         }
     });
     object
+}
+
+/// What validate says about dcgm-exporter's input: the metrics ConfigMap
+/// `dcgmExporter.config.name` names must exist with its key.
+pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let name = spec
+        .dcgm_exporter
+        .as_ref()
+        .and_then(|d| d.config.as_ref())
+        .and_then(|c| c.name.as_deref())
+        .filter(|n| !n.is_empty());
+    name.and_then(|name| {
+        config_map_problem(
+            "spec.dcgmExporter.config.name",
+            name,
+            METRICS_KEY,
+            facts.dcgm_metrics.as_ref(),
+            facts,
+            "or remove the field to collect the default metrics",
+        )
+    })
+    .into_iter()
+    .collect()
 }

@@ -12,10 +12,11 @@ use super::common::{
     HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, PART_OF, PART_OF_LABEL,
     VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount, rule,
 };
-use super::{Operand, OperandObjects, openshift};
+use super::openshift;
 use crate::api::{Component, ImageKind};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-operator-validator";

@@ -12,11 +12,12 @@ use super::common::{
     MountExt, OperandDaemonSet, VALIDATIONS_DIR, env, env_field, env_value, host_path_volume,
     merge_user_env, mount, rule, set_env,
 };
+use super::openshift;
 use super::validator::{self, VALIDATIONS_VOLUME};
-use super::{Operand, OperandObjects, openshift};
 use crate::api::{Component, ImageKind, ToolkitSpec};
 use crate::facts::{ClusterFacts, Runtime};
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-container-toolkit-daemonset";

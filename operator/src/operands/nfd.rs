@@ -27,12 +27,11 @@ use serde_json::{Value, json};
 use super::common::{
     self, HostPathType, MountExt, NAME_LABEL, env_field, host_path_volume, mount, rule, rule_named,
 };
-use super::{
-    CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, Operand, OperandObjects, openshift,
-};
+use super::openshift;
 use crate::api::{Component, NfdSpec};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, Operand, OperandObjects};
 
 /// Prefix of every NFD object name; also its `app.kubernetes.io/name`.
 pub const NAME: &str = "node-feature-discovery";

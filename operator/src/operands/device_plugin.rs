@@ -13,11 +13,14 @@ use super::common::{
     OperandDaemonSet, VALIDATIONS_DIR, env, env_field, host_path_volume, merge_user_env, mount,
     rule,
 };
+use super::openshift;
 use super::validator::{self, VALIDATIONS_VOLUME};
-use super::{Operand, OperandObjects, openshift};
-use crate::api::{Component, DevicePluginSpec, ImageKind};
-use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::api::{ClusterPolicySpec, Component, DevicePluginSpec, ImageKind};
+use crate::facts::{ClusterFacts, LastGood, SharingConfig};
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
+use crate::nodes::DEVICE_PLUGIN_CONFIG;
+use crate::sharing::select::{SharingDecision, select_config};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-device-plugin-daemonset";
@@ -30,8 +33,6 @@ const ENTRYPOINT_KEY: &str = "entrypoint.sh";
 /// starts) and sidecar (switches it when the node label changes, then signals the consumer).
 pub const CONFIG_MANAGER_INIT: &str = "config-manager-init";
 pub const CONFIG_MANAGER: &str = "config-manager";
-/// Node label naming the sharing config key a node uses.
-pub const CONFIG_NODE_LABEL: &str = "nvidia.com/device-plugin.config";
 /// Volume of the sharing-config copy and where it is mounted.
 pub const AVAILABLE_CONFIGS_VOLUME: &str = "available-configs";
 pub const AVAILABLE_CONFIGS_DIR: &str = "/available-configs";
@@ -88,7 +89,7 @@ pub struct SharingCopy {
 
 /// The sharing-config copy, when the device plugin is on, the policy names a config and the
 /// facts hold a valid (or last good) one. Without it no consumer runs config-manager.
-pub fn sharing_copy(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<SharingCopy> {
+pub fn sharing_copy(policy: &ValidatedPolicy) -> Option<SharingCopy> {
     let spec = &policy.spec;
     let named = spec
         .device_plugin
@@ -99,7 +100,7 @@ pub fn sharing_copy(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<Sh
     if !spec.is_enabled(Component::DevicePlugin) || !named {
         return None;
     }
-    let sharing = facts.sharing.as_ref()?;
+    let sharing = policy.sharing.as_ref()?;
     let hash = common::config_hash(&sharing.data);
     Some(SharingCopy {
         name: copy_name(&sharing.source, &hash),
@@ -185,7 +186,7 @@ fn config_manager_env(
         // In-cluster credentials of the pod's ServiceAccount.
         env("KUBECONFIG", ""),
         env_field("NODE_NAME", "spec.nodeName"),
-        env("NODE_LABEL", CONFIG_NODE_LABEL),
+        env("NODE_LABEL", DEVICE_PLUGIN_CONFIG),
         env("CONFIG_FILE_SRCDIR", AVAILABLE_CONFIGS_DIR),
         env("CONFIG_FILE_DST", CONFIG_FILE),
         env("DEFAULT_CONFIG", &copy.default_key),
@@ -229,7 +230,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     }
     let default_plugin = DevicePluginSpec::default();
     let plugin = spec.device_plugin.as_ref().unwrap_or(&default_plugin);
-    let copy = sharing_copy(policy, facts);
+    let copy = sharing_copy(policy);
     let mps_root = common::mps_root(spec);
 
     let mut envs = vec![
@@ -377,4 +378,221 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));
     Some(objects)
+}
+
+/// The sharing config the consumers are to mount, and what is wrong with the user's.
+#[derive(Debug, Default, PartialEq)]
+pub struct SharingResolution {
+    pub sharing: Option<SharingConfig>,
+    /// Reported, not freezing: the consumers render with `sharing`.
+    pub problem: Option<String>,
+    /// Freezing the three consumers: their last good copy is gone, so rendering anything
+    /// would change what the nodes run.
+    pub freeze: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// What validate decides about the device plugin's sharing config (decision 4 and 5), when
+/// `devicePlugin.config.name` is set: from the ConfigMap as read, the keys the GPU nodes ask
+/// for with `nvidia.com/device-plugin.config`, and what the live plugin mounts.
+pub fn decide_sharing(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Option<SharingResolution> {
+    let plugin_config = spec.device_plugin.as_ref().and_then(|d| d.config.as_ref());
+    let name = plugin_config
+        .and_then(|c| c.name.as_deref())
+        .filter(|n| !n.is_empty())?;
+    let node_keys: BTreeMap<String, String> = facts
+        .gpu_nodes
+        .iter()
+        .filter_map(|n| Some((n.name.clone(), n.label(DEVICE_PLUGIN_CONFIG)?.to_string())))
+        .collect();
+    let source = facts
+        .sharing_source
+        .as_ref()
+        .filter(|cm| cm.name == name)
+        .map(|cm| &cm.data);
+    Some(resolve_sharing(
+        name,
+        source,
+        plugin_config
+            .and_then(|c| c.default.as_deref())
+            .filter(|d| !d.is_empty()),
+        &node_keys,
+        spec.mig
+            .as_ref()
+            .and_then(|m| m.strategy)
+            .map(common::mig_strategy_name),
+        &facts.namespace,
+        facts.sharing_last_good.clone(),
+    ))
+}
+
+/// Decides the sharing config from the user's ConfigMap (`source`: its name and data, `None`
+/// when it does not exist) and the last good one (pure).
+fn resolve_sharing(
+    source_name: &str,
+    source: Option<&BTreeMap<String, String>>,
+    default: Option<&str>,
+    node_keys: &BTreeMap<String, String>,
+    mig_strategy: Option<&str>,
+    namespace: &str,
+    last_good: LastGood,
+) -> SharingResolution {
+    let problem = match source {
+        None => format!(
+            "spec.devicePlugin.config.name names ConfigMap {source_name}, which does not exist in namespace {namespace}: create it or fix the name"
+        ),
+        Some(data) => match select_config(source_name, data, default, node_keys, mig_strategy) {
+            SharingDecision::Valid {
+                config, warnings, ..
+            } => {
+                let mut notes = warnings;
+                if config.default_inferred {
+                    notes.insert(
+                        0,
+                        format!(
+                            "device-plugin config: default inferred (key {:?}, the only key of ConfigMap {source_name})",
+                            config.default_key
+                        ),
+                    );
+                }
+                return SharingResolution {
+                    sharing: Some(config),
+                    notes,
+                    ..SharingResolution::default()
+                };
+            }
+            SharingDecision::Invalid { problems, .. } => problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        },
+    };
+    match last_good {
+        LastGood::Copy(config) => SharingResolution {
+            problem: Some(format!(
+                "{problem} (not rolled out: the device plugin, GFD and MPS daemon keep the last good config {})",
+                last_good_copy_name(&config)
+            )),
+            sharing: Some(config),
+            ..SharingResolution::default()
+        },
+        LastGood::Nothing => SharingResolution {
+            problem: Some(format!(
+                "{problem} (the device plugin runs without a sharing config until this is fixed)"
+            )),
+            ..SharingResolution::default()
+        },
+        LastGood::Gone(copy) => SharingResolution {
+            freeze: Some(format!(
+                "{problem} (the last good config {copy} that the pods mount was deleted; live objects kept as they are)"
+            )),
+            ..SharingResolution::default()
+        },
+    }
+}
+
+fn last_good_copy_name(config: &SharingConfig) -> String {
+    copy_name(&config.source, &common::config_hash(&config.data))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+    const BROKEN: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 0\n";
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    fn sharing(
+        source: Option<&BTreeMap<String, String>>,
+        last_good: LastGood,
+    ) -> SharingResolution {
+        resolve_sharing(
+            "time-slicing-config",
+            source,
+            None,
+            &BTreeMap::new(),
+            None,
+            "gpu-operator",
+            last_good,
+        )
+    }
+
+    fn good_copy() -> SharingConfig {
+        SharingConfig {
+            source: "time-slicing-config".into(),
+            data: data(&[("any", TS4)]),
+            default_key: "any".into(),
+            default_inferred: false,
+        }
+    }
+
+    #[test]
+    fn a_valid_single_key_config_is_mounted_with_the_default_inferred() {
+        let r = sharing(Some(&data(&[("any", TS4)])), LastGood::Nothing);
+        let config = r.sharing.unwrap();
+        assert_eq!(config.default_key, "any");
+        assert!(config.default_inferred);
+        assert_eq!(r.problem, None);
+        assert!(r.notes[0].contains("default inferred"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn an_invalid_edit_keeps_the_last_good_copy_and_is_reported() {
+        let r = sharing(Some(&data(&[("any", BROKEN)])), LastGood::Copy(good_copy()));
+        assert_eq!(r.sharing, Some(good_copy()));
+        assert_eq!(r.freeze, None);
+        let problem = r.problem.unwrap();
+        assert!(problem.contains("replicas"), "{problem}");
+        let copy = copy_name(
+            "time-slicing-config",
+            &common::config_hash(&good_copy().data),
+        );
+        assert!(
+            problem.contains(&format!("keep the last good config {copy}")),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn a_deleted_config_map_keeps_the_last_good_copy_too() {
+        let r = sharing(None, LastGood::Copy(good_copy()));
+        assert_eq!(r.sharing, Some(good_copy()));
+        assert!(
+            r.problem
+                .unwrap()
+                .contains("does not exist in namespace gpu-operator")
+        );
+    }
+
+    #[test]
+    fn a_first_ever_invalid_config_runs_the_plugin_without_sharing() {
+        let r = sharing(Some(&data(&[("any", BROKEN)])), LastGood::Nothing);
+        assert_eq!(r.sharing, None);
+        assert_eq!(r.freeze, None);
+        assert!(r.problem.unwrap().contains("runs without a sharing config"));
+    }
+
+    #[test]
+    fn an_invalid_config_whose_last_good_copy_was_deleted_freezes_the_consumers() {
+        let r = sharing(
+            Some(&data(&[("any", BROKEN)])),
+            LastGood::Gone("time-slicing-config-0123456789".into()),
+        );
+        assert_eq!(r.sharing, None);
+        assert_eq!(r.problem, None);
+        assert!(
+            r.freeze
+                .unwrap()
+                .contains("time-slicing-config-0123456789 that the pods mount was deleted")
+        );
+    }
 }

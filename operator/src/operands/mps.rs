@@ -11,10 +11,11 @@ use super::common::{
     mount,
 };
 use super::device_plugin::{self, CONFIG_FILE};
-use super::{Operand, OperandObjects, openshift, validator};
+use super::{openshift, validator};
 use crate::api::{Component, DevicePluginSpec, ImageKind};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-device-plugin-mps-control-daemon";
@@ -38,7 +39,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     }
     let default_plugin = DevicePluginSpec::default();
     let plugin = spec.device_plugin.as_ref().unwrap_or(&default_plugin);
-    let copy = device_plugin::sharing_copy(policy, facts);
+    let copy = device_plugin::sharing_copy(policy);
     let root = common::mps_root(spec);
     let image = common::image(policy, ImageKind::DevicePlugin);
 

@@ -5,9 +5,9 @@
 use k8s_openapi::api::node::v1::RuntimeClass;
 
 use super::common::{self, COMPONENT_LABEL, PART_OF, add_labels, meta};
-use super::{Operand, OperandObjects};
 use crate::facts::ClusterFacts;
-use crate::validate::ValidatedPolicy;
+use crate::model::ValidatedPolicy;
+use crate::model::{Operand, OperandObjects};
 
 /// Handler names the toolkit configures besides the main one when CDI is on.
 pub const CDI_RUNTIME_CLASSES: [&str; 2] = ["nvidia-cdi", "nvidia-legacy"];

@@ -1,0 +1,333 @@
+//! What every stage shares (the ground floor: it imports only `api` and `facts`, and every other
+//! module may import it): the operands, their objects, the label and annotation contract with
+//! the cluster, and the validated policy that validate hands to render.
+//!
+//! Contract with the apply stage: every object carries [`MANAGED_BY_LABEL`] = [`MANAGER`] and
+//! [`OPERAND_LABEL`] = the operand's [`Operand::name`], the owner reference from the facts, and
+//! the namespace from the facts when namespaced.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::{ClusterPolicySpec, Component, ImageKind};
+use crate::facts::{ClusterFacts, SharingConfig};
+use crate::nodes::{self, NodeView};
+
+/// Label every object the operator owns carries (the watches select on it).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`], also the server-side apply field manager.
+pub const MANAGER: &str = "gpu-operator";
+/// Label naming the operand an object belongs to, so pruning works per operand.
+pub const OPERAND_LABEL: &str = "nvidia.com/gpu-operator.operand";
+/// Pod-template annotation holding the SHA-256 of the config an operand consumes.
+pub const CONFIG_HASH_ANNOTATION: &str = "nvidia.com/gpu-operator.config-hash";
+
+/// The [`CONFIG_HASH_ANNOTATION`] on a DaemonSet's pod template: the config its pods run with.
+pub fn config_hash(ds: &DaemonSet) -> Option<&str> {
+    ds.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// The objects of one operand, by kind. The applier destructures this without `..`, so a new
+/// kind cannot be added and silently never applied.
+#[derive(Clone, Debug, Default)]
+pub struct OperandObjects {
+    pub service_accounts: Vec<ServiceAccount>,
+    pub cluster_roles: Vec<ClusterRole>,
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+    pub config_maps: Vec<ConfigMap>,
+    pub runtime_classes: Vec<RuntimeClass>,
+    pub services: Vec<Service>,
+    pub daemon_sets: Vec<DaemonSet>,
+    pub deployments: Vec<Deployment>,
+    /// Objects of APIs that may be absent (ServiceMonitor, SecurityContextConstraints), rendered
+    /// only when the facts say the API is served.
+    pub dynamic: Vec<DynamicObject>,
+}
+
+impl OperandObjects {
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        let OperandObjects {
+            service_accounts,
+            cluster_roles,
+            cluster_role_bindings,
+            roles,
+            role_bindings,
+            config_maps,
+            runtime_classes,
+            services,
+            daemon_sets,
+            deployments,
+            dynamic,
+        } = self;
+        service_accounts.len()
+            + cluster_roles.len()
+            + cluster_role_bindings.len()
+            + roles.len()
+            + role_bindings.len()
+            + config_maps.len()
+            + runtime_classes.len()
+            + services.len()
+            + daemon_sets.len()
+            + deployments.len()
+            + dynamic.len()
+    }
+
+    /// Whether there is no object.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every object as JSON (with `apiVersion` and `kind`), in kind order: ServiceAccounts,
+    /// ClusterRoles, ClusterRoleBindings, Roles, RoleBindings, ConfigMaps, RuntimeClasses,
+    /// Services, DaemonSets, Deployments, then the dynamic ones.
+    pub fn to_json(&self) -> Result<Vec<Value>, serde_json::Error> {
+        let OperandObjects {
+            service_accounts,
+            cluster_roles,
+            cluster_role_bindings,
+            roles,
+            role_bindings,
+            config_maps,
+            runtime_classes,
+            services,
+            daemon_sets,
+            deployments,
+            dynamic,
+        } = self;
+        fn all<T: serde::Serialize>(
+            items: &[T],
+            out: &mut Vec<Value>,
+        ) -> Result<(), serde_json::Error> {
+            for item in items {
+                out.push(serde_json::to_value(item)?);
+            }
+            Ok(())
+        }
+        let mut out = Vec::with_capacity(self.len());
+        all(service_accounts, &mut out)?;
+        all(cluster_roles, &mut out)?;
+        all(cluster_role_bindings, &mut out)?;
+        all(roles, &mut out)?;
+        all(role_bindings, &mut out)?;
+        all(config_maps, &mut out)?;
+        all(runtime_classes, &mut out)?;
+        all(services, &mut out)?;
+        all(daemon_sets, &mut out)?;
+        all(deployments, &mut out)?;
+        all(dynamic, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A unit the operator renders, applies, prunes and reports on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operand {
+    /// RuntimeClass `nvidia` (and the CDI variants): NVIDIA's "pre-requisites" state.
+    RuntimeClasses,
+    Driver,
+    Toolkit,
+    Validator,
+    DevicePlugin,
+    MpsControlDaemon,
+    Gfd,
+    Nfd,
+    Dcgm,
+    DcgmExporter,
+    MigManager,
+    NodeStatusExporter,
+}
+
+impl Operand {
+    /// Every operand, in apply order (NVIDIA's state order).
+    pub const ALL: [Operand; 12] = [
+        Operand::RuntimeClasses,
+        Operand::Nfd,
+        Operand::Driver,
+        Operand::Toolkit,
+        Operand::Validator,
+        Operand::DevicePlugin,
+        Operand::MpsControlDaemon,
+        Operand::Dcgm,
+        Operand::DcgmExporter,
+        Operand::Gfd,
+        Operand::MigManager,
+        Operand::NodeStatusExporter,
+    ];
+
+    /// Stable name: the value of [`OPERAND_LABEL`] and the operand's name in status.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Operand::RuntimeClasses => "runtime-classes",
+            Operand::Driver => "driver",
+            Operand::Toolkit => "container-toolkit",
+            Operand::Validator => "operator-validator",
+            Operand::DevicePlugin => "device-plugin",
+            Operand::MpsControlDaemon => "mps-control-daemon",
+            Operand::Gfd => "gpu-feature-discovery",
+            Operand::Nfd => "node-feature-discovery",
+            Operand::Dcgm => "dcgm",
+            Operand::DcgmExporter => "dcgm-exporter",
+            Operand::MigManager => "mig-manager",
+            Operand::NodeStatusExporter => "node-status-exporter",
+        }
+    }
+
+    /// The node label (NVIDIA's key) whose value `true` selects the nodes the operand runs on;
+    /// `None` for operands that are not per-GPU-node DaemonSets.
+    pub const fn deploy_label(self) -> Option<&'static str> {
+        match self {
+            Operand::Driver => Some(nodes::DEPLOY_DRIVER),
+            Operand::Toolkit => Some(nodes::DEPLOY_TOOLKIT),
+            Operand::Validator => Some(nodes::DEPLOY_VALIDATOR),
+            Operand::DevicePlugin | Operand::MpsControlDaemon => Some(nodes::DEPLOY_DEVICE_PLUGIN),
+            Operand::Gfd => Some(nodes::DEPLOY_GFD),
+            Operand::Dcgm => Some(nodes::DEPLOY_DCGM),
+            Operand::DcgmExporter => Some(nodes::DEPLOY_DCGM_EXPORTER),
+            Operand::MigManager => Some(nodes::DEPLOY_MIG_MANAGER),
+            Operand::NodeStatusExporter => Some(nodes::DEPLOY_NODE_STATUS_EXPORTER),
+            Operand::RuntimeClasses | Operand::Nfd => None,
+        }
+    }
+
+    /// Whether `node` is labelled to run the operand (its deploy label is exactly `true`).
+    pub fn runs_on(self, node: &NodeView) -> bool {
+        self.deploy_label()
+            .is_some_and(|k| node.label(k) == Some("true"))
+    }
+}
+
+impl Operand {
+    /// The ClusterPolicy switch that turns the operand on (`None`: RuntimeClasses, which follow
+    /// the CDI / NRI settings).
+    pub const fn component(self) -> Option<Component> {
+        match self {
+            Operand::RuntimeClasses => None,
+            Operand::Driver => Some(Component::Driver),
+            Operand::Toolkit => Some(Component::Toolkit),
+            Operand::Validator => Some(Component::Validator),
+            Operand::DevicePlugin | Operand::MpsControlDaemon => Some(Component::DevicePlugin),
+            Operand::Gfd => Some(Component::Gfd),
+            Operand::Nfd => Some(Component::Nfd),
+            Operand::Dcgm => Some(Component::Dcgm),
+            Operand::DcgmExporter => Some(Component::DcgmExporter),
+            Operand::MigManager => Some(Component::MigManager),
+            Operand::NodeStatusExporter => Some(Component::NodeStatusExporter),
+        }
+    }
+
+    /// Whether the operand has objects to render under this policy and these facts (its switch,
+    /// plus: no RuntimeClasses with the NRI plugin, no driver when NVIDIADriver resources manage
+    /// it, no NFD where NFD already runs).
+    pub fn is_enabled(self, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
+        match self {
+            Operand::RuntimeClasses => !nri_enabled(spec),
+            Operand::Driver => {
+                spec.is_enabled(Component::Driver)
+                    && !spec
+                        .driver
+                        .as_ref()
+                        .is_some_and(|d| d.uses_nvidia_driver_crd())
+            }
+            Operand::Nfd => spec.is_enabled(Component::Nfd) && !facts.nfd_running,
+            other => other.component().is_some_and(|c| spec.is_enabled(c)),
+        }
+    }
+
+    /// The images the operand's pods run: its own, the validator image of its validation init
+    /// containers, the device-plugin image of GFD's config-manager (only with a sharing config
+    /// to mount: `sharing`).
+    pub fn images(self, spec: &ClusterPolicySpec, sharing: bool) -> Vec<ImageKind> {
+        match self {
+            Operand::RuntimeClasses => vec![],
+            Operand::Nfd => vec![ImageKind::Nfd],
+            Operand::Driver => vec![ImageKind::Driver, ImageKind::DriverManager],
+            Operand::Toolkit => vec![ImageKind::Toolkit, ImageKind::Validator],
+            Operand::Validator => vec![ImageKind::Validator],
+            Operand::DevicePlugin | Operand::MpsControlDaemon => {
+                vec![ImageKind::DevicePlugin, ImageKind::Validator]
+            }
+            Operand::Gfd => {
+                let config_manager = spec.is_enabled(Component::DevicePlugin)
+                    && sharing
+                    && spec
+                        .device_plugin
+                        .as_ref()
+                        .and_then(|d| d.config.as_ref())
+                        .and_then(|c| c.name.as_deref())
+                        .is_some_and(|n| !n.is_empty());
+                let mut kinds = vec![ImageKind::Gfd, ImageKind::Validator];
+                if config_manager {
+                    kinds.push(ImageKind::DevicePlugin);
+                }
+                kinds
+            }
+            Operand::Dcgm => vec![ImageKind::Dcgm, ImageKind::Validator],
+            Operand::DcgmExporter => vec![ImageKind::DcgmExporter, ImageKind::Validator],
+            Operand::MigManager => vec![ImageKind::MigManager, ImageKind::Validator],
+            Operand::NodeStatusExporter => vec![ImageKind::NodeStatusExporter],
+        }
+    }
+}
+
+/// Whether the toolkit's NRI plugin injects devices (needs CDI explicitly on).
+pub fn nri_enabled(spec: &ClusterPolicySpec) -> bool {
+    spec.cdi.as_ref().is_some_and(|c| c.nri_plugin_enabled())
+}
+
+/// A policy that passed validation, with what render needs precomputed.
+#[derive(Clone, Debug, Default)]
+pub struct ValidatedPolicy {
+    /// Name of the ClusterPolicy.
+    pub name: String,
+    pub spec: ClusterPolicySpec,
+    /// Resolved image reference per image kind, for the kinds enabled operands use. The driver's
+    /// already carries the OS suffix (`...:595.91.07-ubuntu22.04`).
+    pub images: BTreeMap<ImageKind, String>,
+    /// Operands whose input is invalid, each with a message that names the field and the fix:
+    /// frozen (their live objects are kept as they are, decision 8).
+    pub invalid: BTreeMap<Operand, String>,
+    /// Problems reported as an invalid config while the operand still renders: a broken sharing
+    /// config (the consumers keep the last good copy), nodes asking for a MIG layout that does
+    /// not fit them.
+    pub reported: BTreeMap<Operand, String>,
+    /// What validate noticed that is worth a line in status (a default key it inferred).
+    pub notes: Vec<String>,
+    /// The device-plugin sharing config the consumers are to mount: the user's when it is valid,
+    /// else the last good one (decision 4); `None` without one.
+    pub sharing: Option<SharingConfig>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn the_deploy_keys_are_the_operands_deploy_labels_and_the_client_key_sorted() {
+        let mut from_operands: BTreeSet<&str> = Operand::ALL
+            .iter()
+            .filter_map(|o| o.deploy_label())
+            .collect();
+        from_operands.insert(nodes::DEPLOY_CLIENT);
+        let listed: Vec<&str> = nodes::DEPLOY_KEYS.to_vec();
+        assert_eq!(listed, from_operands.into_iter().collect::<Vec<_>>());
+    }
+}
