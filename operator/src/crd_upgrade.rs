@@ -28,11 +28,11 @@ use std::cmp::Ordering;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use serde_json::Value;
+
+use crate::json_diff::{self, Difference, Rules};
 use thiserror::Error;
 
-/// Name of the ClusterPolicy CRD.
-pub const CRD_NAME: &str = "clusterpolicies.nvidia.com";
+pub use crate::api::crd::CRD_NAME;
 /// Annotation with the version of the operator whose CRD was written, so that an older one
 /// recognises a newer CRD and leaves it.
 pub const CRD_VERSION_ANNOTATION: &str = "nvidia.com/gpu-operator.crd-version";
@@ -128,39 +128,26 @@ pub fn spec_differences(
 ) -> Vec<String> {
     let desired = serde_json::to_value(&embedded.spec).unwrap_or_default();
     let live = serde_json::to_value(&served.spec).unwrap_or_default();
-    let mut out = Vec::new();
-    walk("spec", &desired, &live, false, &mut out);
-    out
+    let rules = Rules {
+        extra_keys_count: inside_a_schema,
+        ..Rules::SUBSET
+    };
+    json_diff::differences("spec", &desired, &live, &rules)
+        .into_iter()
+        .map(|d| match d {
+            Difference::Missing { path, .. } => format!("{path} is missing"),
+            Difference::Extra { path, .. } => format!("{path} is not ours"),
+            Difference::Length { path, .. } | Difference::Changed { path, .. } => {
+                format!("{path} differs")
+            }
+        })
+        .collect()
 }
 
-fn walk(path: &str, desired: &Value, live: &Value, exact: bool, out: &mut Vec<String>) {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => {
-            for (key, dv) in d {
-                let child = format!("{path}.{key}");
-                // Schemas compare exactly: everything below versions[].schema.
-                let exact = exact || (key == "schema" && path.contains(".versions["));
-                match l.get(key) {
-                    Some(lv) => walk(&child, dv, lv, exact, out),
-                    None => out.push(format!("{child} is missing")),
-                }
-            }
-            if exact {
-                out.extend(
-                    l.keys()
-                        .filter(|k| !d.contains_key(*k))
-                        .map(|k| format!("{path}.{k} is not ours")),
-                );
-            }
-        }
-        (Value::Array(d), Value::Array(l)) if d.len() == l.len() => {
-            for (i, (dv, lv)) in d.iter().zip(l).enumerate() {
-                walk(&format!("{path}[{i}]"), dv, lv, exact, out);
-            }
-        }
-        (d, l) if d == l => {}
-        _ => out.push(format!("{path} differs")),
-    }
+/// Schemas compare exactly: everything at or below `versions[].schema`.
+fn inside_a_schema(path: &str) -> bool {
+    path.split_once(".versions[")
+        .is_some_and(|(_, rest)| rest.contains("].schema"))
 }
 
 /// Orders two `MAJOR.MINOR.PATCH` versions (a leading `v`, pre-release and build suffixes are
@@ -327,7 +314,7 @@ fn summary(differences: &[String]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::api::crd::crd;

@@ -41,6 +41,71 @@ pub fn config_hash(ds: &DaemonSet) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The typed kinds of operand objects, in apply order (pruning goes in reverse). The one list:
+/// apply, prune, the watches and the e2e teardown each `match` on it without a wildcard, so a
+/// new kind does not compile until every one of them handles it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ServiceAccount,
+    ClusterRole,
+    ClusterRoleBinding,
+    Role,
+    RoleBinding,
+    ConfigMap,
+    RuntimeClass,
+    Service,
+    DaemonSet,
+    Deployment,
+}
+
+impl Kind {
+    /// Every kind, in apply order.
+    pub const ALL: [Kind; 10] = [
+        Kind::ServiceAccount,
+        Kind::ClusterRole,
+        Kind::ClusterRoleBinding,
+        Kind::Role,
+        Kind::RoleBinding,
+        Kind::ConfigMap,
+        Kind::RuntimeClass,
+        Kind::Service,
+        Kind::DaemonSet,
+        Kind::Deployment,
+    ];
+
+    /// `(group, version, kind, plural)` of the kind's API.
+    pub const fn api(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            Kind::ServiceAccount => ("", "v1", "ServiceAccount", "serviceaccounts"),
+            Kind::ClusterRole => (RBAC, "v1", "ClusterRole", "clusterroles"),
+            Kind::ClusterRoleBinding => (RBAC, "v1", "ClusterRoleBinding", "clusterrolebindings"),
+            Kind::Role => (RBAC, "v1", "Role", "roles"),
+            Kind::RoleBinding => (RBAC, "v1", "RoleBinding", "rolebindings"),
+            Kind::ConfigMap => ("", "v1", "ConfigMap", "configmaps"),
+            Kind::RuntimeClass => ("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses"),
+            Kind::Service => ("", "v1", "Service", "services"),
+            Kind::DaemonSet => ("apps", "v1", "DaemonSet", "daemonsets"),
+            Kind::Deployment => ("apps", "v1", "Deployment", "deployments"),
+        }
+    }
+
+    /// Whether objects of the kind live in a namespace (the operator's).
+    pub const fn is_namespaced(self) -> bool {
+        match self {
+            Kind::ClusterRole | Kind::ClusterRoleBinding | Kind::RuntimeClass => false,
+            Kind::ServiceAccount
+            | Kind::Role
+            | Kind::RoleBinding
+            | Kind::ConfigMap
+            | Kind::Service
+            | Kind::DaemonSet
+            | Kind::Deployment => true,
+        }
+    }
+}
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+
 /// The objects of one operand, by kind. The applier destructures this without `..`, so a new
 /// kind cannot be added and silently never applied.
 #[derive(Clone, Debug, Default)]
@@ -87,6 +152,22 @@ impl OperandObjects {
             + daemon_sets.len()
             + deployments.len()
             + dynamic.len()
+    }
+
+    /// Number of objects of one typed kind.
+    pub fn count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::ServiceAccount => self.service_accounts.len(),
+            Kind::ClusterRole => self.cluster_roles.len(),
+            Kind::ClusterRoleBinding => self.cluster_role_bindings.len(),
+            Kind::Role => self.roles.len(),
+            Kind::RoleBinding => self.role_bindings.len(),
+            Kind::ConfigMap => self.config_maps.len(),
+            Kind::RuntimeClass => self.runtime_classes.len(),
+            Kind::Service => self.services.len(),
+            Kind::DaemonSet => self.daemon_sets.len(),
+            Kind::Deployment => self.deployments.len(),
+        }
     }
 
     /// Whether there is no object.

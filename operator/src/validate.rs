@@ -176,7 +176,7 @@ fn spec_schema() -> &'static Value {
 
 /// What the API server's structural defaulting does: a property with a `default`, absent from
 /// an object that is present, gets the default; defaults are defaulted in turn.
-fn apply_defaults(value: &mut Value, schema: &Value) {
+pub fn apply_defaults(value: &mut Value, schema: &Value) {
     match value {
         Value::Object(map) => {
             if let Some(properties) = schema.get("properties").and_then(Value::as_object) {

@@ -9,6 +9,9 @@ use kube::CustomResourceExt;
 use super::ClusterPolicy;
 
 /// Where the generated CRD is committed, relative to the repository root.
+/// Name of the ClusterPolicy CRD (the one source: the operator, the bundle and the tests).
+pub const CRD_NAME: &str = "clusterpolicies.nvidia.com";
+
 pub const CRD_PATH: &str = "crds/nvidia.com_clusterpolicies.yaml";
 
 /// The command that regenerates [`CRD_PATH`].

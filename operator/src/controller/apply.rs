@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::plan::{self, APPLIED_HASH_ANNOTATION, Ledger, Live, Plan, Rejection};
 use super::stores::Stores;
-use crate::model::{MANAGER, OPERAND_LABEL, Operand, OperandObjects};
+use crate::model::{Kind, MANAGER, OPERAND_LABEL, Operand, OperandObjects};
 use crate::operands::device_plugin::{self, CONFIG_COPY_LABEL};
 use crate::operands::{gfd, mps};
 use crate::render::{DesiredState, Outcome};
@@ -71,6 +71,19 @@ pub struct ApplyReport {
     pub pruned: Vec<String>,
     /// Operands frozen because the API server refused one of their objects.
     pub rejected: BTreeMap<Operand, Rejection>,
+}
+
+impl ApplyReport {
+    /// What this pass wrote, pruned or still waits to see in the caches: the next pass comes
+    /// soon while any is left.
+    pub fn unsettled(&self) -> Vec<String> {
+        self.applied
+            .iter()
+            .chain(&self.pruned)
+            .chain(&self.awaiting_cache)
+            .cloned()
+            .collect()
+    }
 }
 
 /// Why one operand's objects could not all be applied.
@@ -374,33 +387,48 @@ impl Applier<'_> {
         objects: &OperandObjects,
         stores: &Stores,
     ) -> Result<(), OperandFailure> {
-        // Destructured without `..`: a new kind in OperandObjects must be applied here.
-        let OperandObjects {
-            service_accounts,
-            cluster_roles,
-            cluster_role_bindings,
-            roles,
-            role_bindings,
-            config_maps,
-            runtime_classes,
-            services,
-            daemon_sets,
-            deployments,
-            dynamic,
-        } = objects;
-        self.apply(service_accounts, &stores.service_accounts)
-            .await?;
-        self.apply(cluster_roles, &stores.cluster_roles).await?;
-        self.apply(cluster_role_bindings, &stores.cluster_role_bindings)
-            .await?;
-        self.apply(roles, &stores.roles).await?;
-        self.apply(role_bindings, &stores.role_bindings).await?;
-        self.apply(config_maps, &stores.config_maps).await?;
-        self.apply(runtime_classes, &stores.runtime_classes).await?;
-        self.apply(services, &stores.services).await?;
-        self.apply(daemon_sets, &stores.daemon_sets).await?;
-        self.apply(deployments, &stores.deployments).await?;
-        self.apply_dynamic(dynamic).await?;
+        for kind in Kind::ALL {
+            match kind {
+                Kind::ServiceAccount => {
+                    self.apply(&objects.service_accounts, &stores.service_accounts)
+                        .await?
+                }
+                Kind::ClusterRole => {
+                    self.apply(&objects.cluster_roles, &stores.cluster_roles)
+                        .await?
+                }
+                Kind::ClusterRoleBinding => {
+                    self.apply(
+                        &objects.cluster_role_bindings,
+                        &stores.cluster_role_bindings,
+                    )
+                    .await?
+                }
+                Kind::Role => self.apply(&objects.roles, &stores.roles).await?,
+                Kind::RoleBinding => {
+                    self.apply(&objects.role_bindings, &stores.role_bindings)
+                        .await?
+                }
+                Kind::ConfigMap => {
+                    self.apply(&objects.config_maps, &stores.config_maps)
+                        .await?
+                }
+                Kind::RuntimeClass => {
+                    self.apply(&objects.runtime_classes, &stores.runtime_classes)
+                        .await?
+                }
+                Kind::Service => self.apply(&objects.services, &stores.services).await?,
+                Kind::DaemonSet => {
+                    self.apply(&objects.daemon_sets, &stores.daemon_sets)
+                        .await?
+                }
+                Kind::Deployment => {
+                    self.apply(&objects.deployments, &stores.deployments)
+                        .await?
+                }
+            }
+        }
+        self.apply_dynamic(&objects.dynamic).await?;
         Ok(())
     }
 }
@@ -508,80 +536,27 @@ async fn prune(
         keep.clone()
     };
     // Reverse apply order: workloads first, then what they use.
-    prune_kind(
-        client,
-        &stores.deployments,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(
-        client,
-        &stores.daemon_sets,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(client, &stores.services, operands, keep, owner, &mut pruned).await?;
-    prune_kind(
-        client,
-        &stores.runtime_classes,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(
-        client,
-        &stores.config_maps,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(
-        client,
-        &stores.role_bindings,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(client, &stores.roles, operands, keep, owner, &mut pruned).await?;
-    prune_kind(
-        client,
-        &stores.cluster_role_bindings,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(
-        client,
-        &stores.cluster_roles,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
-    prune_kind(
-        client,
-        &stores.service_accounts,
-        operands,
-        keep,
-        owner,
-        &mut pruned,
-    )
-    .await?;
+    for kind in Kind::ALL.into_iter().rev() {
+        let (o, k, p) = (operands, keep, &mut pruned);
+        match kind {
+            Kind::Deployment => prune_kind(client, &stores.deployments, o, k, owner, p).await?,
+            Kind::DaemonSet => prune_kind(client, &stores.daemon_sets, o, k, owner, p).await?,
+            Kind::Service => prune_kind(client, &stores.services, o, k, owner, p).await?,
+            Kind::RuntimeClass => {
+                prune_kind(client, &stores.runtime_classes, o, k, owner, p).await?
+            }
+            Kind::ConfigMap => prune_kind(client, &stores.config_maps, o, k, owner, p).await?,
+            Kind::RoleBinding => prune_kind(client, &stores.role_bindings, o, k, owner, p).await?,
+            Kind::Role => prune_kind(client, &stores.roles, o, k, owner, p).await?,
+            Kind::ClusterRoleBinding => {
+                prune_kind(client, &stores.cluster_role_bindings, o, k, owner, p).await?
+            }
+            Kind::ClusterRole => prune_kind(client, &stores.cluster_roles, o, k, owner, p).await?,
+            Kind::ServiceAccount => {
+                prune_kind(client, &stores.service_accounts, o, k, owner, p).await?
+            }
+        }
+    }
     Ok(pruned)
 }
 

@@ -23,6 +23,7 @@ mod apply;
 mod labeller;
 mod namespace;
 pub mod nfd_crds;
+mod observe;
 mod plan;
 #[cfg(test)]
 mod plan_tests;
@@ -36,10 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -172,90 +171,6 @@ async fn patch_status(
         source,
     })?;
     Ok(())
-}
-
-/// Why pods of a not-ready DaemonSet are not ready, from a bounded on-demand list of its pods
-/// (the operator never watches Pods): e.g. `gpu-t4-0: CrashLoopBackOff`.
-async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
-    let namespace = ds.namespace()?;
-    let selector = ds.spec.as_ref()?.selector.match_labels.as_ref()?;
-    let selector = selector
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&selector).limit(200))
-        .await
-        .ok()?;
-    let mut problems: Vec<String> = list
-        .items
-        .iter()
-        .filter_map(|pod| {
-            let status = pod.status.as_ref()?;
-            let ready = status
-                .conditions
-                .as_ref()?
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            if ready {
-                return None;
-            }
-            let node = pod
-                .spec
-                .as_ref()?
-                .node_name
-                .clone()
-                .unwrap_or_else(|| "unscheduled".into());
-            let why = status
-                .container_statuses
-                .iter()
-                .chain(status.init_container_statuses.iter())
-                .flatten()
-                .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
-                .or_else(|| status.phase.clone())
-                .unwrap_or_else(|| "not ready".into());
-            Some(format!("{node}: {why}"))
-        })
-        .collect();
-    problems.sort();
-    const SHOWN: usize = 5;
-    let more = problems.len().saturating_sub(SHOWN);
-    problems.truncate(SHOWN);
-    if problems.is_empty() {
-        return None;
-    }
-    let mut text = format!(
-        "not ready on {} node(s): {}",
-        problems.len() + more,
-        problems.join(", ")
-    );
-    if more > 0 {
-        text.push_str(&format!(" and {more} more"));
-    }
-    Some(text)
-}
-
-/// How long a DaemonSet's pod count may differ from its labelled nodes before status names the
-/// usual causes: the DaemonSet controller follows label changes within moments.
-const MISMATCH_GRACE: Duration = Duration::from_secs(10);
-
-/// Records which DaemonSets differ from their labelled nodes now and returns those that have
-/// differed for longer than [`MISMATCH_GRACE`].
-fn lasting_mismatches(ctx: &Context, now_mismatched: &BTreeSet<String>) -> BTreeSet<String> {
-    let Ok(mut since) = ctx.mismatch_since.lock() else {
-        return BTreeSet::new();
-    };
-    let now = Instant::now();
-    since.retain(|name, _| now_mismatched.contains(name));
-    now_mismatched
-        .iter()
-        .filter(|name| {
-            now.duration_since(*since.entry((*name).clone()).or_insert(now)) >= MISMATCH_GRACE
-        })
-        .cloned()
-        .collect()
 }
 
 /// How soon a pass that wrote something looks again if no watch event comes first.
@@ -396,10 +311,73 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
         .collect()
 }
 
+/// One pass for the active policy: the pipeline label -> resolve -> validate -> render -> apply
+/// -> observe -> status, each stage a function of its own module.
 async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
-    // Nodes first: the deploy labels decide where operands run.
+    let labelled = label(policy, ctx).await?;
+    let resolved = (ctx.resolver)
+        .resolve(policy, &ctx.stores, &labelled.nodes)
+        .await
+        .map_err(Error::Resolve)?;
+    let validated = validate::validate(policy, &resolved.facts);
+    let desired = render::render(&validated, &resolved.facts);
+    if !still_in_force(ctx, policy) {
+        return Ok(None);
+    }
+    let applied = apply(policy, ctx, &desired).await?;
+    let observed = observe::observe(&ctx.client, &ctx.stores).await;
+    let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &labelled.nodes);
+    let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
+    let notes: Vec<String> = validated
+        .notes
+        .iter()
+        .chain(&resolved.notes)
+        .cloned()
+        .collect();
+    let status = status::compute(&status::StatusInputs {
+        generation: policy.metadata.generation,
+        namespace: &ctx.settings.namespace,
+        desired: &desired,
+        daemon_sets: &observed.daemon_sets,
+        deployments: &observed.deployments,
+        nodes: &labelled.nodes,
+        failures: &ctx.resolver.discovered.coexistence_problems(),
+        config_problems: &validated.reported,
+        notes: &notes,
+        unsupported: &unsupported_lines(&policy.spec),
+        diagnoses: &observed.diagnoses,
+        rejected: &applied.rejected,
+        unsettled: &applied.unsettled(),
+        labels_in_flight: labelled.in_flight,
+        explained: &explained,
+        previous: policy.status.as_ref(),
+        now,
+    });
+    report_status(policy, ctx, &status, &labelled.nodes).await?;
+    Ok(requeue(
+        ctx,
+        &status,
+        &desired,
+        &applied,
+        &labelled,
+        mismatched.len() > explained.len(),
+    ))
+}
+
+/// What the label stage did: the nodes as the pass sees them, and what is still in flight.
+struct Labelled {
+    nodes: Vec<crate::nodes::NodeView>,
+    /// Nodes whose label patch the cache has not shown yet.
+    in_flight: usize,
+    /// When a node's vanished GPU label reaches its grace period.
+    deadline: Option<Instant>,
+}
+
+/// Label stage: the GPU nodes' deploy labels (they decide where operands run) and the operator
+/// namespace's Pod Security labels (privileged operand pods need a namespace that admits them).
+async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error> {
     let nodes = ctx.stores.nodes.snapshot();
-    let label_deadline = labeller::label_nodes(
+    let deadline = labeller::label_nodes(
         &ctx.client,
         &nodes,
         &ctx.label_loss,
@@ -409,13 +387,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     )
     .await
     .map_err(Error::Labels)?;
-    let labels_in_flight = ctx
+    let in_flight = ctx
         .label_attempts
         .lock()
         .map(|a| a.in_flight(&nodes))
         .unwrap_or_default();
-
-    // Privileged operand pods need a namespace that admits them (Pod Security).
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
     if (psa || ctx.resolver.discovered.openshift)
         && ctx.resolver.discovered.nvidia_operator.is_none()
@@ -427,120 +403,70 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
                 source,
             })?;
     }
+    Ok(Labelled {
+        nodes,
+        in_flight,
+        deadline,
+    })
+}
 
-    let coexistence = ctx.resolver.discovered.coexistence_problems();
-    let resolved = ctx
-        .resolver
-        .resolve(policy, &ctx.stores, &nodes)
-        .await
-        .map_err(Error::Resolve)?;
-    let validated = validate::validate(policy, &resolved.facts);
-    let desired = render::render(&validated, &resolved.facts);
-
-    if !still_in_force(ctx, policy) {
-        return Ok(None);
+/// Apply stage: NFD's CRDs before NFD itself (decision 16), then every operand's objects. With
+/// NVIDIA's operator live, this operator stands aside: it reports and changes nothing
+/// (decision 14).
+async fn apply(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    desired: &render::DesiredState,
+) -> Result<apply::ApplyReport, Error> {
+    if ctx.resolver.discovered.nvidia_operator.is_some() {
+        return Ok(apply::ApplyReport::default());
     }
-    // With NVIDIA's operator live, stand aside: report, change nothing (decision 14).
-    let mut report = apply::ApplyReport::default();
-    if ctx.resolver.discovered.nvidia_operator.is_none() {
-        let owner_uid = policy.meta().uid.clone();
-        let optional = ctx.resolver.discovered.optional_kinds();
-        // NFD's CRDs before NFD itself, whenever we deploy it (decision 16).
-        let deploys_nfd = desired.operands.iter().any(|s| {
-            s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
-        });
-        if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
-            let written = nfd_crds::ensure(&ctx.client).await?;
-            if !written.is_empty() {
-                tracing::info!(crds = ?written, "installed NFD's CRDs");
-            }
-            ctx.nfd_crds_current.store(true, Ordering::Relaxed);
-        } else if !deploys_nfd {
-            // Switched off: look at the CRDs again when NFD is switched back on.
-            ctx.nfd_crds_current.store(false, Ordering::Relaxed);
-        }
-        // One pass at a time: the ledger is taken for the pass and put back, also on failure.
-        let mut ledger = ctx
-            .ledger
-            .lock()
-            .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default();
-        let applied = apply::apply(
-            &ctx.client,
-            &desired,
-            &ctx.stores,
-            &mut ledger,
-            owner_uid.as_deref(),
-            &optional,
-        )
-        .await;
-        if let Ok(mut l) = ctx.ledger.lock() {
-            *l = ledger;
-        }
-        report = applied?;
-        if !report.applied.is_empty() || !report.pruned.is_empty() {
-            tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
-        }
-    }
-    let unsettled: Vec<String> = report
-        .applied
-        .iter()
-        .chain(&report.pruned)
-        .chain(&report.awaiting_cache)
-        .cloned()
-        .collect();
-
-    let daemon_sets: BTreeMap<String, DaemonSet> = ctx
-        .stores
-        .daemon_sets
-        .state()
-        .iter()
-        .map(|d| (d.name_any(), d.as_ref().clone()))
-        .collect();
-    let deployments: BTreeMap<String, Deployment> = ctx
-        .stores
-        .deployments
-        .state()
-        .iter()
-        .map(|d| (d.name_any(), d.as_ref().clone()))
-        .collect();
-    let mut diagnoses = BTreeMap::new();
-    for ds in daemon_sets.values() {
-        let s = ds.status.clone().unwrap_or_default();
-        if s.number_available.unwrap_or(0) < s.desired_number_scheduled
-            && let Some(d) = diagnose(&ctx.client, ds).await
-        {
-            diagnoses.insert(ds.name_any(), d);
-        }
-    }
-    let notes: Vec<String> = validated
-        .notes
-        .iter()
-        .chain(&resolved.notes)
-        .cloned()
-        .collect();
-    let unsupported = unsupported_lines(&policy.spec);
-    let mismatched = status::label_mismatches(&desired, &daemon_sets, &nodes);
-    let explained = lasting_mismatches(ctx, &mismatched);
-    let status = status::compute(&status::StatusInputs {
-        generation: policy.metadata.generation,
-        namespace: &ctx.settings.namespace,
-        desired: &desired,
-        daemon_sets: &daemon_sets,
-        deployments: &deployments,
-        nodes: &nodes,
-        failures: &coexistence,
-        config_problems: &validated.reported,
-        notes: &notes,
-        unsupported: &unsupported,
-        diagnoses: &diagnoses,
-        rejected: &report.rejected,
-        unsettled: &unsettled,
-        labels_in_flight,
-        explained: &explained,
-        previous: policy.status.as_ref(),
-        now,
+    let deploys_nfd = desired.operands.iter().any(|s| {
+        s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
     });
+    if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
+        let written = nfd_crds::ensure(&ctx.client).await?;
+        if !written.is_empty() {
+            tracing::info!(crds = ?written, "installed NFD's CRDs");
+        }
+        ctx.nfd_crds_current.store(true, Ordering::Relaxed);
+    } else if !deploys_nfd {
+        // Switched off: look at the CRDs again when NFD is switched back on.
+        ctx.nfd_crds_current.store(false, Ordering::Relaxed);
+    }
+    // One pass at a time: the ledger is taken for the pass and put back, also on failure.
+    let mut ledger = ctx
+        .ledger
+        .lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default();
+    let applied = apply::apply(
+        &ctx.client,
+        desired,
+        &ctx.stores,
+        &mut ledger,
+        policy.meta().uid.as_deref(),
+        &ctx.resolver.discovered.optional_kinds(),
+    )
+    .await;
+    if let Ok(mut l) = ctx.ledger.lock() {
+        *l = ledger;
+    }
+    let report = applied?;
+    if !report.applied.is_empty() || !report.pruned.is_empty() {
+        tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
+    }
+    Ok(report)
+}
+
+/// Status stage, the writing half: metrics, the status patch when it changed, and an event
+/// when the state changed.
+async fn report_status(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    status: &ClusterPolicyStatus,
+    nodes: &[crate::nodes::NodeView],
+) -> Result<(), Error> {
     ctx.metrics.observe_state(
         nodes.iter().filter(|n| n.is_gpu_node()).count(),
         status
@@ -551,7 +477,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             .count(),
         nodes.iter().filter(|n| n.has_nfd_gpu()).count(),
         // OpenShift's Driver Toolkit is on unless switched off; the driver is built the standard
-        // way here (render::driver), so a request for it cannot be honoured.
+        // way here (operands::driver), so a request for it cannot be honoured.
         ctx.resolver.discovered.openshift
             && policy.spec.is_enabled(crate::api::Component::Driver)
             && policy
@@ -561,11 +487,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
                 .and_then(|o| o.use_ocp_driver_toolkit)
                 .unwrap_or(true),
     );
-    let error = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == status::ERROR && c.status == "True");
+    let error = status::has_error(status);
     ctx.metrics.observe_status(
         match status.state {
             State::Ready => ReconciliationStatus::Success,
@@ -576,10 +498,10 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     );
     let previous_state = policy.status.as_ref().map(|s| s.state);
     if !still_in_force(ctx, policy) {
-        return Ok(None);
+        return Ok(());
     }
-    if status::differs(policy.status.as_ref(), &status) {
-        patch_status(&ctx.client, policy, &status).await?;
+    if status::differs(policy.status.as_ref(), status) {
+        patch_status(&ctx.client, policy, status).await?;
     }
     if previous_state != Some(status.state) {
         let message = status
@@ -598,29 +520,42 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         };
         publish(ctx, policy, kind, reason, message).await;
     }
+    Ok(())
+}
 
+/// When to look again without a watch event.
+fn requeue(
+    ctx: &Context,
+    status: &ClusterPolicyStatus,
+    desired: &render::DesiredState,
+    applied: &apply::ApplyReport,
+    labelled: &Labelled,
+    unexplained: bool,
+) -> Requeue {
     // An invalid config waits for the user's fix (its ConfigMap or the policy changes);
     // anything else not ready is looked at again after a while.
     let invalid = desired
         .operands
         .iter()
         .any(|s| matches!(s.outcome, Outcome::Invalid(_)))
-        || !report.rejected.is_empty();
+        || !applied.rejected.is_empty();
     let not_ready =
         (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
     // Our own writes wake the next pass through the watches; a write the API server found
     // identical wakes nothing, so look again shortly.
-    let unsettled = (!unsettled.is_empty() || labels_in_flight > 0).then_some(UNSETTLED_REQUEUE);
-    let grace = label_deadline
+    let unsettled =
+        (!applied.unsettled().is_empty() || labelled.in_flight > 0).then_some(UNSETTLED_REQUEUE);
+    let grace = labelled
+        .deadline
         .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
     // A difference not yet explained is looked at again when it would be.
-    let unexplained = (mismatched.len() > explained.len()).then_some(MISMATCH_GRACE);
-    Ok(not_ready
+    let unexplained = unexplained.then_some(observe::MISMATCH_GRACE);
+    not_ready
         .into_iter()
         .chain(grace)
         .chain(unsettled)
         .chain(unexplained)
-        .min())
+        .min()
 }
 
 async fn publish(

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::json_diff::{self, Difference, Rules};
 use crate::operands::common::sha256_hex;
 
 /// Annotation on every applied object: the SHA-256 of the object as rendered (before the
@@ -41,65 +42,36 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
     first_difference(desired, live, "").is_none()
 }
 
-fn is_zero(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::Bool(b) => !b,
-        Value::Number(n) => n.as_f64() == Some(0.0),
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.values().all(is_zero),
-    }
-}
-
-/// The merge key of a list whose elements server-side apply merges one by one: the first of the
-/// usual keys that every element of `desired` carries, with no value twice.
-fn merge_key(desired: &[Value]) -> Option<&'static str> {
-    const KEYS: [&str; 4] = ["mountPath", "devicePath", "uid", "name"];
-    KEYS.into_iter().find(|key| {
-        let mut seen = std::collections::BTreeSet::new();
-        desired.iter().all(|e| {
-            e.get(key)
-                .and_then(Value::as_str)
-                .is_some_and(|v| seen.insert(v))
-        })
-    })
-}
+/// How the plan compares: zero values equal absent, merge-keyed lists, extra live keys fine.
+const PLAN_RULES: Rules = Rules {
+    zero_is_absent: true,
+    merge_keyed_lists: true,
+    extra_keys_count: |_| false,
+};
 
 /// The JSON path of the first field of `desired` that `live` does not hold, by the rules of
 /// [`is_subset`] (also for logs: an object that is re-applied on every pass shows why here).
 pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, dv)| match l.get(k) {
-            Some(lv) => first_difference(dv, lv, &format!("{path}.{k}")),
-            None if is_zero(dv) => None,
-            None => Some(format!("{path}.{k} (absent live)")),
-        }),
-        (Value::Array(d), Value::Array(l)) => match merge_key(d) {
-            Some(key) if !d.is_empty() => d.iter().find_map(|dv| {
-                let id = dv.get(key).and_then(Value::as_str).unwrap_or_default();
-                let element = format!("{path}[{key}={id}]");
-                match l
-                    .iter()
-                    .find(|lv| lv.get(key).and_then(Value::as_str) == Some(id))
-                {
-                    Some(lv) => first_difference(dv, lv, &element),
-                    None => Some(format!("{element} (absent live)")),
-                }
-            }),
-            _ if d.len() == l.len() => d
-                .iter()
-                .zip(l)
-                .enumerate()
-                .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]"))),
-            _ => Some(format!("{path} (length {} vs {} live)", d.len(), l.len())),
+    Some(
+        match json_diff::first_difference(path, desired, live, &PLAN_RULES)? {
+            Difference::Missing { path, .. } => format!("{path} (absent live)"),
+            Difference::Length {
+                path,
+                wanted,
+                found,
+            } => format!(
+                "{path} (length {} vs {} live)",
+                wanted.as_array().map_or(0, Vec::len),
+                found.as_array().map_or(0, Vec::len)
+            ),
+            Difference::Changed {
+                path,
+                wanted,
+                found,
+            } => format!("{path}: {wanted} vs {found} live"),
+            Difference::Extra { path, .. } => format!("{path} (not ours)"),
         },
-        // An empty value we set and the server dropped is equal to absent.
-        (d, Value::Null) if is_zero(d) => None,
-        (Value::Null, _) => None,
-        (d, l) if d == l => None,
-        (d, l) => Some(format!("{path}: {d} vs {l} live")),
-    }
+    )
 }
 
 /// What the cache shows of one object.

@@ -83,10 +83,11 @@ impl Discovered {
 async fn missing_crd_fields(client: &Client) -> Result<Vec<String>, kube::Error> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let Some(crd) = api.get_opt("clusterpolicies.nvidia.com").await? else {
-        return Ok(vec![
-            "the whole CRD (clusterpolicies.nvidia.com is not installed)".to_string(),
-        ]);
+    let Some(crd) = api.get_opt(crate::api::crd::CRD_NAME).await? else {
+        return Ok(vec![format!(
+            "the whole CRD ({} is not installed)",
+            crate::api::crd::CRD_NAME
+        )]);
     };
     let schema = crd
         .spec

@@ -567,6 +567,15 @@ pub fn ignored(
     }
 }
 
+/// Whether the status has its Error condition true (something a user must fix).
+pub fn has_error(status: &ClusterPolicyStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == ERROR && c.status == "True")
+}
+
 /// Whether two statuses differ in anything but timestamps that were carried over.
 pub fn differs(a: Option<&ClusterPolicyStatus>, b: &ClusterPolicyStatus) -> bool {
     a != Some(b)

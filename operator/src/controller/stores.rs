@@ -26,7 +26,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::model::{MANAGED_BY_LABEL, MANAGER};
+use crate::model::{Kind, MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
 
 /// The nodes the operator knows, by name, reduced to the labels it reads.
@@ -248,16 +248,21 @@ impl Stores {
     /// Waits until every store has finished its first list, so the first reconcile compares
     /// against the real cluster (an empty cache would make it re-apply everything).
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.config_maps.wait_until_ready().await?;
-        self.daemon_sets.wait_until_ready().await?;
-        self.deployments.wait_until_ready().await?;
-        self.services.wait_until_ready().await?;
-        self.service_accounts.wait_until_ready().await?;
-        self.roles.wait_until_ready().await?;
-        self.role_bindings.wait_until_ready().await?;
-        self.cluster_roles.wait_until_ready().await?;
-        self.cluster_role_bindings.wait_until_ready().await?;
-        self.runtime_classes.wait_until_ready().await?;
+        // Every kind of operand object has a store (the ConfigMap one holds users' too).
+        for kind in Kind::ALL {
+            match kind {
+                Kind::ServiceAccount => self.service_accounts.wait_until_ready().await?,
+                Kind::ClusterRole => self.cluster_roles.wait_until_ready().await?,
+                Kind::ClusterRoleBinding => self.cluster_role_bindings.wait_until_ready().await?,
+                Kind::Role => self.roles.wait_until_ready().await?,
+                Kind::RoleBinding => self.role_bindings.wait_until_ready().await?,
+                Kind::ConfigMap => self.config_maps.wait_until_ready().await?,
+                Kind::RuntimeClass => self.runtime_classes.wait_until_ready().await?,
+                Kind::Service => self.services.wait_until_ready().await?,
+                Kind::DaemonSet => self.daemon_sets.wait_until_ready().await?,
+                Kind::Deployment => self.deployments.wait_until_ready().await?,
+            }
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use kube::runtime::wait::conditions;
 use crate::wait;
 
 /// The CRD's name as the API server knows it.
-pub const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
+pub const CLUSTER_POLICY_CRD: &str = gpu_operator::api::crd::CRD_NAME;
 
 /// `crds/nvidia.com_clusterpolicies.yaml` in this checkout.
 pub fn cluster_policy_crd_path() -> PathBuf {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_operator::api::{ClusterPolicy, State};
+use gpu_operator::model::Kind;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -244,15 +245,24 @@ impl Setup {
         .unwrap();
         // Cluster-scoped operand objects (RuntimeClass nvidia, ClusterRoles) have fixed names:
         // the next test's operator must not race their garbage collection.
-        let bindings =
-            Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.admin.clone());
-        let classes = Api::<k8s_openapi::api::node::v1::RuntimeClass>::all(self.admin.clone());
+        let cluster_scoped: Vec<Api<kube::api::DynamicObject>> = Kind::ALL
+            .into_iter()
+            .filter(|kind| !kind.is_namespaced())
+            .map(|kind| {
+                let (group, version, kind, plural) = kind.api();
+                let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+                let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+                Api::all_with(self.admin.clone(), &resource)
+            })
+            .collect();
         let managed = ListParams::default().labels("app.kubernetes.io/managed-by=gpu-operator");
         wait::until(TIMEOUT, "cluster-scoped operand objects collected", || {
-            let (bindings, classes, managed) = (bindings.clone(), classes.clone(), managed.clone());
+            let (apis, managed) = (cluster_scoped.clone(), managed.clone());
             async move {
-                let n = bindings.list_metadata(&managed).await?.items.len()
-                    + classes.list_metadata(&managed).await?.items.len();
+                let mut n = 0;
+                for api in &apis {
+                    n += api.list_metadata(&managed).await?.items.len();
+                }
                 Ok(if n == 0 {
                     Ok(())
                 } else {

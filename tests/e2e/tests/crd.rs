@@ -60,66 +60,31 @@ async fn install_crd(client: &Client) -> Result<Value> {
     Ok(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone())
 }
 
-/// What the API server's structural defaulting does: a property with a `default` that is
-/// absent from an object present in the data gets the default, and defaulted values are
-/// defaulted in turn.
-fn apply_schema_defaults(value: &mut Value, schema: &Value) {
-    match value {
-        Value::Object(map) => {
-            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-                for (key, prop) in props {
-                    if let Some(default) = prop.get("default")
-                        && !map.contains_key(key)
-                    {
-                        map.insert(key.clone(), default.clone());
-                    }
-                }
-                for (key, child) in map.iter_mut() {
-                    if let Some(prop) = props.get(key) {
-                        apply_schema_defaults(child, prop);
-                    }
-                }
-            } else if let Some(additional) =
-                schema.get("additionalProperties").filter(|a| a.is_object())
-            {
-                for child in map.values_mut() {
-                    apply_schema_defaults(child, additional);
-                }
-            }
-        }
-        Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for item in items {
-                    apply_schema_defaults(item, item_schema);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Paths where two JSON values differ, for a readable failure.
 fn differences(path: &str, expected: &Value, actual: &Value, out: &mut Vec<String>) {
-    match (expected, actual) {
-        (Value::Object(e), Value::Object(a)) => {
-            for key in e.keys().chain(a.keys().filter(|k| !e.contains_key(*k))) {
-                let child = format!("{path}.{key}");
-                match (e.get(key), a.get(key)) {
-                    (Some(ev), Some(av)) => differences(&child, ev, av, out),
-                    (Some(ev), None) => out.push(format!("{child}: written {ev}, not read back")),
-                    (None, Some(av)) => out.push(format!("{child}: read back {av}, never written")),
-                    (None, None) => {}
+    use gpu_operator::json_diff::{self, Difference, Rules};
+    out.extend(
+        json_diff::differences(path, expected, actual, &Rules::EXACT)
+            .into_iter()
+            .map(|d| match d {
+                Difference::Missing { path, wanted } => {
+                    format!("{path}: written {wanted}, not read back")
                 }
-            }
-        }
-        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => {
-            for (i, (ev, av)) in e.iter().zip(a).enumerate() {
-                differences(&format!("{path}[{i}]"), ev, av, out);
-            }
-        }
-        (e, a) if e != a => out.push(format!("{path}: expected {e}, read back {a}")),
-        _ => {}
-    }
+                Difference::Extra { path, found } => {
+                    format!("{path}: read back {found}, never written")
+                }
+                Difference::Length {
+                    path,
+                    wanted,
+                    found,
+                }
+                | Difference::Changed {
+                    path,
+                    wanted,
+                    found,
+                } => format!("{path}: expected {wanted}, read back {found}"),
+            }),
+    );
 }
 
 async fn delete_quietly(api: &Api<DynamicObject>, name: &str) {
@@ -153,7 +118,8 @@ async fn every_example_reads_back_as_written_plus_schema_defaults() {
         delete_quietly(&api, &name).await;
 
         let mut expected_spec = written["spec"].clone();
-        apply_schema_defaults(&mut expected_spec, &schema["properties"]["spec"]);
+        // The operator's own copy of the API server's structural defaulting, checked against it.
+        gpu_operator::validate::apply_defaults(&mut expected_spec, &schema["properties"]["spec"]);
         let mut diffs = Vec::new();
         differences(".spec", &expected_spec, &read["spec"], &mut diffs);
         for field in ["labels", "annotations"] {
@@ -328,7 +294,7 @@ async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
     delete_quietly(&api, &name).await;
 
     let mut expected = object["spec"].clone();
-    apply_schema_defaults(&mut expected, &schema["properties"]["spec"]);
+    gpu_operator::validate::apply_defaults(&mut expected, &schema["properties"]["spec"]);
     let mut diffs = Vec::new();
     differences(".spec", &expected, &read["spec"], &mut diffs);
     assert!(

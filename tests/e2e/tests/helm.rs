@@ -46,7 +46,7 @@ const POLICY: &str = "cluster-policy";
 const OPERATOR_ACCOUNT: &str = "gpu-operator";
 /// Label of the namespaces these tests install into, to find a failed run's leftovers.
 const TEST_LABEL: &str = "gpu-operator.test/helm";
-const CRD_NAME: &str = "clusterpolicies.nvidia.com";
+use e2e::crd::CLUSTER_POLICY_CRD as CRD_NAME;
 const MANAGED_BY_OPERATOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
 const TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -213,23 +213,24 @@ fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
 /// Whether `live` holds everything `written` holds, value for value (the server may add
 /// defaulted fields; it must not drop or change one).
 fn stored_as_written(written: &Value, live: &Value, path: &str, lost: &mut Vec<String>) {
-    match (written, live) {
-        (Value::Object(w), Value::Object(l)) => {
-            for (key, value) in w {
-                match l.get(key) {
-                    Some(lv) => stored_as_written(value, lv, &format!("{path}.{key}"), lost),
-                    None => lost.push(format!("{path}.{key}")),
+    use gpu_operator::json_diff::{self, Difference, Rules};
+    lost.extend(
+        json_diff::differences(path, written, live, &Rules::SUBSET)
+            .into_iter()
+            .map(|d| match d {
+                Difference::Missing { path, .. } | Difference::Extra { path, .. } => path,
+                Difference::Length {
+                    path,
+                    wanted,
+                    found,
                 }
-            }
-        }
-        (Value::Array(w), Value::Array(l)) if w.len() == l.len() => {
-            for (i, (wv, lv)) in w.iter().zip(l).enumerate() {
-                stored_as_written(wv, lv, &format!("{path}[{i}]"), lost);
-            }
-        }
-        (w, l) if w == l => {}
-        (w, l) => lost.push(format!("{path}: wrote {w}, stored {l}")),
-    }
+                | Difference::Changed {
+                    path,
+                    wanted,
+                    found,
+                } => format!("{path}: wrote {wanted}, stored {found}"),
+            }),
+    );
 }
 
 #[tokio::test]

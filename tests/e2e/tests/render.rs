@@ -22,7 +22,7 @@ use kube::runtime::wait::conditions;
 use serde_json::Value;
 
 const NAMESPACE: &str = "gpu-operator";
-const CRD: &str = "clusterpolicies.nvidia.com";
+use e2e::crd::CLUSTER_POLICY_CRD as CRD;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn repo_root() -> PathBuf {
