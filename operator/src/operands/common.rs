@@ -1,6 +1,6 @@
 //! Render stage, shared pieces (pure, no IO): object metadata (contract and recommended labels,
 //! owner reference, namespace), container and volume helpers, RBAC helpers, SHA-256 config
-//! hashing, and the cross-cutting DaemonSet rules of OPERAND-FACTS §1 applied the same way to
+//! hashing, and the cross-cutting DaemonSet rules of docs/operand-facts.md §1 applied the same way to
 //! every operand in [`operand_daemon_set`].
 
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ pub const NRI_ANNOTATION_PREFIX: &str = "nvidia.cdi.k8s.io/container.";
 /// The CDI device the NRI annotation asks for: every GPU, management view.
 pub const NRI_ANNOTATION_VALUE: &str = "management.nvidia.com/gpu=all";
 
-/// Volume names the cross-cutting hostPaths rules rewrite (OPERAND-FACTS §1).
+/// Volume names the cross-cutting hostPaths rules rewrite (docs/operand-facts.md §1).
 pub const HOST_ROOT_VOLUME: &str = "host-root";
 pub const HOST_DEV_CHAR_VOLUME: &str = "host-dev-char";
 pub const DRIVER_INSTALL_DIR_VOLUME: &str = "driver-install-dir";
@@ -144,7 +144,7 @@ pub fn join_path(dir: &str, rest: &str) -> String {
     )
 }
 
-/// Whether operand pods that use GPUs get `runtimeClassName` (OPERAND-FACTS §1): not with the
+/// Whether operand pods that use GPUs get `runtimeClassName` (docs/operand-facts.md §1): not with the
 /// NRI plugin, and not on CRI-O without CDI (the OCI hook does the work there).
 pub fn sets_runtime_class(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
     !(nri_enabled(spec) || (!cdi_enabled(spec) && facts.runtime == Runtime::CriO))
@@ -329,7 +329,7 @@ pub fn user_env_value<'a>(
         .filter(|v| !v.is_empty())
 }
 
-/// The MIG variables of the device plugin, MPS daemon and GFD (OPERAND-FACTS §1 "MIG env rule").
+/// The MIG variables of the device plugin, MPS daemon and GFD (docs/operand-facts.md §1 "MIG env rule").
 pub fn mig_env(spec: &ClusterPolicySpec) -> Vec<EnvVar> {
     match mig_strategy(spec) {
         None => vec![env("NVIDIA_MIG_MONITOR_DEVICES", "all")],
@@ -770,7 +770,7 @@ fn merged(
     out
 }
 
-/// The operand's DaemonSet with every cross-cutting rule of OPERAND-FACTS §1 applied:
+/// The operand's DaemonSet with every cross-cutting rule of docs/operand-facts.md §1 applied:
 /// deploy-label nodeSelector, tolerations, priority class, pod security context, update
 /// strategy, labels and annotations, pull policy and secrets, resources, args, host network,
 /// validation init containers, runtimeClassName and NRI annotation, hostPaths, config hash.

@@ -1,6 +1,6 @@
 //! Render stage, standalone DCGM host engine (pure, no IO): DaemonSet `nvidia-dcgm` and the
 //! node-local Service `nvidia-dcgm` through which each exporter reaches its own node's engine
-//! (OPERAND-FACTS §11).
+//! (docs/operand-facts.md §11).
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PodSpec, Probe, Service, ServicePort, ServiceSpec, TCPSocketAction,

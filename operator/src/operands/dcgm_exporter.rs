@@ -1,6 +1,6 @@
 //! Render stage, DCGM exporter (pure, no IO): DaemonSet `nvidia-dcgm-exporter` publishing GPU
 //! metrics on :9400, its Service, and a ServiceMonitor where the Prometheus Operator's API is
-//! served (OPERAND-FACTS §12). A custom metrics ConfigMap is hashed into the pod template.
+//! served (docs/operand-facts.md §12). A custom metrics ConfigMap is hashed into the pod template.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, Probe, Service, ServicePort, ServiceSpec,

@@ -1,7 +1,7 @@
 //! Render stage, device plugin (pure, no IO): DaemonSet `nvidia-device-plugin-daemonset`
 //! advertising `nvidia.com/gpu`, and the operator-owned copy of the sharing config (decision 4)
 //! that it, GFD and the MPS control daemon mount through their config-manager containers
-//! (OPERAND-FACTS §8, CONFIG-FACTS §2).
+//! (docs/operand-facts.md §8, docs/config-facts.md §2).
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! Render stage, driver (pure, no IO): DaemonSet `nvidia-driver-daemonset` (always OnDelete,
 //! hostPID) with the k8s-driver-manager init container, the driver container and its startup
 //! probe, the optional nvidia-peermem sidecar, the startup-probe ConfigMap and RBAC
-//! (OPERAND-FACTS §5). The image tag carries the GPU nodes' OS suffix, added by validate.
+//! (docs/operand-facts.md §5). The image tag carries the GPU nodes' OS suffix, added by validate.
 //!
 //! Not rendered here: precompiled and OpenShift Driver Toolkit variants (validate rejects
 //! precompiled; DTK needs ImageStream facts we do not have, so OpenShift gets the standard

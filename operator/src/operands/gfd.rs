@@ -1,6 +1,6 @@
 //! Render stage, GPU feature discovery (pure, no IO): DaemonSet `gpu-feature-discovery`
 //! labelling nodes with GPU model, memory, count and sharing replicas (through NFD), reading the
-//! device plugin's sharing-config copy through config-manager (OPERAND-FACTS §10).
+//! device plugin's sharing-config copy through config-manager (docs/operand-facts.md §10).
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 

@@ -1,7 +1,7 @@
 //! Render stage, MIG manager (pure, no IO): DaemonSet `nvidia-mig-manager` that applies the
 //! MIG layout named by each node's `nvidia.com/mig.config` label, its entrypoint, the default
 //! layouts ConfigMap `default-mig-parted-config` (generated from the per-model profile table)
-//! and the default GPU-clients list (OPERAND-FACTS §13, CONFIG-FACTS §4.4 and §5). The layouts
+//! and the default GPU-clients list (docs/operand-facts.md §13, docs/config-facts.md §4.4 and §5). The layouts
 //! the pods read are hashed into the pod template.
 
 use std::collections::BTreeMap;

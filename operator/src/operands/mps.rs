@@ -2,7 +2,7 @@
 //! `nvidia-device-plugin-mps-control-daemon`, on with the device plugin, scheduled only where
 //! GFD reports `nvidia.com/mps.capable=true` (the node's sharing config uses MPS). It runs
 //! under the device plugin's ServiceAccount and mounts the same sharing-config copy
-//! (OPERAND-FACTS §9).
+//! (docs/operand-facts.md §9).
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 

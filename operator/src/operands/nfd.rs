@@ -1,7 +1,7 @@
 //! Render stage, Node Feature Discovery (pure, no IO; decision 16): the worker DaemonSet that
 //! inspects every node (its PCI devices are how GPU nodes are found), the master Deployment
 //! that turns reports into node labels (publishing `nvidia.com/*` so GFD's labels arrive), their
-//! ConfigMaps and RBAC, from `spec.nfd` (OPERAND-FACTS §15). Not rendered where NFD already
+//! ConfigMaps and RBAC, from `spec.nfd` (docs/operand-facts.md §15). Not rendered where NFD already
 //! runs.
 //!
 //! NFD's own CRDs (NodeFeature, NodeFeatureRule, NodeFeatureGroup) are not rendered here: they

@@ -1,6 +1,6 @@
 //! Render stage, node status exporter (pure, no IO): DaemonSet `nvidia-node-status-exporter`
 //! serving the validator's per-node status files as metrics on :8000, its Service, and a
-//! ServiceMonitor wherever that API is served (OPERAND-FACTS §14). Off unless enabled.
+//! ServiceMonitor wherever that API is served (docs/operand-facts.md §14). Off unless enabled.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PodSpec, SecurityContext, Service, ServicePort, ServiceSpec,

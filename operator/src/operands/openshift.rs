@@ -1,6 +1,6 @@
 //! Render stage, OpenShift pieces (pure, no IO): SecurityContextConstraints for the operands
 //! that need host namespaces, and the `use` grants on SCCs that operand Roles carry. Nothing
-//! here renders unless the facts say the cluster is OpenShift (OPERAND-FACTS §16).
+//! here renders unless the facts say the cluster is OpenShift (docs/operand-facts.md §16).
 
 use std::collections::BTreeMap;
 

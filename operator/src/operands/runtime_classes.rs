@@ -1,6 +1,6 @@
 //! Render stage, RuntimeClasses (pure, no IO): `nvidia` (or `operator.runtimeClass`), plus
 //! `nvidia-cdi` and `nvidia-legacy` when CDI is on; none at all with the NRI plugin, which
-//! injects devices without a runtime handler (OPERAND-FACTS §4).
+//! injects devices without a runtime handler (docs/operand-facts.md §4).
 
 use k8s_openapi::api::node::v1::RuntimeClass;
 

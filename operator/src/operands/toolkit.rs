@@ -1,7 +1,7 @@
 //! Render stage, container toolkit (pure, no IO): DaemonSet
 //! `nvidia-container-toolkit-daemonset` that installs the NVIDIA runtime and CDI specs and
 //! configures the cluster's one container runtime (containerd, CRI-O or Docker: config files
-//! and socket mounted per runtime), gated by the driver validation (OPERAND-FACTS §6).
+//! and socket mounted per runtime), gated by the driver validation (docs/operand-facts.md §6).
 
 use std::collections::BTreeMap;
 

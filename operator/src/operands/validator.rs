@@ -1,7 +1,7 @@
 //! Render stage, operator-validator (pure, no IO): DaemonSet `nvidia-operator-validator` whose
 //! init containers check driver -> toolkit -> CUDA -> device plugin on each node and write
 //! `/run/nvidia/validations/<stage>-ready`, the files other operands' init containers wait for
-//! (OPERAND-FACTS §3, §7). Also the validation init containers other operands reuse.
+//! (docs/operand-facts.md §3, §7). Also the validation init containers other operands reuse.
 
 use k8s_openapi::api::core::v1::{
     Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, VolumeMount,

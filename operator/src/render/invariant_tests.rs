@@ -1,7 +1,7 @@
 //! Invariants over every object rendered for every example policy under several sets of cluster
 //! facts (containerd, CRI-O, Docker, OpenShift, ServiceMonitor API, NFD present, no known OS),
 //! plus a policy with every optional operand on. What a fake node cannot prove about an operand
-//! pod (ARCHITECTURE.md, last table) is checked here instead: everything a pod names exists, and
+//! pod (docs/architecture.md, last table) is checked here instead: everything a pod names exists, and
 //! every status file an init container waits for is written by a validator stage.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,4 +1,4 @@
-//! Per-operand render tests: what each operand's pods need (OPERAND-FACTS §5-§15), the
+//! Per-operand render tests: what each operand's pods need (docs/operand-facts.md §5-§15), the
 //! cross-cutting rules of §1 as each operand sees them, and hashes that change exactly when
 //! the configuration a pod consumes changes.
 

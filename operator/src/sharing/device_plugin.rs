@@ -1,5 +1,5 @@
 //! Validate stage (pure, no IO): one key of the device plugin's ConfigMap, judged as the pinned
-//! plugin (k8s-device-plugin v0.20.0, CONFIG-FACTS §1) judges it when the operator runs it.
+//! plugin (k8s-device-plugin v0.20.0, docs/config-facts.md §1) judges it when the operator runs it.
 //!
 //! The plugin reads the file with `sigs.k8s.io/yaml` into Go structs: ordinary sections match
 //! keys case-insensitively and ignore unknown ones; the `sharing.timeSlicing` / `sharing.mps`

@@ -1,7 +1,7 @@
 //! Validate stage (pure, no IO): mig-parted configs (`version: v1`, `mig-configs`), parsed as
 //! mig-parted v0.15.0 parses them and checked per node against the GPU model (decision 7).
 //!
-//! [`parse_config`] rejects exactly what mig-parted's decoders reject (CONFIG-FACTS §4.1-4.2):
+//! [`parse_config`] rejects exactly what mig-parted's decoders reject (docs/config-facts.md §4.1-4.2):
 //! exact keys, unknown keys fatal, no number-to-string coercion, the profile-name grammar.
 //! mig-parted checks nothing against hardware before it applies a layout, and a profile name no
 //! GPU of the node offers makes it clear the GPU and report success (§4.3). [`check_node`] is

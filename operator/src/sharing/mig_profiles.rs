@@ -1,5 +1,5 @@
 //! Validate-stage data (pure, no IO): the MIG profiles of each GPU model, with how many
-//! instances fit and where they may sit, restating CONFIG-FACTS §4.4 and §4.5.
+//! instances fit and where they may sit, restating docs/config-facts.md §4.4 and §4.5.
 //!
 //! Sources there: gpu-operator's default mig-parted ConfigMap (counts, PCI ids), the NVML mock
 //! GPUs mig-parted tests with, and NVIDIA's MIG user guide. Seven-slice GPUs have 7 compute and

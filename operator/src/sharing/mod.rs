@@ -8,7 +8,7 @@
 //! - [`mig`] and [`mig_profiles`]: mig-parted layouts, parsed as mig-parted does and checked
 //!   per GPU model against its MIG profiles and placement rules (decision 7).
 //!
-//! The facts these modules restate are in `shared/design/CONFIG-FACTS.md`.
+//! The facts these modules restate are in [docs/config-facts.md](../../../docs/config-facts.md).
 
 pub mod device_plugin;
 pub mod mig;

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 const OPERATOR_ROLE: &str = "gpu-operator-e2e-openshift";
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
 
-/// The SCCs of OPERAND-FACTS §16: name (= the operand's ServiceAccount), then whether it admits
+/// The SCCs of docs/operand-facts.md §16: name (= the operand's ServiceAccount), then whether it admits
 /// host PID, host IPC, host network and host ports. Exactly these, no more.
 const EXPECTED_SCCS: [(&str, [bool; 4]); 7] = [
     ("nvidia-driver", [true, false, false, false]),
@@ -47,7 +47,7 @@ const EXPECTED_SCCS: [(&str, [bool; 4]); 7] = [
     ("nvidia-node-status-exporter", [false, false, false, false]),
 ];
 
-/// The `openshift.io/scc` annotation each operand DaemonSet carries (OPERAND-FACTS §18.24);
+/// The `openshift.io/scc` annotation each operand DaemonSet carries (docs/operand-facts.md §18.24);
 /// absent for the validator, GFD and mig-manager.
 const SCC_ANNOTATIONS: [(&str, Option<&str>); 9] = [
     ("nvidia-driver-daemonset", Some("nvidia-driver")),
