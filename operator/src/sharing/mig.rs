@@ -14,12 +14,10 @@ use std::fmt::Write as _;
 use super::mig_profiles::{self, GpuModel, MODELS, MigProfile, NVIDIA_PCI_VENDOR, Placement};
 use super::yaml::{self, Node, dedup_entries};
 use super::{ConfigProblem, ProblemReason, list_words, suggest};
+use crate::nodes::MIG_CONFIG;
 
 /// The ConfigMap key mig-manager reads (`CONFIG_FILE=/mig-parted-config/config.yaml`).
 pub const MIG_CONFIG_KEY: &str = "config.yaml";
-
-/// The node label that picks a layout.
-pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 
 /// Layouts named in one message before the rest are counted.
 const LAYOUTS_IN_MESSAGE: usize = 12;
@@ -628,7 +626,7 @@ pub fn check_node(
             format!("it defines {}", list_words(&names))
         };
         return Err(format!(
-            "MIG layout {layout:?} is not in the MIG config ({listed}); fix the {MIG_CONFIG_LABEL} label or add the layout"
+            "MIG layout {layout:?} is not in the MIG config ({listed}); fix the {MIG_CONFIG} label or add the layout"
         ));
     };
     let (board, mig_suffix) = mig_profiles::board_product(gpu_product_label);
@@ -897,7 +895,7 @@ pub fn node_report(config: &MigConfigFile, nodes: &[&crate::nodes::NodeView]) ->
     use crate::nodes::{GPU_COUNT, GPU_PRODUCT, MIG_CONFIG_STATE};
     let mut by_reason: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for node in nodes {
-        let layout = node.label(MIG_CONFIG_LABEL);
+        let layout = node.label(MIG_CONFIG);
         let checked = layout.map(|layout| {
             check_node(
                 config,

@@ -17,9 +17,7 @@ use std::collections::BTreeMap;
 use super::device_plugin::validate_key;
 use super::{ConfigProblem, ProblemReason, list_words};
 use crate::facts::SharingConfig;
-
-/// The node label that picks a key of the sharing ConfigMap per node.
-pub const NODE_CONFIG_LABEL: &str = "nvidia.com/device-plugin.config";
+use crate::nodes::DEVICE_PLUGIN_CONFIG;
 
 /// At most this many node names appear in one message; the rest are counted.
 const NODES_IN_MESSAGE: usize = 5;
@@ -64,7 +62,7 @@ impl SharingDecision {
 /// Decides whether the sharing ConfigMap `config_map` (its `data`) can be mounted.
 ///
 /// `default` is `devicePlugin.config.default`; `node_keys` maps node name to the value of its
-/// [`NODE_CONFIG_LABEL`] label; `mig_strategy_override` is `spec.mig.strategy`.
+/// [`DEVICE_PLUGIN_CONFIG`] label; `mig_strategy_override` is `spec.mig.strategy`.
 pub fn select_config(
     config_map: &str,
     data: &BTreeMap<String, String>,
@@ -116,7 +114,7 @@ pub fn select_config(
                 problems.push(problem(
                     ProblemReason::NoDefault,
                     format!(
-                        "has {} keys ({}) and spec.devicePlugin.config.default names none of them; set it to the key that nodes without the {NODE_CONFIG_LABEL} label should use",
+                        "has {} keys ({}) and spec.devicePlugin.config.default names none of them; set it to the key that nodes without the {DEVICE_PLUGIN_CONFIG} label should use",
                         several.len(),
                         list_words(several)
                     ),
@@ -149,7 +147,7 @@ pub fn select_config(
         problems.push(problem(
             ProblemReason::MissingNodeKey,
             format!(
-                "has no key {key:?}, but the {NODE_CONFIG_LABEL} label names it on {count} {}; add the key back or change those labels",
+                "has no key {key:?}, but the {DEVICE_PLUGIN_CONFIG} label names it on {count} {}; add the key back or change those labels",
                 list_words(&named)
             ),
         ));

@@ -16,13 +16,10 @@ pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
 /// Label on every node this module creates, so tests and scripts can find and remove them.
 pub const FAKE_NODE_LABEL: &str = "gpu-operator.test/fake-node";
 /// NFD's label for a PCI device of vendor 0x10de (NVIDIA) on the node.
-pub const NFD_NVIDIA_PCI: &str = "feature.node.kubernetes.io/pci-10de.present";
-/// All three NFD labels that mark an NVIDIA PCI device (any class, 3D controller, VGA).
-pub const NFD_GPU_LABEL_KEYS: [&str; 3] = [
-    NFD_NVIDIA_PCI,
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
-];
+pub const NFD_NVIDIA_PCI: &str = gpu_operator::nodes::NFD_GPU_LABELS[0];
+/// All three NFD labels that mark an NVIDIA PCI device (any class, 3D controller, VGA): the
+/// operator's own list.
+pub const NFD_GPU_LABEL_KEYS: [&str; 3] = gpu_operator::nodes::NFD_GPU_LABELS;
 /// The taint platform teams put on GPU pools and operands must tolerate.
 pub const GPU_TAINT_KEY: &str = "nvidia.com/gpu";
 

@@ -12,6 +12,7 @@ use e2e::operator::Operator;
 use e2e::session::*;
 use e2e::{cluster::unique_name, wait};
 use gpu_operator::api::State;
+use gpu_operator::nodes::{DEPLOY_DEVICE_PLUGIN, DEPLOY_DRIVER, DEPLOY_MIG_MANAGER, GPU_PRESENT};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -83,15 +84,11 @@ async fn policy_rolls_out_every_operand_on_gpu_nodes_only_and_becomes_ready() {
         .await
         .unwrap();
     assert_eq!(
-        node.labels()
-            .get("nvidia.com/gpu.present")
-            .map(String::as_str),
+        node.labels().get(GPU_PRESENT).map(String::as_str),
         Some("true")
     );
     assert_eq!(
-        node.labels()
-            .get("nvidia.com/gpu.deploy.driver")
-            .map(String::as_str),
+        node.labels().get(DEPLOY_DRIVER).map(String::as_str),
         Some("true")
     );
     s.teardown().await;
@@ -506,13 +503,11 @@ async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_th
     let node_api = Api::<Node>::all(s.admin.clone());
     let labels = node_api.get(&name).await.unwrap().metadata.labels.unwrap();
     assert_eq!(
-        labels
-            .get("nvidia.com/gpu.deploy.device-plugin")
-            .map(String::as_str),
+        labels.get(DEPLOY_DEVICE_PLUGIN).map(String::as_str),
         Some("true")
     );
     assert!(
-        !labels.contains_key("nvidia.com/gpu.deploy.mig-manager"),
+        !labels.contains_key(DEPLOY_MIG_MANAGER),
         "a T4 is not MIG-capable"
     );
 
@@ -546,7 +541,7 @@ async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_th
     .await
     .unwrap();
     let labels = node_api.get(&name).await.unwrap().metadata.labels.unwrap();
-    assert!(!labels.contains_key("nvidia.com/gpu.present"));
+    assert!(!labels.contains_key(GPU_PRESENT));
     nodes::delete(&s.admin, &[name]).await.unwrap();
     s.teardown().await;
 }
@@ -640,10 +635,7 @@ async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes
         .metadata
         .labels
         .unwrap();
-    assert_eq!(
-        labels.get("nvidia.com/gpu.present").map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(labels.get(GPU_PRESENT).map(String::as_str), Some("true"));
     assert_eq!(pods.list(&on_node).await.unwrap().items.len(), pods_before);
     assert_eq!(
         generation_changes(&before, &s.generations().await),
