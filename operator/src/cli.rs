@@ -4,6 +4,9 @@
 //! Each subcommand is one variant of [`Command`] with its own `Args` struct and one arm in
 //! [`Cli::run`]; adding `run`, `render` or `rbac` touches nothing else.
 
+/// OLM packaging (`gpu-operator bundle`): build-time only, kept out of the runtime modules.
+pub mod bundle;
+
 use std::io::Write;
 
 use anyhow::Context;
@@ -49,7 +52,7 @@ pub enum Command {
     Rbac(RbacArgs),
     /// Write the OLM bundle (CSV, CRD, metadata) from the chart's rendered operator Deployment
     /// (`make bundle` runs it through scripts/bundle.sh).
-    Bundle(crate::bundle::BundleArgs),
+    Bundle(bundle::BundleArgs),
 }
 
 /// Arguments of `gpu-operator run`.
@@ -277,7 +280,7 @@ impl Cli {
                     .context("writing the ClusterRole to standard output")?;
                 Ok(())
             }
-            Command::Bundle(args) => crate::bundle::write(&args),
+            Command::Bundle(args) => bundle::write(&args),
         }
     }
 }

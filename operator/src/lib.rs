@@ -6,7 +6,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod bundle;
 pub mod cli;
 pub mod controller;
 pub mod crd_upgrade;

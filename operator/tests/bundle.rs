@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use gpu_operator::bundle::{self, CRD_FILE, CSV_FILE};
+use gpu_operator::cli::bundle::{self, CRD_FILE, CSV_FILE};
 use serde_json::Value;
 
 const FIX: &str = "regenerate the bundle with `make bundle` and review the diff";

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gpu_operator::api::MIN_KUBERNETES_VERSION;
-use gpu_operator::bundle::CSV_FILE;
+use gpu_operator::cli::bundle::CSV_FILE;
 use serde_json::Value;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");

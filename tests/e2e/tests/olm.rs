@@ -17,7 +17,7 @@ use std::time::Duration;
 use e2e::cluster::pinned_version;
 use e2e::session::{self, TIMEOUT};
 use e2e::wait;
-use gpu_operator::bundle::{self, CRD_FILE, CSV_FILE};
+use gpu_operator::cli::bundle::{self, CRD_FILE, CSV_FILE};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{

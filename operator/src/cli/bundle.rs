@@ -153,15 +153,15 @@ pub fn image_env() -> Vec<(&'static str, &'static str)> {
 const ALM_EXAMPLES: [(&str, &str); 3] = [
     (
         "examples/clusterpolicy-default.yaml",
-        include_str!("../../examples/clusterpolicy-default.yaml"),
+        include_str!("../../../examples/clusterpolicy-default.yaml"),
     ),
     (
         "examples/clusterpolicy-minimal.yaml",
-        include_str!("../../examples/clusterpolicy-minimal.yaml"),
+        include_str!("../../../examples/clusterpolicy-minimal.yaml"),
     ),
     (
         "examples/clusterpolicy-gpu-node-pool.yaml",
-        include_str!("../../examples/clusterpolicy-gpu-node-pool.yaml"),
+        include_str!("../../../examples/clusterpolicy-gpu-node-pool.yaml"),
     ),
 ];
 
