@@ -148,7 +148,7 @@ pub struct Operator {
 }
 
 /// A free loopback port for the operator's endpoints.
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -179,23 +179,37 @@ impl Operator {
         let port = free_port()?;
         let log =
             std::env::temp_dir().join(format!("{}-{}.log", identity.namespace, unique_name("op")));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(binary()?)
+        let mut command = Command::new(binary()?);
+        command
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(args)
             .envs(env.iter().copied())
+            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn");
+        Self::launch(command, identity, log, port)
+    }
+
+    /// Starts `command` (an operator, ours or another) with `identity`'s kubeconfig, stdout and
+    /// stderr into `log`; `metrics_port` is where it serves metrics. The benchmark starts the
+    /// operators it compares this way.
+    pub fn launch(
+        mut command: Command,
+        identity: &OperatorIdentity,
+        log: PathBuf,
+        metrics_port: u16,
+    ) -> Result<Self> {
+        let file = std::fs::File::create(&log)?;
+        let child = command
             .env("KUBECONFIG", &identity.kubeconfig)
-            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn")
             .stdout(file.try_clone()?)
             .stderr(file)
             .stdin(Stdio::null())
             .spawn()
-            .context("starting gpu-operator")?;
+            .with_context(|| format!("starting {:?}", command.get_program()))?;
         Ok(Operator {
             child: Some(child),
             log,
-            metrics_port: port,
+            metrics_port,
         })
     }
 

@@ -18,13 +18,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use e2e::audit::{self, AuditEvent, AuditLog};
 use e2e::nodes;
-use e2e::operator::{OperatorIdentity, reconciles};
+use e2e::operator::{Operator, OperatorIdentity, free_port, reconciles};
 use e2e::procstat::{self, ProcStat};
 use e2e::steady::{self, GFD_TIMESTAMP};
 use futures::StreamExt;
@@ -36,8 +36,12 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
+
+mod report;
+
+use report::*;
 
 const PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
 const POLICY: &str = "bench-policy";
@@ -50,7 +54,7 @@ const MIG_CONFIG: &str = "default-mig-parted-config";
 const ADMIN_USER: &str = "admin";
 /// Labels the operator writes on GPU nodes; stripped between two operators under test.
 const OPERATOR_NODE_LABEL_PREFIXES: [&str; 2] =
-    ["nvidia.com/gpu.present", "nvidia.com/gpu.deploy."];
+    [gpu_operator::nodes::GPU_PRESENT, "nvidia.com/gpu.deploy."];
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -133,147 +137,6 @@ async fn main() -> Result<()> {
         }
         _ => bail!("{}", usage()),
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Results
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Latency {
-    /// Client side: request sent -> template change seen by a watch on the DaemonSet.
-    samples_ms: Vec<f64>,
-    median_ms: Option<f64>,
-    p95_ms: Option<f64>,
-    max_ms: Option<f64>,
-    /// Server side (audit timestamps): trigger request received -> the operator's DaemonSet
-    /// patch completed.
-    server_samples_ms: Vec<f64>,
-    server_median_ms: Option<f64>,
-    server_p95_ms: Option<f64>,
-    /// Changes after which no template update came within 30 s.
-    timeouts: usize,
-    /// Every change gave the pod template a new config-hash annotation value.
-    hash_changed_every_time: bool,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Memory {
-    idle_rss_mib: f64,
-    peak_rss_mib: f64,
-    ready_rss_mib: f64,
-    steady_rss_mib: f64,
-    final_rss_mib: f64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Cpu {
-    startup_s: f64,
-    convergence_s: f64,
-    settle_s: f64,
-    steady_s: f64,
-    rollouts_s: f64,
-    total_s: f64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Convergence {
-    expected_daemonsets: Vec<String>,
-    first_daemonset_s: Option<f64>,
-    all_daemonsets_s: Option<f64>,
-    /// Last node label patch of the operator after the policy was created (API server time).
-    nodes_labelled_s: Option<f64>,
-    node_label_patches: u64,
-    ready_s: Option<f64>,
-    requests: BTreeMap<String, u64>,
-    writes: u64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Steady {
-    window_s: f64,
-    settle_s: f64,
-    label_rewrites: usize,
-    requests_by_verb: BTreeMap<String, u64>,
-    requests: BTreeMap<String, u64>,
-    writes_excluding_lease: u64,
-    write_details: Vec<String>,
-    lease_writes: u64,
-    reconciles: Option<f64>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct OperatorReport {
-    name: String,
-    command: String,
-    rbac: String,
-    convergence: Convergence,
-    steady: Steady,
-    policy_patch: Latency,
-    configmap_edit: Latency,
-    memory: Memory,
-    cpu: Cpu,
-    load: BTreeMap<String, String>,
-    error: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Report {
-    gpu_nodes: usize,
-    cpu_nodes: usize,
-    started: String,
-    machine: String,
-    nodes_created_s: f64,
-    nodes_ready_s: f64,
-    operators: Vec<OperatorReport>,
-    control_plane_rss_mib: BTreeMap<String, f64>,
-    load_end: String,
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
-    format!("{cores} cores, {} GiB memory", mem / 1024 / 1024)
-}
-
-fn secs_since(t0: SystemTime, t: SystemTime) -> f64 {
-    t.duration_since(t0).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    Some(sorted[rank.min(sorted.len()) - 1])
-}
-
-fn median(sorted: &[f64]) -> Option<f64> {
-    let n = sorted.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(sorted[n / 2]),
-        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
-    }
-}
-
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -520,43 +383,30 @@ fn watch_daemonsets(
     (rx, task)
 }
 
-/// A running operator under test.
+/// A running operator under test; `metrics_port` only for ours (another operator's metrics
+/// are not read).
 struct Process {
-    child: Child,
-    log: PathBuf,
+    operator: Operator,
     metrics_port: Option<u16>,
 }
 
 impl Process {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.operator.pid().unwrap_or_default()
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.operator.log_text()
     }
 
     fn terminate(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status();
-        for _ in 0..100 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        if self.operator.terminate(Duration::from_secs(10)).is_err() {
+            let _ = self.operator.kill();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
+/// Starts our operator (`cmd` `None`) or `cmd` through the e2e operator launcher.
 fn start_operator(
     binary: &Path,
     identity: &OperatorIdentity,
@@ -565,8 +415,6 @@ fn start_operator(
     name: &str,
 ) -> Result<Process> {
     let port = free_port()?;
-    let log = log_dir.join(format!("{name}.log"));
-    let file = std::fs::File::create(&log)?;
     let mut command = match cmd {
         None => {
             let mut c = Command::new(binary);
@@ -584,18 +432,13 @@ fn start_operator(
             c
         }
     };
-    let child = command
-        .env("KUBECONFIG", &identity.kubeconfig)
+    command
         .env("OPERATOR_NAMESPACE", &identity.namespace)
-        .env("METRICS_ADDR", format!("127.0.0.1:{port}"))
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .stdin(Stdio::null())
-        .spawn()
+        .env("METRICS_ADDR", format!("127.0.0.1:{port}"));
+    let operator = Operator::launch(command, identity, log_dir.join(format!("{name}.log")), port)
         .with_context(|| format!("starting {name}"))?;
     Ok(Process {
-        child,
-        log,
+        operator,
         metrics_port: cmd.is_none().then_some(port),
     })
 }
@@ -736,7 +579,7 @@ async fn measure_inner(
     let process = process_out.as_mut().context("process")?;
     let pid = process.pid();
     if cmd.is_none() {
-        let log_path = process.log.clone();
+        let log_path = process.operator.log.clone();
         e2e::wait::until(Duration::from_secs(300), "operator caches ready", || {
             let text = std::fs::read_to_string(&log_path).unwrap_or_default();
             async move {
@@ -1171,270 +1014,6 @@ async fn reset(
     .into_iter()
     .collect::<Result<Vec<()>>>()?;
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Markdown
-
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
-}
-
-fn counts(m: &BTreeMap<String, u64>) -> String {
-    if m.is_empty() {
-        return "none".into();
-    }
-    m.iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Rows of one operator's figures: (metric, value).
-fn rows(r: &OperatorReport) -> Vec<(String, String)> {
-    let c = &r.convergence;
-    let lat = |l: &Latency| {
-        format!(
-            "{} / {} / {} (n={}{})",
-            opt(l.median_ms, 1),
-            opt(l.p95_ms, 1),
-            opt(l.max_ms, 1),
-            l.samples_ms.len(),
-            if l.timeouts > 0 {
-                format!(", {} timed out", l.timeouts)
-            } else {
-                String::new()
-            }
-        )
-    };
-    let server = |l: &Latency| {
-        format!(
-            "{} / {} (n={})",
-            opt(l.server_median_ms, 1),
-            opt(l.server_p95_ms, 1),
-            l.server_samples_ms.len()
-        )
-    };
-    vec![
-        (
-            "policy created -> first / all operand DaemonSets applied (s)".into(),
-            format!(
-                "{} / {} ({} DaemonSets)",
-                opt(c.first_daemonset_s, 2),
-                opt(c.all_daemonsets_s, 2),
-                c.expected_daemonsets.len()
-            ),
-        ),
-        (
-            "policy created -> last node label patch (s), label patches".into(),
-            format!("{}, {}", opt(c.nodes_labelled_s, 2), c.node_label_patches),
-        ),
-        (
-            "policy created -> status.state=ready (s)".into(),
-            opt(c.ready_s, 1),
-        ),
-        (
-            "kubectl patch clusterpolicy -> device-plugin template, median / p95 / max (ms)".into(),
-            lat(&r.policy_patch),
-        ),
-        (
-            "  same, API server timestamps, median / p95 (ms)".into(),
-            server(&r.policy_patch),
-        ),
-        (
-            "ConfigMap edit -> device-plugin template, median / p95 / max (ms)".into(),
-            lat(&r.configmap_edit),
-        ),
-        (
-            "  same, API server timestamps, median / p95 (ms)".into(),
-            server(&r.configmap_edit),
-        ),
-        (
-            "RSS idle (caches filled, no policy) (MiB)".into(),
-            format!("{:.1}", r.memory.idle_rss_mib),
-        ),
-        (
-            "RSS at ready / steady / after rollouts (MiB)".into(),
-            format!(
-                "{:.1} / {:.1} / {:.1}",
-                r.memory.ready_rss_mib, r.memory.steady_rss_mib, r.memory.final_rss_mib
-            ),
-        ),
-        (
-            "RSS peak, VmHWM (MiB)".into(),
-            format!("{:.1}", r.memory.peak_rss_mib),
-        ),
-        (
-            "CPU s: start-up / convergence / settle / steady / rollouts / total".into(),
-            format!(
-                "{:.2} / {:.2} / {:.2} / {:.2} / {:.2} / {:.2}",
-                r.cpu.startup_s,
-                r.cpu.convergence_s,
-                r.cpu.settle_s,
-                r.cpu.steady_s,
-                r.cpu.rollouts_s,
-                r.cpu.total_s
-            ),
-        ),
-        (
-            format!(
-                "steady {:.0} s ({} gfd.timestamp rewrites): requests by verb",
-                r.steady.window_s, r.steady.label_rewrites
-            ),
-            counts(&r.steady.requests_by_verb),
-        ),
-        (
-            "steady: writes, Lease aside (target 0) / Lease writes".into(),
-            format!(
-                "**{}** / {}",
-                r.steady.writes_excluding_lease, r.steady.lease_writes
-            ),
-        ),
-        (
-            "steady: reconcile passes".into(),
-            opt(r.steady.reconciles, 0),
-        ),
-        (
-            "convergence: writes (Lease aside)".into(),
-            c.writes.to_string(),
-        ),
-    ]
-}
-
-fn markdown(report: &Report) -> String {
-    let mut out = format!(
-        "## {} GPU nodes (+{} CPU node)\n\nMachine: {}; load (1/5/15 min) at convergence / steady / rollouts / end: {}; started {}.\nNodes created in {:.1} s, all Ready after {:.1} s.\n\n",
-        report.gpu_nodes,
-        report.cpu_nodes,
-        report.machine,
-        report
-            .operators
-            .iter()
-            .map(|o| format!(
-                "{} / {} / {}",
-                o.load.get("convergence").cloned().unwrap_or_default(),
-                o.load.get("steady").cloned().unwrap_or_default(),
-                o.load.get("rollouts").cloned().unwrap_or_default()
-            ))
-            .collect::<Vec<_>>()
-            .join("; ")
-            + &format!(" / {}", report.load_end),
-        report.started,
-        report.nodes_created_s,
-        report.nodes_ready_s,
-    );
-    out.push_str("| metric |");
-    for o in &report.operators {
-        out.push_str(&format!(" {} |", o.name));
-    }
-    out.push_str("\n|---|");
-    for _ in &report.operators {
-        out.push_str("---|");
-    }
-    out.push('\n');
-    let all: Vec<Vec<(String, String)>> = report.operators.iter().map(rows).collect();
-    if let Some(first) = all.first() {
-        for (i, (metric, _)) in first.iter().enumerate() {
-            out.push_str(&format!("| {metric} |"));
-            for r in &all {
-                out.push_str(&format!(" {} |", r[i].1));
-            }
-            out.push('\n');
-        }
-    }
-    for o in &report.operators {
-        out.push_str(&format!(
-            "\n{}: steady requests by verb and resource: {}.\nConvergence requests: {}.\n",
-            o.name,
-            counts(&o.steady.requests),
-            counts(&o.convergence.requests)
-        ));
-        if !o.steady.write_details.is_empty() {
-            out.push_str(&format!(
-                "Steady writes: {}\n",
-                o.steady.write_details.join("; ")
-            ));
-        }
-        if let Some(e) = &o.error {
-            out.push_str(&format!("\n**{} failed**:\n```\n{e}\n```\n", o.name));
-        }
-    }
-    out.push_str(&format!(
-        "\nControl plane RSS (MiB) at the end: {}\n",
-        report
-            .control_plane_rss_mib
-            .iter()
-            .map(|(k, v)| format!("{k} {v:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    out
-}
-
-/// One table over several runs (one column per N), with memory growth per 1,000 nodes.
-fn summary(files: &[PathBuf]) -> Result<String> {
-    let mut reports: Vec<Report> = files
-        .iter()
-        .map(|f| {
-            let text =
-                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", f.display()))
-        })
-        .collect::<Result<_>>()?;
-    reports.sort_by_key(|r| r.gpu_nodes);
-    let ours: Vec<(&Report, &OperatorReport)> = reports
-        .iter()
-        .filter_map(|r| r.operators.first().map(|o| (r, o)))
-        .collect();
-    let mut out = String::from("| metric |");
-    for (r, _) in &ours {
-        out.push_str(&format!(" N = {} |", r.gpu_nodes));
-    }
-    out.push_str("\n|---|");
-    for _ in &ours {
-        out.push_str("---|");
-    }
-    out.push('\n');
-    let all: Vec<Vec<(String, String)>> = ours.iter().map(|(_, o)| rows(o)).collect();
-    if let Some(first) = all.first() {
-        for (i, (metric, _)) in first.iter().enumerate() {
-            out.push_str(&format!("| {metric} |"));
-            for r in &all {
-                out.push_str(&format!(" {} |", r[i].1));
-            }
-            out.push('\n');
-        }
-    }
-    out.push_str("| load (1 min) at convergence / steady / rollouts |");
-    for (_, o) in &ours {
-        out.push_str(&format!(
-            " {} / {} / {} |",
-            first_field(o.load.get("convergence")),
-            first_field(o.load.get("steady")),
-            first_field(o.load.get("rollouts"))
-        ));
-    }
-    out.push('\n');
-    if let (Some((a, oa)), Some((b, ob))) = (ours.first(), ours.last())
-        && b.gpu_nodes > a.gpu_nodes
-    {
-        let per_k = |x: f64, y: f64| (y - x) / (b.gpu_nodes - a.gpu_nodes) as f64 * 1000.0;
-        out.push_str(&format!(
-            "\nMemory growth per 1,000 nodes ({} -> {}): idle {:.1} MiB, steady {:.1} MiB, peak {:.1} MiB.\n",
-            a.gpu_nodes,
-            b.gpu_nodes,
-            per_k(oa.memory.idle_rss_mib, ob.memory.idle_rss_mib),
-            per_k(oa.memory.steady_rss_mib, ob.memory.steady_rss_mib),
-            per_k(oa.memory.peak_rss_mib, ob.memory.peak_rss_mib),
-        ));
-    }
-    Ok(out)
-}
-
-fn first_field(s: Option<&String>) -> String {
-    s.and_then(|s| s.split_whitespace().next())
-        .unwrap_or("-")
-        .to_string()
 }
 
 #[cfg(test)]
