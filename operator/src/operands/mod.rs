@@ -17,6 +17,23 @@ pub mod runtime_classes;
 pub mod toolkit;
 pub mod validator;
 
+#[cfg(test)]
+mod dcgm_exporter_tests;
+#[cfg(test)]
+mod device_plugin_tests;
+#[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
+mod mig_manager_tests;
+#[cfg(test)]
+mod nfd_tests;
+#[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
+mod toolkit_tests;
+#[cfg(test)]
+mod validator_tests;
+
 use crate::api::ClusterPolicySpec;
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, OperandObjects, ValidatedPolicy};

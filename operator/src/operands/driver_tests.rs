@@ -1,0 +1,135 @@
+//! Render tests of the driver: what its pods need (docs/operand-facts.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::test_support::*;
+
+#[test]
+fn driver_pod_has_manager_init_startup_probe_host_pid_and_os_suffixed_image() {
+    let ds = daemon_set("{}", &facts(), Operand::Driver);
+    let p = pod(&ds);
+    assert_eq!(p.host_pid, Some(true));
+    assert_eq!(p.runtime_class_name, None);
+    assert_eq!(
+        p.init_containers.as_ref().unwrap()[0].name,
+        "k8s-driver-manager"
+    );
+    let main = container(&p, "nvidia-driver-ctr");
+    assert_eq!(
+        main.image.as_deref(),
+        Some("nvcr.io/nvidia/driver:595.91.07-ubuntu22.04")
+    );
+    let probe = main.startup_probe.clone().unwrap();
+    assert_eq!(
+        (
+            probe.initial_delay_seconds,
+            probe.period_seconds,
+            probe.timeout_seconds,
+            probe.failure_threshold
+        ),
+        (Some(60), Some(10), Some(60), Some(120))
+    );
+    assert_eq!(mount_path(&main, "run-nvidia"), "/run/nvidia");
+    assert_eq!(
+        main.volume_mounts
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "run-nvidia")
+            .unwrap()
+            .mount_propagation
+            .as_deref(),
+        Some("Bidirectional")
+    );
+    assert_eq!(
+        host_path(&p, "run-nvidia"),
+        (
+            "/run/nvidia".to_owned(),
+            Some("DirectoryOrCreate".to_owned())
+        )
+    );
+    assert_eq!(host_path(&p, "host-sys").1.as_deref(), Some("Directory"));
+    let manager = container(&p, "k8s-driver-manager");
+    assert_eq!(
+        env(&manager, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some("void")
+    );
+    assert!(env(&manager, "DRIVER_CONFIG_DIGEST").is_some());
+    assert_eq!(
+        env(&manager, "DRIVER_CONFIG_DIGEST"),
+        env(&container(&p, "nvidia-driver-ctr"), "DRIVER_CONFIG_DIGEST")
+    );
+    assert!(!has_container(&p, "nvidia-peermem-ctr"));
+    let selector = ds.spec.unwrap().selector.match_labels.unwrap();
+    assert_eq!(
+        selector,
+        common::string_map(&[("app", "nvidia-driver-daemonset")])
+    );
+    let objects = objects("{}", &facts(), Operand::Driver);
+    assert_eq!(
+        objects.config_maps[0].metadata.name.as_deref(),
+        Some("nvidia-driver-startup-probe")
+    );
+    assert!(
+        objects.config_maps[0].data.as_ref().unwrap()["startup-probe.sh"]
+            .contains(".driver-ctr-ready")
+    );
+}
+
+#[test]
+fn driver_probe_overrides_rdma_sidecar_and_digest_changes_with_driver_settings() {
+    let spec = "{driver: {startupProbe: {initialDelaySeconds: 5, failureThreshold: 3}, rdma: {enabled: true, useHostMofed: true}}}";
+    let p = pod(&daemon_set(spec, &facts(), Operand::Driver));
+    let probe = container(&p, "nvidia-driver-ctr").startup_probe.unwrap();
+    assert_eq!(
+        (
+            probe.initial_delay_seconds,
+            probe.failure_threshold,
+            probe.period_seconds
+        ),
+        (Some(5), Some(3), Some(10))
+    );
+    assert!(has_container(&p, "nvidia-peermem-ctr"));
+    assert_eq!(host_path(&p, "mlnx-ofed-usr-src").0, "/usr/src");
+    assert_eq!(
+        env(&container(&p, "nvidia-driver-ctr"), "USE_HOST_MOFED").as_deref(),
+        Some("true")
+    );
+
+    let digest = |spec: &str| {
+        env(
+            &container(
+                &pod(&daemon_set(spec, &facts(), Operand::Driver)),
+                "k8s-driver-manager",
+            ),
+            "DRIVER_CONFIG_DIGEST",
+        )
+    };
+    assert_eq!(digest("{}"), digest("{}"));
+    assert_ne!(
+        digest("{}"),
+        digest("{driver: {env: [{name: X, value: '1'}]}}")
+    );
+    assert_ne!(
+        digest("{}"),
+        digest("{driver: {repository: nvcr.io/nvidia, image: driver, version: '580.1'}}")
+    );
+    // Scheduling settings do not reinstall the driver.
+    assert_eq!(
+        digest("{}"),
+        digest("{daemonsets: {priorityClassName: other}}")
+    );
+}
+
+#[test]
+fn driver_is_invalid_without_os_and_absent_with_the_nvidia_driver_crd() {
+    let s = state(
+        "{}",
+        &ClusterFacts {
+            os_tag: None,
+            ..facts()
+        },
+    );
+    assert!(matches!(&s.operands[2].outcome, Outcome::Invalid(m) if m.contains("OS suffix")));
+    let s = state("{driver: {useNvidiaDriverCRD: true}}", &facts());
+    assert!(matches!(s.operands[2].outcome, Outcome::Disabled));
+}
