@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_upgrade;
 pub mod facts;
+pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod nodes;
