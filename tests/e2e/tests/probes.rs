@@ -42,11 +42,22 @@ fn operator_role(name: &str, hold_caches: bool) -> ClusterRole {
         ..Default::default()
     };
     if hold_caches {
-        for rule in role.rules.iter_mut().flatten() {
-            if rule.resources.iter().flatten().any(|r| r == "daemonsets") {
-                rule.verbs.retain(|v| v != "list" && v != "watch");
+        let rules = role.rules.get_or_insert_with(Vec::new);
+        let mut held = Vec::new();
+        for rule in rules.iter_mut() {
+            let resources = rule.resources.get_or_insert_with(Vec::new);
+            if resources.iter().any(|r| r == "daemonsets") {
+                // The rule may name other kinds (Deployments, which start-up lists): only
+                // DaemonSets lose list and watch.
+                resources.retain(|r| r != "daemonsets");
+                let mut daemonsets = rule.clone();
+                daemonsets.resources = Some(vec!["daemonsets".to_owned()]);
+                daemonsets.verbs.retain(|v| v != "list" && v != "watch");
+                held.push(daemonsets);
             }
         }
+        rules.retain(|r| r.resources.as_ref().is_none_or(|names| !names.is_empty()));
+        rules.extend(held);
     }
     role
 }
@@ -77,9 +88,15 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
     )
     .await;
 
-    // Caches not filled: not ready, alive, and no pass has run.
+    // Leader election is on (the chart's default): a standby is ready while it waits for the
+    // Lease; the leader is not until its first pass. Caches not filled: not ready, alive, and
+    // no pass has run.
+    operator
+        .await_log("became leader", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     wait::until(Duration::from_secs(30), "the endpoints answer", || async {
-        Ok(match get(port, "/readyz").await {
+        Ok(match get(port, "/healthz").await {
             Some(_) => Ok(()),
             None => Err("not listening".to_owned()),
         })
