@@ -26,7 +26,7 @@ unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness olm-validator ## end-to-end tests on a fresh harness (started and stopped here)
+e2e: harness olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here)
 	tests/e2e.sh
 
 .PHONY: image
@@ -44,6 +44,10 @@ harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
 .PHONY: olm-validator
 olm-validator: ## build (or reuse) the operator-framework bundle validators the OLM tests run
 	tests/olm/build.sh >/dev/null
+
+.PHONY: monitoring-check
+monitoring-check: ## build (or reuse) the checker of the alert rules and the Grafana dashboard (Prometheus' rule parser, Grafana's schema)
+	tests/monitoring/build.sh >/dev/null
 
 .PHONY: scale
 scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)

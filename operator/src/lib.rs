@@ -10,6 +10,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_upgrade;
 pub mod facts;
+pub mod health;
 pub mod http;
 pub mod json_diff;
 pub mod metrics;

@@ -247,6 +247,33 @@ impl Metrics {
     }
 }
 
+/// Every sample name `/metrics` carries, from the registry's `# TYPE` lines: a gauge's own
+/// name, a counter's with `_total`, a histogram's `_bucket`, `_sum` and `_count`. The names that
+/// alert rules and dashboards may select (tests/e2e/tests/monitoring.rs checks them against it).
+pub fn exported_names() -> Vec<String> {
+    // A labelled family is encoded only once it has a series.
+    let metrics = Metrics::default();
+    metrics.observe_error("any");
+    let text = metrics.encode();
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split(' ');
+        let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        match kind {
+            "counter" => names.push(format!("{name}_total")),
+            "histogram" => {
+                names.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")));
+            }
+            _ => names.push(name.to_owned()),
+        }
+    }
+    names
+}
+
 /// NVIDIA's operator's metric names (v26.7), as its dashboards and alerts use them.
 pub const NVIDIA_METRICS: [&str; 17] = [
     "gpu_operator_gpu_nodes_total",
@@ -285,6 +312,56 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("gpu_operator_gpu_nodes 6"), "{text}");
+    }
+
+    #[test]
+    fn nvidia_metrics_holds_every_name_issue_15_lists() {
+        // The names teams' monitoring of NVIDIA's operator uses (issue 15); the e2e scrape in
+        // tests/e2e/tests/apply.rs looks for each name of NVIDIA_METRICS on a running operator.
+        let mut listed = vec![
+            "gpu_operator_gpu_nodes_total".to_owned(),
+            "gpu_operator_reconciliation_status".to_owned(),
+            "gpu_operator_reconciliation_total".to_owned(),
+            "gpu_operator_reconciliation_failed_total".to_owned(),
+            "gpu_operator_reconciliation_last_success_ts_seconds".to_owned(),
+            "gpu_operator_reconciliation_has_nfd_labels".to_owned(),
+            "gpu_operator_driver_auto_upgrade_enabled".to_owned(),
+        ];
+        for s in ["in_progress", "done", "failed", "available", "pending"] {
+            listed.push(format!("gpu_operator_nodes_upgrades_{s}"));
+        }
+        for s in [
+            "enabled",
+            "nfd_too_old",
+            "imagestream_missing",
+            "rhcos_tags_missing",
+            "imagestream_broken",
+        ] {
+            listed.push(format!("gpu_operator_openshift_driver_toolkit_{s}"));
+        }
+        for name in &listed {
+            assert!(NVIDIA_METRICS.contains(&name.as_str()), "{name} missing");
+        }
+        assert_eq!(listed.len(), NVIDIA_METRICS.len());
+    }
+
+    #[test]
+    fn exported_names_are_the_sample_names_including_unobserved_families() {
+        let names = exported_names();
+        for name in NVIDIA_METRICS {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+        for name in [
+            "gpu_operator_reconciles_total",
+            "gpu_operator_reconcile_errors_total",
+            "gpu_operator_reconcile_duration_seconds_bucket",
+            "gpu_operator_reconcile_duration_seconds_count",
+            "gpu_operator_ready_operands",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+        // A counter's family name is not a sample name.
+        assert!(!names.iter().any(|n| n == "gpu_operator_reconciles"));
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -17,6 +16,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 
 use crate::controller::{self, Settings};
+use crate::health::Health;
 use crate::metrics::Metrics;
 
 /// Settings of `gpu-operator run`.
@@ -73,11 +73,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let metrics = Metrics::default();
-    let ready = Arc::new(AtomicBool::new(false));
+    // Not ready until the controller's first pass (or, for a standby, until it waits for the
+    // Lease): crate::health.
+    let health = Health::default();
     let http = tokio::spawn(crate::http::serve(
         options.metrics_addr,
         metrics.clone(),
-        ready.clone(),
+        health.clone(),
     ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -103,11 +105,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     };
 
     if !options.leader_elect {
-        ready.store(true, Ordering::Relaxed);
         if options.upgrade_crd {
             crate::crd_upgrade::ensure_and_log(&client).await;
         }
-        controller::run(client, settings, metrics, stopped()).await?;
+        controller::run(client, settings, metrics, health, stopped()).await?;
         http.abort();
         return Ok(());
     }
@@ -129,8 +130,8 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             .await
             .context("setting up leader election")?,
     );
-    // Standby replicas are ready to take over.
-    ready.store(true, Ordering::Relaxed);
+    // A standby is ready (a rolling update waits for it while the old leader holds the Lease).
+    health.set_ready(true);
     tracing::info!(%identity, lease = %options.lease_name, "waiting to become leader");
     tokio::select! {
         acquired = async {
@@ -146,15 +147,17 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     tracing::info!(%identity, "became leader");
+    // The leader is ready again once its caches are filled and its first pass finished.
+    health.set_ready(false);
 
     // Keep renewing; losing the Lease or failing to renew ends the process at once, so no two
     // replicas ever write together.
     let renewer = {
         let lease = lease.clone();
-        let ready = ready.clone();
+        let health = health.clone();
         tokio::spawn(async move {
             let outcome = lease.changed().await;
-            ready.store(false, Ordering::Relaxed);
+            health.set_ready(false);
             match outcome {
                 Ok(_) => tracing::error!("leader Lease lost; exiting so no two replicas write"),
                 Err(e) => {
@@ -169,7 +172,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     if options.upgrade_crd {
         crate::crd_upgrade::ensure_and_log(&client).await;
     }
-    controller::run(client, settings, metrics, stopped()).await?;
+    controller::run(client, settings, metrics, health, stopped()).await?;
     renewer.abort();
     if let Err(e) = lease.release().await {
         tracing::warn!(error = %e, "releasing the leader Lease failed; a standby takes over when it expires");

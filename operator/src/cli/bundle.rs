@@ -53,6 +53,24 @@ pub const CSV_FILE: &str = "manifests/gpu-operator.clusterserviceversion.yaml";
 pub const CRD_FILE: &str = "manifests/nvidia.com_clusterpolicies.yaml";
 pub const ANNOTATIONS_FILE: &str = "metadata/annotations.yaml";
 pub const DOCKERFILE: &str = "bundle.Dockerfile";
+/// The operator's metrics Service, its ServiceMonitor and alert rules, and the Role that lets
+/// OpenShift's cluster monitoring (the suggested namespace opts into it) scrape them. OLM
+/// creates every object of a bundle, so these need monitoring.coreos.com served: the bundle
+/// targets OpenShift (`com.redhat.openshift.versions`), whose monitoring stack always serves it.
+pub const METRICS_SERVICE_FILE: &str = "manifests/gpu-operator-metrics_v1_service.yaml";
+pub const SERVICE_MONITOR_FILE: &str =
+    "manifests/gpu-operator_monitoring.coreos.com_v1_servicemonitor.yaml";
+pub const PROMETHEUS_RULE_FILE: &str =
+    "manifests/gpu-operator_monitoring.coreos.com_v1_prometheusrule.yaml";
+pub const PROMETHEUS_ROLE_FILE: &str =
+    "manifests/prometheus-k8s_rbac.authorization.k8s.io_v1_role.yaml";
+pub const PROMETHEUS_ROLE_BINDING_FILE: &str =
+    "manifests/prometheus-k8s_rbac.authorization.k8s.io_v1_rolebinding.yaml";
+/// The alert rules, one source with the chart's PrometheusRule.
+const PROMETHEUS_RULES: &str =
+    include_str!("../../charts/gpu-operator/files/prometheus-rules.yaml");
+/// The Service port NVIDIA's operator gives its metrics (scrape configs select it by name).
+const METRICS_PORT_NAME: &str = "gpu-operator-metrics";
 
 /// Who publishes the bundle. The project has no public home yet: replace these with the
 /// project's own before publishing to a catalog (the validators only check their form).
@@ -257,7 +275,16 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
         dockerfile.push_str(&format!("LABEL {key}={value}\n"));
     }
     dockerfile.push_str("COPY manifests /manifests/\nCOPY metadata /metadata/\n");
-    Ok(vec![
+    let monitoring = monitoring_objects(&deployment)?
+        .into_iter()
+        .map(|(path, object)| {
+            Ok(BundleFile {
+                path,
+                content: format!("{GENERATED}{}", serde_yaml_ng::to_string(&object)?),
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut files = vec![
         BundleFile {
             path: CSV_FILE,
             content: format!("{GENERATED}{}", serde_yaml_ng::to_string(&csv)?),
@@ -274,6 +301,90 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
             path: DOCKERFILE,
             content: dockerfile,
         },
+    ];
+    files.extend(monitoring);
+    Ok(files)
+}
+
+/// The monitoring objects of the bundle (see [`METRICS_SERVICE_FILE`]) for the operator
+/// Deployment: the Service selects its pods by their `app` label and targets its `metrics`
+/// port, as the chart's templates/metrics.yaml does.
+fn monitoring_objects(deployment: &Deployment) -> anyhow::Result<Vec<(&'static str, Value)>> {
+    let spec = deployment.spec.as_ref();
+    let app = spec
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get("app"))
+        .context(
+            "the operator Deployment's pods carry no `app` label for the metrics Service to select",
+        )?;
+    let port = spec
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.iter().find(|c| c.name == OPERATOR))
+        .and_then(|c| {
+            c.ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some("metrics"))
+        })
+        .context("the operator container has no port named `metrics`")?
+        .container_port;
+    let labels = json!({ "app": app });
+    let rules: Value = serde_yaml_ng::from_str(PROMETHEUS_RULES)
+        .context("parsing the chart's files/prometheus-rules.yaml")?;
+    Ok(vec![
+        (
+            METRICS_SERVICE_FILE,
+            json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": OPERATOR, "labels": labels },
+                "spec": {
+                    "selector": labels,
+                    "ports": [{ "name": METRICS_PORT_NAME, "port": port, "targetPort": "metrics", "protocol": "TCP" }],
+                },
+            }),
+        ),
+        (
+            SERVICE_MONITOR_FILE,
+            json!({
+                "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                "metadata": { "name": OPERATOR, "labels": labels },
+                "spec": {
+                    "jobLabel": "app",
+                    "selector": { "matchLabels": labels },
+                    "endpoints": [{ "port": METRICS_PORT_NAME, "path": "/metrics", "interval": "30s" }],
+                },
+            }),
+        ),
+        (
+            PROMETHEUS_RULE_FILE,
+            json!({
+                "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                "metadata": { "name": OPERATOR, "labels": labels },
+                "spec": rules,
+            }),
+        ),
+        (
+            PROMETHEUS_ROLE_FILE,
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": { "name": "prometheus-k8s", "labels": labels },
+                "rules": [{
+                    "apiGroups": [""],
+                    "resources": ["services", "endpoints", "pods"],
+                    "verbs": ["get", "list", "watch"],
+                }],
+            }),
+        ),
+        (
+            PROMETHEUS_ROLE_BINDING_FILE,
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": { "name": "prometheus-k8s", "labels": labels },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus-k8s" },
+                "subjects": [{ "kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "openshift-monitoring" }],
+            }),
+        ),
     ])
 }
 
@@ -893,10 +1004,20 @@ pub fn deployment_of_csv(csv: &Value) -> anyhow::Result<Deployment> {
 
 /// Reads a bundle folder's files that [`files`] writes (`None` for a missing one).
 pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
-    [CSV_FILE, CRD_FILE, ANNOTATIONS_FILE, DOCKERFILE]
-        .into_iter()
-        .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
-        .collect()
+    [
+        CSV_FILE,
+        CRD_FILE,
+        ANNOTATIONS_FILE,
+        DOCKERFILE,
+        METRICS_SERVICE_FILE,
+        SERVICE_MONITOR_FILE,
+        PROMETHEUS_RULE_FILE,
+        PROMETHEUS_ROLE_FILE,
+        PROMETHEUS_ROLE_BINDING_FILE,
+    ]
+    .into_iter()
+    .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
+    .collect()
 }
 
 #[cfg(test)]
@@ -922,6 +1043,7 @@ mod tests {
                         "containers": [{
                             "name": "gpu-operator", "image": "registry.local/gpu-operator:0.1.0",
                             "args": ["run", "--upgrade-crd=false"],
+                            "ports": [{"name": "metrics", "containerPort": 8080}],
                             "env": [{"name": "DRIVER_IMAGE", "value": "old"},
                                     {"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
                         }]
@@ -1139,6 +1261,44 @@ mod tests {
         // The round trip the drift test relies on.
         let again = files_from_csv(&csv);
         assert_eq!(again, files);
+    }
+
+    #[test]
+    fn the_metrics_service_selects_the_operator_pods_and_the_rules_are_the_charts() {
+        let files = files(chart_like_deployment()).unwrap();
+        let object = |path: &str| -> Value {
+            serde_yaml_ng::from_str(&files.iter().find(|f| f.path == path).unwrap().content)
+                .unwrap()
+        };
+        let service = object(METRICS_SERVICE_FILE);
+        assert_eq!(service["spec"]["selector"], json!({"app": "gpu-operator"}));
+        assert_eq!(service["spec"]["ports"][0]["port"], 8080);
+        assert_eq!(service["metadata"].get("namespace"), None);
+        let monitor = object(SERVICE_MONITOR_FILE);
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"],
+            service["metadata"]["labels"]
+        );
+        assert_eq!(
+            monitor["spec"]["endpoints"][0]["port"],
+            service["spec"]["ports"][0]["name"]
+        );
+        let chart_rules: Value = serde_yaml_ng::from_str(PROMETHEUS_RULES).unwrap();
+        assert_eq!(object(PROMETHEUS_RULE_FILE)["spec"], chart_rules);
+
+        let mut no_port = chart_like_deployment();
+        no_port
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .ports = None;
+        let err = super::files(no_port).unwrap_err().to_string();
+        assert!(err.contains("no port named `metrics`"), "{err}");
     }
 
     fn files_from_csv(csv: &Value) -> Vec<BundleFile> {

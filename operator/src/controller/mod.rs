@@ -597,6 +597,7 @@ pub async fn run(
     client: Client,
     settings: Settings,
     metrics: Metrics,
+    health: crate::health::Health,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let discovered = Discovered::probe(&client).await?;
@@ -693,6 +694,8 @@ pub async fn run(
 
         let mut next: Option<Duration> = None;
         let mut failed = false;
+        // Readiness after the first pass, liveness while passes end (crate::health).
+        health.pass_started();
         if ctx.policies.is_empty() {
             ctx.metrics
                 .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
@@ -707,6 +710,7 @@ pub async fn run(
                 }
             }
         }
+        health.pass_finished();
         // Failures retry with exponential backoff (1 s doubling to 60 s); success resets it.
         failures = if failed {
             failures.saturating_add(1)
