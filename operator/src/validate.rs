@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::api::{ClusterPolicy, ClusterPolicySpec, ImageKind, crd};
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, ValidatedPolicy};
-use crate::operands::{self, device_plugin};
+use crate::operands::{self, dcgm_exporter, device_plugin};
 
 /// Validates `policy` against what the cluster told us: every verdict of a pass (frozen
 /// operands, reported problems, the sharing config to mount). The controller and
@@ -71,7 +71,14 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
         images,
         invalid,
         reported,
-        notes: sharing.notes,
+        notes: sharing
+            .notes
+            .into_iter()
+            .chain(dcgm_exporter::service_monitor_note(
+                &policy.spec,
+                facts.service_monitor_api,
+            ))
+            .collect(),
         sharing: sharing.sharing,
     }
 }

@@ -68,7 +68,7 @@ pub const PROMETHEUS_ROLE_BINDING_FILE: &str =
     "manifests/prometheus-k8s_rbac.authorization.k8s.io_v1_rolebinding.yaml";
 /// The alert rules, one source with the chart's PrometheusRule.
 const PROMETHEUS_RULES: &str =
-    include_str!("../../charts/gpu-operator/files/prometheus-rules.yaml");
+    include_str!("../../../charts/gpu-operator/files/prometheus-rules.yaml");
 /// The Service port NVIDIA's operator gives its metrics (scrape configs select it by name).
 const METRICS_PORT_NAME: &str = "gpu-operator-metrics";
 

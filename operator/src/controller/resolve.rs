@@ -31,23 +31,6 @@ pub struct Discovered {
     pub nvidia_operator: Option<String>,
 }
 
-/// The status note for a DCGM exporter ServiceMonitor the policy asks for where the cluster
-/// does not serve the Prometheus Operator's API: it is skipped (as NVIDIA's operator skips it)
-/// and everything else is deployed, so the policy can still become ready.
-fn service_monitor_note(spec: &crate::api::ClusterPolicySpec, api_served: bool) -> Option<String> {
-    let wanted = spec.is_enabled(Component::DcgmExporter)
-        && spec
-            .dcgm_exporter
-            .as_ref()
-            .is_some_and(|e| e.service_monitor_enabled());
-    (wanted && !api_served).then(|| {
-        "no ServiceMonitor for the DCGM exporter: dcgmExporter.serviceMonitor.enabled is true but \
-         this cluster does not serve monitoring.coreos.com/v1 (the Prometheus Operator's CRDs); \
-         install them and restart the operator, or set it to false"
-            .to_owned()
-    })
-}
-
 /// Name of the leader-election Lease of NVIDIA's GPU Operator.
 const NVIDIA_OPERATOR_LEASE: &str = "53822513.nvidia.com";
 
@@ -305,7 +288,6 @@ impl Resolver {
                 "node-feature-discovery is not deployed: NFD already runs ({why})"
             ));
         }
-        notes.extend(service_monitor_note(spec, self.discovered.service_monitor));
         let facts = ClusterFacts {
             namespace: self.namespace.clone(),
             owner: owner_reference(policy),
@@ -429,32 +411,6 @@ pub fn image_env_from_process() -> BTreeMap<String, String> {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn a_wanted_service_monitor_without_the_prometheus_operator_api_is_a_status_note() {
-        let spec = |yaml: &str| -> crate::api::ClusterPolicySpec {
-            serde_yaml_ng::from_str(yaml).unwrap()
-        };
-        let wanted = spec("dcgmExporter: {serviceMonitor: {enabled: true}}");
-        let note = service_monitor_note(&wanted, false).expect("no note");
-        assert!(note.contains("monitoring.coreos.com/v1"), "{note}");
-        assert_eq!(service_monitor_note(&wanted, true), None);
-        assert_eq!(
-            service_monitor_note(
-                &spec("dcgmExporter: {serviceMonitor: {enabled: false}}"),
-                false
-            ),
-            None
-        );
-        assert_eq!(
-            service_monitor_note(
-                &spec("dcgmExporter: {enabled: false, serviceMonitor: {enabled: true}}"),
-                false
-            ),
-            None
-        );
-    }
-
     use super::*;
 
     fn view(name: &str, id: &str, version: &str) -> NodeView {

@@ -347,3 +347,51 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
     .into_iter()
     .collect()
 }
+
+/// Validate's status note for a DCGM exporter ServiceMonitor the policy asks for where the cluster
+/// does not serve the Prometheus Operator's API: it is skipped (as NVIDIA's operator skips it)
+/// and everything else is deployed, so the policy can still become ready.
+pub fn service_monitor_note(spec: &ClusterPolicySpec, api_served: bool) -> Option<String> {
+    let wanted = spec.is_enabled(Component::DcgmExporter)
+        && spec
+            .dcgm_exporter
+            .as_ref()
+            .is_some_and(|e| e.service_monitor_enabled());
+    (wanted && !api_served).then(|| {
+        "no ServiceMonitor for the DCGM exporter: dcgmExporter.serviceMonitor.enabled is true but \
+         this cluster does not serve monitoring.coreos.com/v1 (the Prometheus Operator's CRDs); \
+         install them and restart the operator, or set it to false"
+            .to_owned()
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wanted_service_monitor_without_the_prometheus_operator_api_is_a_status_note() {
+        let spec = |yaml: &str| -> crate::api::ClusterPolicySpec {
+            serde_yaml_ng::from_str(yaml).unwrap()
+        };
+        let wanted = spec("dcgmExporter: {serviceMonitor: {enabled: true}}");
+        let note = service_monitor_note(&wanted, false).expect("no note");
+        assert!(note.contains("monitoring.coreos.com/v1"), "{note}");
+        assert_eq!(service_monitor_note(&wanted, true), None);
+        assert_eq!(
+            service_monitor_note(
+                &spec("dcgmExporter: {serviceMonitor: {enabled: false}}"),
+                false
+            ),
+            None
+        );
+        assert_eq!(
+            service_monitor_note(
+                &spec("dcgmExporter: {enabled: false, serviceMonitor: {enabled: true}}"),
+                false
+            ),
+            None
+        );
+    }
+}
