@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use gpu_operator::controller::nfd_crds;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, Pod, Volume};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, Node, Pod, Volume};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::config::Kubeconfig;
@@ -60,6 +60,31 @@ pub async fn delete_crds(client: &Client) -> Result<()> {
                 Ok(())
             } else {
                 Err(format!("{left:?}"))
+            })
+        }
+    })
+    .await
+}
+
+/// Waits until no node carries an NFD master's annotations: the nodes a real NFD labelled must
+/// be gone before the next operator starts, or it takes NFD for running already (decision 16).
+pub async fn await_no_annotated_nodes(client: &Client) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    wait::until(TIMEOUT, "no node annotated by an NFD master", || {
+        let api = api.clone();
+        async move {
+            let annotated: Vec<String> = api
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|n| gpu_operator::nodes::nfd_annotated(n.metadata.annotations.as_ref()))
+                .map(|n| n.name_any())
+                .collect();
+            Ok(if annotated.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{annotated:?}"))
             })
         }
     })

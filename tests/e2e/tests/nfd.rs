@@ -119,6 +119,7 @@ async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_
     .unwrap_or_else(|e| panic!("{e}\nNFD logs:\n{}", nfd.logs()));
     drop(nfd);
     nodes::delete(&s.admin, &[node.name]).await.unwrap();
+    e2e::nfd::await_no_annotated_nodes(&s.admin).await.unwrap();
     s.teardown().await;
 }
 

@@ -87,6 +87,7 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
         .unwrap();
     session::remove_leftovers(&admin).await;
     e2e::nfd::delete_crds(&admin).await.unwrap();
+    e2e::nfd::await_no_annotated_nodes(&admin).await.unwrap();
 
     // Nodes as they join a real cluster: no NFD or GFD label; only their fake sysfs tells.
     let fleet = vec![
@@ -199,21 +200,71 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
         );
     }
 
-    // The operator takes them for GPU nodes; the policy gets ready with operands on them.
-    session::await_policy_state(&admin, POLICY, State::Ready, "ready with real NFD")
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e}\noperator log:\n{}\nNFD logs:\n{}",
-                operator.log_text(),
-                nfd.logs()
-            )
-        });
+    // The operator takes them for GPU nodes, its operands come to them, and the policy is ready
+    // counting them.
     await_nodes(&admin, &gpu_nodes, "GPU nodes marked", &nfd, |n| {
         (labels(n).get(GPU_PRESENT).map(String::as_str) != Some("true"))
             .then(|| format!("no {GPU_PRESENT}=true"))
     })
     .await;
+    let pods = Api::<Pod>::namespaced(admin.clone(), &namespace);
+    let plugin = ListParams::default().labels("app=nvidia-device-plugin-daemonset");
+    wait::until(
+        TIMEOUT,
+        "device plugin running on the new GPU nodes",
+        || {
+            let (pods, plugin, gpu_nodes) = (pods.clone(), plugin.clone(), &gpu_nodes);
+            async move {
+                let running: Vec<String> = pods
+                    .list(&plugin)
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .filter_map(|p| p.spec.and_then(|s| s.node_name))
+                    .collect();
+                Ok(match gpu_nodes.iter().find(|n| !running.contains(n)) {
+                    None => Ok(()),
+                    Some(node) => Err(format!("none on {node}")),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    let marked = Api::<Node>::all(admin.clone())
+        .list_metadata(&ListParams::default().labels(&format!("{GPU_PRESENT}=true")))
+        .await
+        .unwrap()
+        .items
+        .len();
+    let policies = session::policies(&admin);
+    wait::until(TIMEOUT, "policy ready counting the new GPU nodes", || {
+        let policies = policies.clone();
+        async move {
+            let policy = policies.get(POLICY).await?;
+            let status = policy.status.unwrap_or_default();
+            let counted = status.gpu_nodes.unwrap_or_default() as usize;
+            Ok(if status.state == State::Ready && counted == marked {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} with {counted} of {marked} GPU nodes",
+                    status.state
+                ))
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\noperator log:\n{}\nNFD logs:\n{}",
+            operator.log_text(),
+            nfd.logs()
+        )
+    });
     let cpu = Api::<Node>::all(admin.clone())
         .get("nfd-real-cpu")
         .await
@@ -224,18 +275,6 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
         "the CPU node was taken for a GPU node: {:?}",
         labels(&cpu)
     );
-    let pods = Api::<Pod>::namespaced(admin.clone(), &namespace)
-        .list(&ListParams::default().labels("app=nvidia-device-plugin-daemonset"))
-        .await
-        .unwrap()
-        .items;
-    for node in &gpu_nodes {
-        assert!(
-            pods.iter()
-                .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()) == Some(node)),
-            "no device plugin pod on {node}"
-        );
-    }
     nfd.ensure_running().unwrap();
 
     drop(nfd);
@@ -254,6 +293,7 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
     )
     .await
     .unwrap();
+    e2e::nfd::await_no_annotated_nodes(&admin).await.unwrap();
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())
         .await
