@@ -290,12 +290,16 @@ fn api_server_port() -> Result<u16> {
         .iter()
         .find_map(|c| c.cluster.as_ref()?.server.clone())
         .context("the kubeconfig names no server")?;
-    let port = server
+    server_port(&server)
+}
+
+/// The port of a server address such as `https://127.0.0.1:16402`.
+fn server_port(server: &str) -> Result<u16> {
+    server
         .rsplit(':')
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .with_context(|| format!("no port in server address {server}"))?;
-    Ok(port)
+        .with_context(|| format!("no port in server address {server}"))
 }
 
 /// The running pod with `labels` (on `node` when given), waited for.
@@ -613,4 +617,102 @@ async fn run_pod(
         log,
         child: Some(child),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::nodes::GpuModel;
+    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
+    use kube::api::ObjectMeta;
+
+    fn read(host: &Path, path: &str) -> String {
+        std::fs::read_to_string(host.join(path)).unwrap()
+    }
+
+    #[test]
+    fn a_gpu_nodes_fake_sysfs_holds_an_nvidia_3d_controller_and_a_cpu_nodes_does_not() {
+        let dir = std::env::temp_dir().join(unique_name("nfd-host-test"));
+        let gpu = dir.join("gpu");
+        write_fake_host(&gpu, &FakeNode::gpu("n", GpuModel::A100Sxm40Gb)).unwrap();
+        let board = "sys/bus/pci/devices/0000:00:1e.0";
+        assert_eq!(read(&gpu, &format!("{board}/vendor")), "0x10de\n");
+        assert_eq!(read(&gpu, &format!("{board}/class")), "0x030200\n");
+        assert_eq!(read(&gpu, &format!("{board}/device")), "0x20b0\n");
+        assert!(read(&gpu, "etc/os-release").contains("ID=ubuntu"));
+
+        let cpu = dir.join("cpu");
+        write_fake_host(&cpu, &FakeNode::cpu("c")).unwrap();
+        let vendors: Vec<String> = std::fs::read_dir(cpu.join("sys/bus/pci/devices"))
+            .unwrap()
+            .map(|d| std::fs::read_to_string(d.unwrap().path().join("vendor")).unwrap())
+            .collect();
+        assert_eq!(vendors.len(), 2);
+        assert!(!vendors.contains(&"0x10de\n".to_owned()), "{vendors:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_api_server_port_is_read_from_the_kubeconfig_server_address() {
+        assert_eq!(server_port("https://127.0.0.1:17402").unwrap(), 17402);
+        assert_eq!(server_port("https://127.0.0.1:6443/").unwrap(), 6443);
+        assert!(server_port("https://localhost").is_err());
+    }
+
+    fn field_env(name: &str, path: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            value: None,
+        }
+    }
+
+    #[test]
+    fn downward_api_env_is_resolved_against_the_live_pod_and_the_api_server_is_on_loopback() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("worker-abc".into()),
+                namespace: Some("ns".into()),
+                uid: Some("1234".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-1".into()),
+                ..PodSpec::default()
+            }),
+            status: None,
+        };
+        let container = Container {
+            name: "nfd-worker".into(),
+            env: Some(vec![
+                field_env("NODE_NAME", "spec.nodeName"),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_UID", "metadata.uid"),
+            ]),
+            ..Container::default()
+        };
+        let env: BTreeMap<String, String> = container_env(&pod, &container, 17402)
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(env["NODE_NAME"], "node-1");
+        assert_eq!(env["POD_NAME"], "worker-abc");
+        assert_eq!(env["POD_UID"], "1234");
+        assert_eq!(env["KUBERNETES_SERVICE_HOST"], "127.0.0.1");
+        assert_eq!(env["KUBERNETES_SERVICE_PORT"], "17402");
+
+        let unknown = Container {
+            env: Some(vec![field_env("IP", "status.podIPs")]),
+            ..container
+        };
+        let err = container_env(&pod, &unknown, 1).unwrap_err().to_string();
+        assert!(err.contains("status.podIPs"), "{err}");
+    }
 }
