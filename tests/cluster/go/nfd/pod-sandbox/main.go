@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -169,7 +170,20 @@ func outer(o *options) error {
 		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS,
 		Pdeathsig:  syscall.SIGKILL,
 	}
+	go exitWithParent()
 	return run(cmd)
+}
+
+// exitWithParent ends this process (and so, by their parent-death signal, the program and
+// the inner copy) when whoever started it is gone: a test killed outright leaves no NFD behind.
+func exitWithParent() {
+	parent := os.Getppid()
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			fmt.Fprintln(os.Stderr, "pod-sandbox: the process that started it is gone; exiting")
+			os.Exit(1)
+		}
+	}
 }
 
 // inner runs in the new namespaces: loopback up, volumes mounted, the API forwarder listening,
