@@ -38,7 +38,7 @@ image-check: ## build the image twice (same digest) and check it: layout, config
 	scripts/image-check.sh
 
 .PHONY: harness
-harness: ## build (or reuse) the Kubernetes, etcd, kwok and helm binaries
+harness: ## build (or reuse) the Kubernetes, etcd, kwok, helm and NFD binaries
 	tests/cluster/build.sh >/dev/null
 
 .PHONY: olm-validator

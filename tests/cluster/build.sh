@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, kwok, helm) from their Go modules into a cache outside the clone, one folder per tool
+# kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in) from their Go modules into a cache outside the clone, one folder per tool
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 set -euo pipefail
@@ -15,10 +15,15 @@ go_version=$(go env GOVERSION)
 
 log() { echo "build.sh: $*" >&2; }
 
-# key TOOL VERSION -> folder name that changes whenever the inputs of the build change
+# key TOOL VERSION -> folder name that changes whenever the inputs of the build change: the Go
+# version, go.mod, go.sum and the wrapper module's own Go files (only go/nfd has any).
 key() {
   local tool=$1 version=$2 digest
-  digest=$( { echo "$go_version"; cat "$here/go/$tool/go.mod" "$here/go/$tool/go.sum"; } | sha256sum | cut -c1-12)
+  digest=$( {
+    echo "$go_version"
+    cat "$here/go/$tool/go.mod" "$here/go/$tool/go.sum"
+    find "$here/go/$tool" -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 -r cat
+  } | sha256sum | cut -c1-12)
   echo "$tool-$version-$digest"
 }
 
@@ -69,6 +74,9 @@ dirs+=("$(build kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Versi
   sigs.k8s.io/kwok/cmd/kwok)")
 dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
   helm.sh/helm/v3/cmd/helm)")
+# NFD as its image is built (its Dockerfile): host files are read under the /host- prefix.
+dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
+  sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"

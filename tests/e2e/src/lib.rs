@@ -7,6 +7,8 @@ pub mod chaos;
 pub mod cluster;
 pub mod contract;
 pub mod crd;
+pub mod helm;
+pub mod nfd;
 pub mod nodes;
 pub mod openshift;
 pub mod operator;

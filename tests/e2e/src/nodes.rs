@@ -20,6 +20,10 @@ pub const NFD_NVIDIA_PCI: &str = gpu_operator::nodes::NFD_GPU_LABELS[0];
 /// All three NFD labels that mark an NVIDIA PCI device (any class, 3D controller, VGA): the
 /// operator's own list.
 pub const NFD_GPU_LABEL_KEYS: [&str; 3] = gpu_operator::nodes::NFD_GPU_LABELS;
+/// Prefix of every label NFD writes.
+pub const NFD_LABEL_PREFIX: &str = "feature.node.kubernetes.io/";
+/// Prefix of the labels GFD (and the operator) write.
+const GFD_LABEL_PREFIX: &str = "nvidia.com/";
 /// The taint platform teams put on GPU pools and operands must tolerate.
 pub const GPU_TAINT_KEY: &str = "nvidia.com/gpu";
 
@@ -114,6 +118,19 @@ impl GpuModel {
         self.facts().product
     }
 
+    /// The PCI device ID of the board (`/sys/bus/pci/devices/*/device`), from the PCI ID
+    /// database; NFD's default labels do not include it, its PCI features do.
+    pub fn pci_device_id(self) -> &'static str {
+        match self {
+            GpuModel::T4 => "0x1eb8",
+            GpuModel::A100Sxm40Gb => "0x20b0",
+            GpuModel::A100Sxm80Gb => "0x20b2",
+            GpuModel::H100Sxm80Gb => "0x2330",
+            GpuModel::H200 => "0x2335",
+            GpuModel::A30 => "0x20b7",
+        }
+    }
+
     pub fn mig_capable(self) -> bool {
         self.facts().mig_capable
     }
@@ -160,6 +177,9 @@ pub struct FakeNode {
     pub os: (String, String),
     /// Advertise `nvidia.com/gpu` in capacity, as a node whose device plugin already runs does.
     pub advertise_gpus: bool,
+    /// Carry the labels NFD and GFD would have written (`feature.node.kubernetes.io/*`,
+    /// `nvidia.com/*`); without them the node is as a fresh node joins, for real NFD to find.
+    pub discovered: bool,
     pub extra_labels: BTreeMap<String, String>,
 }
 
@@ -172,6 +192,7 @@ impl FakeNode {
             runtime: Runtime::Containerd,
             os: ("ubuntu".into(), "22.04".into()),
             advertise_gpus: false,
+            discovered: true,
             extra_labels: BTreeMap::new(),
         }
     }
@@ -191,6 +212,19 @@ impl FakeNode {
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = runtime;
         self
+    }
+
+    /// Without the labels NFD and GFD write, so that only real NFD can mark it a GPU node.
+    pub fn undiscovered(mut self) -> Self {
+        self.discovered = false;
+        self
+    }
+
+    /// The board's PCI device ID and class as sysfs shows them (`0x20b0`, `0x030200`), for a
+    /// fake sysfs that real NFD reads; `None` for a CPU node.
+    pub fn gpu_pci(&self) -> Option<(&'static str, String)> {
+        self.gpu
+            .map(|m| (m.pci_device_id(), format!("0x{}00", m.facts().pci_class)))
     }
 
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -302,6 +336,11 @@ impl FakeNode {
                     Quantity(f.gpus_per_node.to_string()),
                 );
             }
+        }
+        if !self.discovered {
+            labels.retain(|k, _| {
+                !k.starts_with(NFD_LABEL_PREFIX) && !k.starts_with(GFD_LABEL_PREFIX)
+            });
         }
         labels.extend(self.extra_labels.clone());
 

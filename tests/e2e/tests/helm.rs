@@ -16,12 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
+use e2e::helm::{
+    RELEASE, chart, helm, helm_ok, helm_release, operator_image_args, operator_repository,
+    release_namespace, repo_root, strings,
+};
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
@@ -39,13 +42,10 @@ use kube::runtime::wait::conditions;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-const RELEASE: &str = "gpu-operator";
 /// The ClusterPolicy the chart creates (NVIDIA's name, which users' `kubectl patch` names).
 const POLICY: &str = "cluster-policy";
 /// The ServiceAccount, ClusterRole and binding the chart creates.
 const OPERATOR_ACCOUNT: &str = "gpu-operator";
-/// Label of the namespaces these tests install into, to find a failed run's leftovers.
-const TEST_LABEL: &str = "gpu-operator.test/helm";
 use e2e::crd::CLUSTER_POLICY_CRD as CRD_NAME;
 const MANAGED_BY_OPERATOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -64,17 +64,6 @@ const SCENARIO_1: [&str; 10] = [
     "migManager.enabled=true",
 ];
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn chart() -> String {
-    repo_root()
-        .join("charts/gpu-operator")
-        .display()
-        .to_string()
-}
-
 /// User scenario 2's values file (time-slicing, NFD workers on GPU nodes).
 fn scenario_2_values() -> String {
     repo_root()
@@ -87,32 +76,6 @@ fn scenario_2() -> Vec<String> {
     vec!["-f".into(), scenario_2_values()]
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Runs helm from PATH (the harness env puts it there).
-fn helm(args: &[String]) -> Output {
-    Command::new("helm").args(args).output().unwrap_or_else(|e| {
-        panic!(
-            "running helm: {e}; put the harness's bin folder on PATH (`source $HARNESS_DIR/env`, or the folder tests/cluster/build.sh prints)"
-        )
-    })
-}
-
-/// Runs helm and returns its stdout, failing with its stderr.
-fn helm_ok(args: &[String]) -> String {
-    let out = helm(args);
-    assert!(
-        out.status.success(),
-        "helm {} failed:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// `helm template` as users type it: Helm's offline defaults (no --kube-version), which the
 /// chart renders with.
 fn template_args(extra: &[String]) -> Vec<String> {
@@ -121,24 +84,6 @@ fn template_args(extra: &[String]) -> Vec<String> {
     args.extend(strings(&["--namespace", "gpu-operator"]));
     args.extend(extra.iter().cloned());
     args
-}
-
-/// The registry the committed OLM bundle names (scripts/bundle-values.yaml): installs set it,
-/// as users must (docs/install.md), so the chart's Deployment names the bundle's image.
-fn operator_repository() -> String {
-    let path = repo_root().join("scripts/bundle-values.yaml");
-    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    values["operator"]["repository"]
-        .as_str()
-        .expect("scripts/bundle-values.yaml sets no operator.repository")
-        .to_owned()
-}
-
-fn operator_image_args() -> Vec<String> {
-    vec![
-        "--set".into(),
-        format!("operator.repository={}", operator_repository()),
-    ]
 }
 
 /// The operator image the committed bundle's CSV names in `containerImage`.
@@ -714,19 +659,7 @@ where
 /// modified CRD; then waits for the garbage collector to finish with cluster-scoped operand
 /// objects, so that nothing races the next install.
 async fn remove_leftovers(admin: &Client) {
-    let namespaces = Api::<Namespace>::all(admin.clone());
-    let labelled = ListParams::default().labels(&format!("{TEST_LABEL}=true"));
-    for ns in namespaces.list_metadata(&labelled).await.unwrap().items {
-        let name = ns.name_any();
-        let _ = helm(&strings(&[
-            "uninstall",
-            RELEASE,
-            "--namespace",
-            &name,
-            "--wait",
-        ]));
-        let _ = namespaces.delete(&name, &DeleteParams::default()).await;
-    }
+    e2e::helm::remove_releases(admin).await;
     // A release whose namespace went first leaves its cluster-scoped objects behind.
     let roles = Api::<ClusterRole>::all(admin.clone());
     let bindings = Api::<ClusterRoleBinding>::all(admin.clone());
@@ -771,45 +704,6 @@ async fn remove_leftovers(admin: &Client) {
         "operand RuntimeClasses collected",
     )
     .await;
-}
-
-/// A namespace for a release, labelled so a later run can clean it up.
-async fn release_namespace(admin: &Client) -> String {
-    let name = unique_name("helm");
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some([(TEST_LABEL.to_owned(), "true".to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    name
-}
-
-/// `helm install|upgrade RELEASE chart -n ns ARGS --wait`, returning how long it took.
-fn helm_release(verb: &str, namespace: &str, args: &[String]) -> Duration {
-    let mut all = strings(&[verb, RELEASE]);
-    all.push(chart());
-    all.extend(strings(&[
-        "--namespace",
-        namespace,
-        "--wait",
-        "--timeout",
-        "3m",
-    ]));
-    if verb == "install" {
-        all.push("--create-namespace".into());
-    }
-    all.extend(operator_image_args());
-    all.extend(args.iter().cloned());
-    let started = Instant::now();
-    helm_ok(&all);
-    started.elapsed()
 }
 
 /// The operator as the chart's pod runs it: the chart's ServiceAccount token, namespace and pod

@@ -1,15 +1,17 @@
 //! NFD and its CRDs (decision 16): the operator installs NFD's CRDs whenever it deploys NFD and
-//! never deletes them; CRDs alone do not mean NFD runs, a foreign NFD master does, and status
-//! says which it was.
+//! never deletes them; CRDs alone do not mean NFD runs (the NFD it then deploys, run for real,
+//! finds a new GPU node), a foreign NFD master does, and status says which it was.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use e2e::nfd::RealNfd;
+use e2e::nodes::{self, GpuModel, NFD_NVIDIA_PCI};
 use e2e::session::{self, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::controller::APPLIED_HASH_ANNOTATION;
 use gpu_operator::controller::nfd_crds;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -21,40 +23,10 @@ fn crds(client: &Client) -> Api<CustomResourceDefinition> {
     Api::all(client.clone())
 }
 
-/// Deletes NFD's CRDs and waits until they are gone.
-async fn delete_nfd_crds(client: &Client) {
-    for name in nfd_crds::NAMES {
-        match crds(client).delete(name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => panic!("deleting {name}: {e}"),
-        }
-    }
-    let api = crds(client);
-    wait::until(TIMEOUT, "NFD's CRDs gone", || {
-        let api = api.clone();
-        async move {
-            let mut left = Vec::new();
-            for name in nfd_crds::NAMES {
-                if api.get_opt(name).await?.is_some() {
-                    left.push(name);
-                }
-            }
-            Ok(if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            })
-        }
-    })
-    .await
-    .unwrap();
-}
-
 #[tokio::test]
 async fn nfds_crds_are_installed_with_nfd_and_kept_when_nfd_is_switched_off() {
     let admin = e2e::client().await.unwrap();
-    delete_nfd_crds(&admin).await;
+    e2e::nfd::delete_crds(&admin).await.unwrap();
     let s = session::start(json!({}), &[]).await;
     s.await_state(State::Ready, "ready with NFD deployed").await;
     for name in nfd_crds::NAMES {
@@ -91,7 +63,7 @@ async fn nfds_crds_are_installed_with_nfd_and_kept_when_nfd_is_switched_off() {
 #[tokio::test]
 async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_deploys_nfd() {
     let admin = e2e::client().await.unwrap();
-    delete_nfd_crds(&admin).await;
+    e2e::nfd::delete_crds(&admin).await.unwrap();
     // As a user would: NFD's own CRD file, applied by someone else.
     for mut crd in nfd_crds::definitions().unwrap() {
         crd.metadata.annotations = None;
@@ -121,6 +93,33 @@ async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_
             "{name} was not brought to the deployed NFD's version"
         );
     }
+    // And the NFD it deployed works: real NFD finds a GPU node that joins unlabelled.
+    let node = session::ephemeral_gpu_node("nfd-by-hand-crds-t4", GpuModel::T4).undiscovered();
+    nodes::create(&s.admin, std::slice::from_ref(&node))
+        .await
+        .unwrap();
+    let nfd = RealNfd::start(&s.admin, &s.identity.namespace, std::slice::from_ref(&node))
+        .await
+        .unwrap();
+    let api: Api<Node> = Api::all(s.admin.clone());
+    wait::until(TIMEOUT, "the new node found by real NFD", || {
+        let api = api.clone();
+        async move {
+            let labels = api.get("nfd-by-hand-crds-t4").await?.labels().clone();
+            Ok(
+                if labels.get(NFD_NVIDIA_PCI).map(String::as_str) == Some("true") {
+                    Ok(())
+                } else {
+                    Err(format!("{labels:?}"))
+                },
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nNFD logs:\n{}", nfd.logs()));
+    drop(nfd);
+    nodes::delete(&s.admin, &[node.name]).await.unwrap();
+    e2e::nfd::await_no_annotated_nodes(&s.admin).await.unwrap();
     s.teardown().await;
 }
 

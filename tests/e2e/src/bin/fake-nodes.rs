@@ -1,6 +1,7 @@
-//! `fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--delete]`: creates N fake GPU nodes
-//! (a T4 / A100 / H100 mix) plus M CPU-only nodes (default 1) on the harness in `KUBECONFIG`,
-//! or deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
+//! `fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--delete]`: creates N
+//! fake GPU nodes (a T4 / A100 / H100 mix) plus M CPU-only nodes (default 1) on the harness in
+//! `KUBECONFIG`, without NFD's and GFD's labels with `--undiscovered` (for real NFD to find), or
+//! deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
 
 use anyhow::{Context, Result, bail};
 use e2e::nodes;
@@ -12,6 +13,7 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut count, mut prefix, mut taint, mut cpu_nodes, mut delete) =
         (None, "gpu-node".to_string(), false, 1, false);
+    let mut undiscovered = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--prefix" => prefix = args.next().context("--prefix needs a value")?,
@@ -19,10 +21,11 @@ async fn main() -> Result<()> {
             "--cpu-nodes" => {
                 cpu_nodes = args.next().context("--cpu-nodes needs a value")?.parse()?
             }
+            "--undiscovered" => undiscovered = true,
             "--delete" => delete = true,
             n if count.is_none() && n.parse::<usize>().is_ok() => count = n.parse().ok(),
             other => bail!(
-                "unknown argument {other}; usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] | --delete"
+                "unknown argument {other}; usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] | --delete"
             ),
         }
     }
@@ -43,9 +46,13 @@ async fn main() -> Result<()> {
         println!("deleted {} fake nodes", names.len());
         return Ok(());
     }
-    let count =
-        count.context("usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] | --delete")?;
-    let fleet = nodes::fleet(&prefix, count, cpu_nodes, taint);
+    let count = count.context(
+        "usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] | --delete",
+    )?;
+    let mut fleet = nodes::fleet(&prefix, count, cpu_nodes, taint);
+    if undiscovered {
+        fleet = fleet.into_iter().map(|n| n.undiscovered()).collect();
+    }
     let started = std::time::Instant::now();
     nodes::create(&client, &fleet).await?;
     println!(
