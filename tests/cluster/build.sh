@@ -47,6 +47,11 @@ build() {
   ) >&2
   # go build names a /vN module's binary after the element before it: etcd's is "server".
   if [[ $tool == etcd ]]; then mv "$tmp/server" "$tmp/etcd"; fi
+  # OLM's own CRDs, from the operator-framework/api module its build used (package crds).
+  if [[ $tool == olm ]]; then
+    mkdir "$tmp/olm-crds"
+    cp "$(cd "$here/go/olm" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/operator-framework/api)"/crds/*.yaml "$tmp/olm-crds/"
+  fi
   touch "$tmp/.complete"
   rm -rf "$dest"
   mv "$tmp" "$dest"
@@ -77,6 +82,11 @@ dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.
 # NFD as its image is built (its Dockerfile): host files are read under the /host- prefix.
 dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
   sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
+# Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
+dirs+=("$(build olm "$OLM_VERSION" "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/olm)")
+# Ours: runs a tool that binds every address (olm) in a network namespace of its own.
+dirs+=("$(build netns-run local "-s -w" .)")
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"
