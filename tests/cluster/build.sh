@@ -4,6 +4,8 @@
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 set -euo pipefail
+# A failed build inside $(build ...) must stop the script, not be cached as complete.
+shopt -s inherit_errexit
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
@@ -83,8 +85,10 @@ dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.
 dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
   sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
 # Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
-dirs+=("$(build olm "$OLM_VERSION" "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
-  github.com/operator-framework/operator-lifecycle-manager/cmd/olm)")
+# With it csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV (an InstallPlan's).
+dirs+=("$(build olm "$OLM_VERSION-$(sha256sum "$here/go/olm/csv-rbac/main.go" | cut -c1-8)" \
+  "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
 # Ours: runs a tool that binds every address (olm) in a network namespace of its own.
 dirs+=("$(build netns-run local "-s -w" .)")
 

@@ -3,6 +3,12 @@ module gpu-operator.local/harness/olm
 go 1.26.3
 
 require (
+	github.com/operator-framework/api v0.45.0
+	github.com/operator-framework/operator-lifecycle-manager v0.46.0
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
 	cel.dev/expr v0.25.1 // indirect
 	github.com/AdaLogics/go-fuzz-headers v0.0.0-20240806141605-e8a1dd7889d6 // indirect
 	github.com/BurntSushi/toml v1.6.0 // indirect
@@ -90,8 +96,6 @@ require (
 	github.com/openshift/api v0.0.0-20260204104751-e09e5a4ebcd0 // indirect
 	github.com/openshift/client-go v0.0.0-20260108185524-48f4ccfc4e13 // indirect
 	github.com/openshift/library-go v0.0.0-20260204111611-b7d4fa0e292a // indirect
-	github.com/operator-framework/api v0.45.0 // indirect
-	github.com/operator-framework/operator-lifecycle-manager v0.46.0 // indirect
 	github.com/operator-framework/operator-registry v1.73.0 // indirect
 	github.com/otiai10/copy v1.14.1 // indirect
 	github.com/otiai10/mint v1.6.3 // indirect
@@ -157,5 +161,6 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.0 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+tool github.com/operator-framework/operator-lifecycle-manager/cmd/olm
