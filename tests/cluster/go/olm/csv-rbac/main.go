@@ -63,6 +63,11 @@ func main() {
 	var items []map[string]any
 	for _, name := range accounts {
 		p := permissions[name]
+		// The resolver leaves the namespace of an account that only has clusterPermissions
+		// empty; the InstallPlan creates its namespaced steps in the CSV's namespace.
+		if p.ServiceAccount.Namespace == "" {
+			p.ServiceAccount.Namespace = csv.Namespace
+		}
 		items = append(items, typed("v1", "ServiceAccount", p.ServiceAccount))
 		for _, r := range p.Roles {
 			items = append(items, typed("rbac.authorization.k8s.io/v1", "Role", r))
@@ -70,10 +75,13 @@ func main() {
 		for _, r := range p.RoleBindings {
 			items = append(items, typed("rbac.authorization.k8s.io/v1", "RoleBinding", r))
 		}
+		// Cluster-scoped: a namespace the resolver copied from the CSV means nothing there.
 		for _, r := range p.ClusterRoles {
+			r.Namespace = ""
 			items = append(items, typed("rbac.authorization.k8s.io/v1", "ClusterRole", r))
 		}
 		for _, r := range p.ClusterRoleBindings {
+			r.Namespace = ""
 			items = append(items, typed("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", r))
 		}
 	}
