@@ -162,16 +162,23 @@ fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
         );
     }
 
-    // The CSV's permissions are the chart's ClusterRole, rule for rule.
+    // The CSV's permissions are the chart's ClusterRole, rule for rule, less writing CRDs
+    // (OLM installs the bundle's CRDs; the chart's operator installs NFD's itself).
     let role: Value = serde_yaml_ng::from_str(&helm_template(&[
         "--show-only",
         "templates/clusterrole.yaml",
     ]))
     .unwrap();
+    let generated = gpu_operator::render::rbac::operator_cluster_role();
+    assert!(
+        role["rules"] == serde_json::to_value(generated.rules).unwrap(),
+        "the chart's ClusterRole differs from `gpu-operator rbac`: run `make chart`"
+    );
     let csv = committed_csv();
     assert!(
-        csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"] == role["rules"],
-        "the CSV's clusterPermissions differ from the chart's ClusterRole: {FIX}"
+        csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
+            == serde_json::to_value(bundle::olm_cluster_rules()).unwrap(),
+        "the CSV's clusterPermissions differ from the chart's ClusterRole less writing CRDs: {FIX}"
     );
     // And it runs the chart's operator container: same command, probes, security context.
     let chart: Value =
