@@ -157,9 +157,12 @@ fn repository(reference: &str) -> &str {
     }
 }
 
+/// Images as (where, reference).
+type Placed = Vec<(String, String)>;
+
 /// Every image the CSV names: its Deployments' containers and `*_IMAGE` variables, and
 /// `relatedImages`, as (where, reference).
-fn csv_images(csv: &Value) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn csv_images(csv: &Value) -> (Placed, Placed) {
     let mut deployment = Vec::new();
     for d in csv["spec"]["install"]["spec"]["deployments"]
         .as_array()
