@@ -65,6 +65,15 @@ async fn apply_bundle_crds(admin: &Client) {
         )
         .await
         .unwrap();
+        // As OLM installs them: without the hash an operator that applied them earlier in this
+        // harness left (`nvidia.com/gpu-operator.applied-hash`), which would spare it the write.
+        crds.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"nvidia.com/gpu-operator.applied-hash": null}}})),
+        )
+        .await
+        .unwrap();
         wait::for_object(
             crds.clone(),
             &name,
