@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in) from their Go modules into a cache outside the clone, one folder per tool
+# kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in, OLM's olm-operator
+# with csv-rbac, and netns-run) from their Go modules into a cache outside the clone, one folder per tool
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 set -euo pipefail
@@ -86,7 +87,7 @@ dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/
   sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
 # Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
 # With it csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV (an InstallPlan's).
-dirs+=("$(build olm "$OLM_VERSION-$(sha256sum "$here/go/olm/csv-rbac/main.go" | cut -c1-8)" \
+dirs+=("$(build olm "$OLM_VERSION" \
   "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
   github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
 # Ours: runs a tool that binds every address (olm) in a network namespace of its own.
