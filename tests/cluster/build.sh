@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in) from their Go modules into a cache outside the clone, one folder per tool
+# kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in, OLM's olm-operator
+# with csv-rbac, and netns-run) from their Go modules into a cache outside the clone, one folder per tool
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 set -euo pipefail
+# A failed build inside $(build ...) must stop the script, not be cached as complete.
+shopt -s inherit_errexit
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
@@ -47,6 +50,11 @@ build() {
   ) >&2
   # go build names a /vN module's binary after the element before it: etcd's is "server".
   if [[ $tool == etcd ]]; then mv "$tmp/server" "$tmp/etcd"; fi
+  # OLM's own CRDs, from the operator-framework/api module its build used (package crds).
+  if [[ $tool == olm ]]; then
+    mkdir "$tmp/olm-crds"
+    cp "$(cd "$here/go/olm" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/operator-framework/api)"/crds/*.yaml "$tmp/olm-crds/"
+  fi
   touch "$tmp/.complete"
   rm -rf "$dest"
   mv "$tmp" "$dest"
@@ -77,6 +85,13 @@ dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.
 # NFD as its image is built (its Dockerfile): host files are read under the /host- prefix.
 dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
   sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
+# Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
+# With it csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV (an InstallPlan's).
+dirs+=("$(build olm "$OLM_VERSION" \
+  "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
+# Ours: runs a tool that binds every address (olm) in a network namespace of its own.
+dirs+=("$(build netns-run local "-s -w" .)")
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"

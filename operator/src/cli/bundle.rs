@@ -1,13 +1,16 @@
 //! OLM bundle generation (pure, apart from `write`, which reads the chart's Deployment and
-//! writes files): the ClusterServiceVersion, the CRD copy and the bundle metadata of `bundle/`.
+//! writes files): the ClusterServiceVersion, the CRD copies and the bundle metadata of `bundle/`.
 //!
 //! Nothing here is typed twice. The operator Deployment is the Helm chart's own
 //! (`templates/operator.yaml`, rendered by `helm template` with `scripts/bundle-values.yaml`:
-//! `scripts/bundle.sh` does that and calls `gpu-operator bundle`); the CSV's permissions are
-//! `gpu-operator rbac` (decision 13); the CRD is `gpu-operator crd`; the `*_IMAGE` variables and
-//! `relatedImages` are the images the operator pins ([`ImageKind::pinned`]); `alm-examples` are
-//! the policies of `examples/`. `operator/tests/bundle.rs` and `tests/e2e/tests/olm.rs` fail when
-//! the committed bundle differs from a fresh one.
+//! `scripts/bundle.sh` does that and calls `gpu-operator bundle`), so the operator image of the
+//! Deployment, `containerImage` and `relatedImages` is the chart's; the CSV's permissions are
+//! `gpu-operator rbac` (decision 13) less writing CRDs; the CRDs are `gpu-operator crd` and NFD's
+//! (`crds/nfd-api-crds.yaml`, owned by the CSV so OLM installs them, decision 16); the `*_IMAGE`
+//! variables and `relatedImages` are the images the operator pins ([`ImageKind::pinned`]), by
+//! the digests of `scripts/image-digests.yaml` where known; `alm-examples` are files of
+//! `examples/`. `operator/tests/bundle.rs` and `tests/e2e/tests/olm.rs` fail when the committed
+//! bundle differs from a fresh one.
 //!
 //! What OLM changes about the chart's Deployment, and why:
 //! - release labels (`helm.sh/chart`, `app.kubernetes.io/managed-by`, `.../instance`) are
@@ -28,11 +31,12 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::api::image::ImageKind;
 use crate::api::{self, MIN_KUBERNETES_VERSION};
+use crate::controller::nfd_crds;
 use crate::crd_upgrade::{CRD_NAME, OPERATOR_VERSION};
 use crate::render::rbac;
 
@@ -51,6 +55,12 @@ pub const OPENSHIFT_VERSIONS: &str = "v4.20";
 /// Files of the bundle, relative to its folder.
 pub const CSV_FILE: &str = "manifests/gpu-operator.clusterserviceversion.yaml";
 pub const CRD_FILE: &str = "manifests/nvidia.com_clusterpolicies.yaml";
+/// NFD's CRDs, one file each (a bundle manifest holds one object), as `nfd_crds::NAMES` orders them.
+pub const NFD_CRD_FILES: [&str; 3] = [
+    "manifests/nfd.k8s-sigs.io_nodefeaturegroups.yaml",
+    "manifests/nfd.k8s-sigs.io_nodefeaturerules.yaml",
+    "manifests/nfd.k8s-sigs.io_nodefeatures.yaml",
+];
 pub const ANNOTATIONS_FILE: &str = "metadata/annotations.yaml";
 pub const DOCKERFILE: &str = "bundle.Dockerfile";
 /// The operator's metrics Service, its ServiceMonitor and alert rules, and the Role that lets
@@ -153,22 +163,103 @@ const fn in_bundle(kind: ImageKind) -> bool {
 }
 
 /// The operator's image variables and the images they name, one per variable (the validator and
-/// the node-status exporter share `VALIDATOR_IMAGE`), in [`IMAGE_KINDS`] order.
-pub fn image_env() -> Vec<(&'static str, &'static str)> {
-    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+/// the node-status exporter share `VALIDATOR_IMAGE`), in [`IMAGE_KINDS`] order: each pinned
+/// image by its digest where [`digest_facts`] knows one (`image:tag@sha256:...`).
+pub fn image_env() -> Result<Vec<(&'static str, String)>, BundleError> {
+    let facts = digest_facts()?;
+    let mut out: Vec<(&'static str, String)> = Vec::new();
     for kind in IMAGE_KINDS {
         if let Some(image) = kind.pinned().filter(|_| in_bundle(kind))
             && !out.iter().any(|(var, _)| *var == kind.env_var())
         {
-            out.push((kind.env_var(), image));
+            out.push((kind.env_var(), pinned_by_digest(image, &facts)?));
         }
     }
-    out
+    Ok(out)
 }
 
-/// The policies of `examples/` offered as `alm-examples`; the first is the console form's
-/// default. Examples that need ConfigMaps first or set unsupported sections are left out.
-const ALM_EXAMPLES: [(&str, &str); 3] = [
+/// The digest table, `scripts/image-digests.yaml`: facts, with where each comes from.
+const DIGESTS_YAML: &str = include_str!("../../../scripts/image-digests.yaml");
+const DIGESTS_FILE: &str = "scripts/image-digests.yaml";
+
+/// One row of the digest table.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DigestFact {
+    /// Registry and path, without tag.
+    pub image: String,
+    pub tag: String,
+    /// `sha256:` and 64 hex digits; `None` when no digest is known (`source` says why).
+    pub digest: Option<String>,
+    /// Where the digest was read, or why there is none.
+    pub source: String,
+}
+
+impl DigestFact {
+    /// `image:tag`, as [`ImageKind::pinned`] names it.
+    pub fn tagged(&self) -> String {
+        format!("{}:{}", self.image, self.tag)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DigestTable {
+    images: Vec<DigestFact>,
+}
+
+fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// The rows of `scripts/image-digests.yaml`, each checked: a well-formed digest, a source, and
+/// one row per image.
+pub fn digest_facts() -> Result<Vec<DigestFact>, BundleError> {
+    let table: DigestTable = serde_yaml_ng::from_str(DIGESTS_YAML)
+        .map_err(|e| BundleError::DigestTable(e.to_string()))?;
+    for (i, fact) in table.images.iter().enumerate() {
+        let row = format!("images[{i}] ({})", fact.tagged());
+        if let Some(digest) = fact.digest.as_deref().filter(|d| !is_sha256_digest(d)) {
+            return Err(BundleError::DigestTable(format!(
+                "{row}: digest {digest:?} is not sha256: and 64 lowercase hex digits"
+            )));
+        }
+        if fact.source.trim().is_empty() {
+            return Err(BundleError::DigestTable(format!(
+                "{row}: source is empty; say where the digest comes from, or why none is known"
+            )));
+        }
+        if table.images[..i]
+            .iter()
+            .any(|f| f.tagged() == fact.tagged())
+        {
+            return Err(BundleError::DigestTable(format!("{row} is listed twice")));
+        }
+    }
+    Ok(table.images)
+}
+
+/// `image` (as pinned, `registry/path:tag`) with its digest appended when one is known.
+pub fn pinned_by_digest(image: &str, facts: &[DigestFact]) -> Result<String, BundleError> {
+    let fact = facts
+        .iter()
+        .find(|f| f.tagged() == image)
+        .ok_or_else(|| BundleError::NoDigestFact(image.to_owned()))?;
+    Ok(match &fact.digest {
+        Some(digest) => format!("{image}@{digest}"),
+        None => image.to_owned(),
+    })
+}
+
+/// The examples of `examples/` offered as `alm-examples`, at least one per owned kind; the first
+/// policy is the console form's default. Policies that need ConfigMaps first or set unsupported
+/// sections are left out.
+const ALM_EXAMPLES: [(&str, &str); 6] = [
     (
         "examples/clusterpolicy-default.yaml",
         include_str!("../../../examples/clusterpolicy-default.yaml"),
@@ -181,7 +272,87 @@ const ALM_EXAMPLES: [(&str, &str); 3] = [
         "examples/clusterpolicy-gpu-node-pool.yaml",
         include_str!("../../../examples/clusterpolicy-gpu-node-pool.yaml"),
     ),
+    (
+        "examples/nfd/nodefeaturerule.yaml",
+        include_str!("../../../examples/nfd/nodefeaturerule.yaml"),
+    ),
+    (
+        "examples/nfd/nodefeaturegroup.yaml",
+        include_str!("../../../examples/nfd/nodefeaturegroup.yaml"),
+    ),
+    (
+        "examples/nfd/nodefeature.yaml",
+        include_str!("../../../examples/nfd/nodefeature.yaml"),
+    ),
 ];
+
+/// The install modes NVIDIA's v26.7.0 CSV declares: its own namespace or one other. The
+/// operator is cluster-scoped either way (one ClusterPolicy, operands in its own namespace), so
+/// the OperatorGroup's target namespace changes nothing it does.
+pub const INSTALL_MODES: [(&str, bool); 4] = [
+    ("OwnNamespace", true),
+    ("SingleNamespace", true),
+    ("MultiNamespace", false),
+    ("AllNamespaces", false),
+];
+
+/// `olm.skipRange`: OLM replaces any installed release older than this one with it, so each
+/// release upgrades the previous ones in place without a `replaces` chain (the first release has
+/// no predecessor to name).
+pub fn skip_range() -> String {
+    format!("<{OPERATOR_VERSION}")
+}
+
+/// NFD's kinds as owned CRDs of the CSV: (CRD name, kind, display name, description).
+const NFD_OWNED: [(&str, &str, &str, &str); 3] = [
+    (
+        "nodefeaturegroups.nfd.k8s-sigs.io",
+        "NodeFeatureGroup",
+        "NodeFeatureGroup",
+        "Node Feature Discovery (v0.19): a group of nodes matching feature rules, listed in its status by nfd-master.",
+    ),
+    (
+        "nodefeaturerules.nfd.k8s-sigs.io",
+        "NodeFeatureRule",
+        "NodeFeatureRule",
+        "Node Feature Discovery (v0.19): rules from which nfd-master labels nodes.",
+    ),
+    (
+        "nodefeatures.nfd.k8s-sigs.io",
+        "NodeFeature",
+        "NodeFeature",
+        "Node Feature Discovery (v0.19): the features nfd-worker found on one node, and labels requested for it.",
+    ),
+];
+
+/// The CSV's cluster permissions: the operator's generated ClusterRole without writing CRDs.
+/// Under OLM the bundle carries the ClusterPolicy CRD and NFD's, and OLM installs and upgrades
+/// them, so the operator only reads CRDs (`--upgrade-crd=false` leaves its own alone; NFD's it
+/// finds installed and tolerates the refusal to write them; docs/install.md).
+pub fn olm_cluster_rules() -> Vec<PolicyRule> {
+    rbac::operator_cluster_role()
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|mut rule| {
+            let on_crds = rule
+                .api_groups
+                .iter()
+                .flatten()
+                .any(|g| g == "apiextensions.k8s.io")
+                && rule
+                    .resources
+                    .iter()
+                    .flatten()
+                    .any(|r| r == "customresourcedefinitions");
+            if on_crds {
+                rule.verbs
+                    .retain(|v| !matches!(v.as_str(), "create" | "patch" | "update" | "delete"));
+            }
+            (!rule.verbs.is_empty()).then_some(rule)
+        })
+        .collect()
+}
 
 /// The icon: a GPU board with its fan, in SVG.
 const ICON_SVG: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64" width="64" height="64">
@@ -221,6 +392,14 @@ pub enum BundleError {
         "the operator container's args lack {UPGRADE_CRD_OFF}: OLM installs and upgrades the CRD from the bundle, so render the chart with operator.upgradeCRD=false (scripts/bundle-values.yaml)"
     )]
     UpgradeCrd,
+    #[error("{DIGESTS_FILE}: {0}")]
+    DigestTable(String),
+    #[error(
+        "the operator pins {0}, which has no row in {DIGESTS_FILE}: add one with its digest, or digest: null and why none is known"
+    )]
+    NoDigestFact(String),
+    #[error("NFD's CRDs: {0}")]
+    NfdCrds(String),
 }
 
 /// One file of the bundle.
@@ -284,7 +463,7 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut files = vec![
+    let mut out = vec![
         BundleFile {
             path: CSV_FILE,
             content: format!("{GENERATED}{}", serde_yaml_ng::to_string(&csv)?),
@@ -293,17 +472,45 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
             path: CRD_FILE,
             content: api::crd::crd_yaml()?,
         },
-        BundleFile {
-            path: ANNOTATIONS_FILE,
-            content: metadata,
-        },
-        BundleFile {
-            path: DOCKERFILE,
-            content: dockerfile,
-        },
     ];
-    files.extend(monitoring);
-    Ok(files)
+    for (path, crd) in NFD_CRD_FILES.into_iter().zip(nfd_definitions()?) {
+        out.push(BundleFile {
+            path,
+            content: format!(
+                "{GENERATED}# NFD v0.19.0's CRD, from crds/nfd-api-crds.yaml.\n{}",
+                serde_yaml_ng::to_string(&crd)?
+            ),
+        });
+    }
+    out.push(BundleFile {
+        path: ANNOTATIONS_FILE,
+        content: metadata,
+    });
+    out.push(BundleFile {
+        path: DOCKERFILE,
+        content: dockerfile,
+    });
+    out.extend(monitoring);
+    Ok(out)
+}
+
+/// NFD's CRDs as the operator installs them (`crds/nfd-api-crds.yaml`), in [`NFD_CRD_FILES`]
+/// order; OLM installs them from the bundle as CRDs the CSV owns (decision 16).
+fn nfd_definitions()
+-> Result<Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>, BundleError>
+{
+    let crds = nfd_crds::definitions().map_err(|e| BundleError::NfdCrds(e.to_string()))?;
+    let names: Vec<String> = crds
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect();
+    if names != nfd_crds::NAMES {
+        return Err(BundleError::NfdCrds(format!(
+            "crds/nfd-api-crds.yaml holds {names:?}, not {:?}",
+            nfd_crds::NAMES
+        )));
+    }
+    Ok(crds)
 }
 
 /// The monitoring objects of the bundle (see [`METRICS_SERVICE_FILE`]) for the operator
@@ -456,25 +663,26 @@ pub fn olm_deployment(mut deployment: Deployment) -> Result<Deployment, BundleEr
     {
         return Err(BundleError::UpgradeCrd);
     }
-    set_image_env(container);
+    set_image_env(container)?;
     Ok(deployment)
 }
 
-fn set_image_env(container: &mut Container) {
+fn set_image_env(container: &mut Container) -> Result<(), BundleError> {
     let env = container.env.get_or_insert_with(Vec::new);
-    for (name, image) in image_env() {
+    for (name, image) in image_env()? {
         match env.iter_mut().find(|e| e.name == name) {
             Some(existing) => {
-                existing.value = Some(image.to_owned());
+                existing.value = Some(image);
                 existing.value_from = None;
             }
             None => env.push(EnvVar {
                 name: name.to_owned(),
-                value: Some(image.to_owned()),
+                value: Some(image),
                 value_from: None,
             }),
         }
     }
+    Ok(())
 }
 
 /// The operator image of an OLM Deployment ([`olm_deployment`] checked that it is set).
@@ -569,8 +777,11 @@ struct OwnedCrd {
     kind: &'static str,
     display_name: &'static str,
     description: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     resources: Vec<CrdResource>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     spec_descriptors: Vec<Descriptor>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     status_descriptors: Vec<Descriptor>,
 }
 
@@ -832,7 +1043,7 @@ fn crd_description() -> String {
         .unwrap_or_default()
 }
 
-/// `alm-examples`: the example policies as a JSON array.
+/// `alm-examples`: the examples as a JSON array.
 pub fn alm_examples() -> anyhow::Result<Value> {
     ALM_EXAMPLES
         .iter()
@@ -880,6 +1091,7 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
             "AI/Machine Learning,OpenShift Optional".to_owned(),
         ),
         ("containerImage", image.clone()),
+        ("olm.skipRange", skip_range()),
         (
             "description",
             "The NVIDIA GPU software stack (driver, toolkit, device plugin with time-slicing/MPS/MIG, feature discovery, DCGM exporter, MIG manager) from one ClusterPolicy".to_owned(),
@@ -897,9 +1109,9 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
         name: OPERATOR.to_owned(),
         image,
     }];
-    related_images.extend(image_env().into_iter().map(|(var, image)| RelatedImage {
+    related_images.extend(image_env()?.into_iter().map(|(var, image)| RelatedImage {
         name: var.to_lowercase().replace('_', "-"),
-        image: image.to_owned(),
+        image,
     }));
     let label = deployment.metadata.labels.clone().unwrap_or_default();
     let spec = deployment.spec.clone().unwrap_or_default();
@@ -935,17 +1147,12 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                 base64data: ByteString(ICON_SVG.as_bytes().to_vec()),
                 mediatype: "image/svg+xml",
             }],
-            install_modes: [
-                ("OwnNamespace", true),
-                ("SingleNamespace", false),
-                ("MultiNamespace", false),
-                ("AllNamespaces", false),
-            ]
-            .into_iter()
-            .map(|(type_, supported)| InstallMode { type_, supported })
-            .collect(),
+            install_modes: INSTALL_MODES
+                .into_iter()
+                .map(|(type_, supported)| InstallMode { type_, supported })
+                .collect(),
             customresourcedefinitions: Crds {
-                owned: vec![OwnedCrd {
+                owned: std::iter::once(OwnedCrd {
                     name: CRD_NAME,
                     version: api::VERSION,
                     kind: "ClusterPolicy",
@@ -967,14 +1174,29 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                     .collect(),
                     spec_descriptors: spec_descriptors(),
                     status_descriptors: status_descriptors(),
-                }],
+                })
+                .chain(
+                    NFD_OWNED
+                        .into_iter()
+                        .map(|(name, kind, display_name, description)| OwnedCrd {
+                            name,
+                            version: "v1alpha1",
+                            kind,
+                            display_name,
+                            description: description.to_owned(),
+                            resources: Vec::new(),
+                            spec_descriptors: Vec::new(),
+                            status_descriptors: Vec::new(),
+                        }),
+                )
+                .collect(),
             },
             install: Install {
                 strategy: "deployment",
                 spec: InstallSpec {
                     cluster_permissions: vec![Permissions {
                         service_account_name: OPERATOR,
-                        rules: rbac::operator_cluster_role().rules.unwrap_or_default(),
+                        rules: olm_cluster_rules(),
                     }],
                     deployments: vec![DeploymentEntry {
                         name: OPERATOR,
@@ -1004,20 +1226,20 @@ pub fn deployment_of_csv(csv: &Value) -> anyhow::Result<Deployment> {
 
 /// Reads a bundle folder's files that [`files`] writes (`None` for a missing one).
 pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
-    [
-        CSV_FILE,
-        CRD_FILE,
-        ANNOTATIONS_FILE,
-        DOCKERFILE,
-        METRICS_SERVICE_FILE,
-        SERVICE_MONITOR_FILE,
-        PROMETHEUS_RULE_FILE,
-        PROMETHEUS_ROLE_FILE,
-        PROMETHEUS_ROLE_BINDING_FILE,
-    ]
-    .into_iter()
-    .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
-    .collect()
+    [CSV_FILE, CRD_FILE]
+        .into_iter()
+        .chain(NFD_CRD_FILES)
+        .chain([
+            ANNOTATIONS_FILE,
+            DOCKERFILE,
+            METRICS_SERVICE_FILE,
+            SERVICE_MONITOR_FILE,
+            PROMETHEUS_RULE_FILE,
+            PROMETHEUS_ROLE_FILE,
+            PROMETHEUS_ROLE_BINDING_FILE,
+        ])
+        .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -1076,7 +1298,7 @@ mod tests {
 
     #[test]
     fn image_env_names_every_pinned_image_the_operator_can_deploy() {
-        let env: BTreeMap<&str, &str> = image_env().into_iter().collect();
+        let env: BTreeMap<&str, String> = image_env().unwrap().into_iter().collect();
         for var in [
             "DRIVER_IMAGE",
             "DRIVER_MANAGER_IMAGE",
@@ -1093,12 +1315,65 @@ mod tests {
         ] {
             assert!(env.contains_key(var), "{var} missing from {env:?}");
         }
+        let facts = digest_facts().unwrap();
         for kind in IMAGE_KINDS {
             if let Some(image) = kind.pinned() {
-                assert_eq!(env.get(kind.env_var()), Some(&image), "{kind:?}");
+                let expected = pinned_by_digest(image, &facts).unwrap();
+                assert_eq!(env.get(kind.env_var()), Some(&expected), "{kind:?}");
+                assert!(
+                    expected.starts_with(image),
+                    "{expected} is not {image} pinned"
+                );
             }
         }
-        assert_eq!(env.len(), image_env().len(), "a variable is listed twice");
+        assert_eq!(
+            env.len(),
+            image_env().unwrap().len(),
+            "a variable is listed twice"
+        );
+    }
+
+    #[test]
+    fn every_pinned_image_has_one_digest_fact_and_every_fact_a_pinned_image() {
+        let facts = digest_facts().unwrap();
+        let pinned: BTreeSet<&str> = IMAGE_KINDS.iter().filter_map(|k| k.pinned()).collect();
+        for image in &pinned {
+            assert!(
+                facts.iter().any(|f| f.tagged() == *image),
+                "{image} has no row in {DIGESTS_FILE}"
+            );
+        }
+        for fact in &facts {
+            assert!(
+                pinned.contains(fact.tagged().as_str()),
+                "{DIGESTS_FILE} has a row for {}, which the operator does not pin (stale?)",
+                fact.tagged()
+            );
+        }
+        // The facts found in NVIDIA's v26.7.0 CSV are used, not dropped.
+        assert_eq!(
+            pinned_by_digest("nvcr.io/nvidia/k8s-device-plugin:v0.20.0", &facts).unwrap(),
+            "nvcr.io/nvidia/k8s-device-plugin:v0.20.0@sha256:a61ba9fd8efb82f3a79f877f7580e02c1e8e7593f62473644bc9c79e315c3312"
+        );
+    }
+
+    #[test]
+    fn an_image_without_a_digest_fact_is_an_error_that_names_the_table() {
+        let err = pinned_by_digest("nvcr.io/nvidia/new-operand:v1", &digest_facts().unwrap())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("nvcr.io/nvidia/new-operand:v1")
+                && err.to_string().contains(DIGESTS_FILE),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn digests_are_checked_for_form() {
+        assert!(is_sha256_digest(&format!("sha256:{}", "0a".repeat(32))));
+        assert!(!is_sha256_digest(&format!("sha256:{}", "0A".repeat(32))));
+        assert!(!is_sha256_digest(&format!("sha256:{}", "0a".repeat(31))));
+        assert!(!is_sha256_digest(&format!("sha512:{}", "0a".repeat(32))));
     }
 
     #[test]
@@ -1126,7 +1401,7 @@ mod tests {
         assert_eq!(
             value("DRIVER_IMAGE").as_deref(),
             ImageKind::Driver.pinned(),
-            "an existing variable is replaced"
+            "an existing variable is replaced (the driver has no digest: its tag gets the OS)"
         );
         assert_eq!(env.iter().filter(|e| e.name == "DRIVER_IMAGE").count(), 1);
         assert!(
@@ -1190,16 +1465,120 @@ mod tests {
     }
 
     #[test]
-    fn alm_examples_are_cluster_policies_that_keep_every_field() {
+    fn alm_example_policies_keep_every_field() {
         let examples = alm_examples().unwrap();
         let examples = examples.as_array().unwrap();
         assert_eq!(examples.len(), ALM_EXAMPLES.len());
-        for example in examples {
+        let policies: Vec<&Value> = examples
+            .iter()
+            .filter(|e| e["kind"] == "ClusterPolicy")
+            .collect();
+        assert!(!policies.is_empty());
+        for example in policies {
             assert_eq!(example["apiVersion"], "nvidia.com/v1");
-            assert_eq!(example["kind"], "ClusterPolicy");
             let policy: api::ClusterPolicy = serde_json::from_value(example.clone()).unwrap();
             assert_eq!(&serde_json::to_value(policy).unwrap(), example);
         }
+    }
+
+    #[test]
+    fn every_owned_crd_has_an_alm_example_of_its_kind_and_version() {
+        let files = files(chart_like_deployment()).unwrap();
+        let csv: Value = serde_yaml_ng::from_str(&files[0].content).unwrap();
+        let examples = alm_examples().unwrap();
+        let owned = csv["spec"]["customresourcedefinitions"]["owned"]
+            .as_array()
+            .unwrap();
+        assert_eq!(owned.len(), 1 + NFD_OWNED.len());
+        for crd in owned {
+            let group = crd["name"].as_str().unwrap().split_once('.').unwrap().1;
+            let api_version = format!("{group}/{}", crd["version"].as_str().unwrap());
+            assert!(
+                examples
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e["kind"] == crd["kind"] && e["apiVersion"] == api_version.as_str()),
+                "no alm-example of {} {api_version}",
+                crd["kind"]
+            );
+        }
+        // Each owned NFD CRD is a file of the bundle, with the kind the CSV names.
+        for ((name, kind, _, _), path) in NFD_OWNED.iter().zip(NFD_CRD_FILES) {
+            let file = files.iter().find(|f| f.path == path).unwrap();
+            let crd: Value = serde_yaml_ng::from_str(&file.content).unwrap();
+            assert_eq!(crd["metadata"]["name"], *name, "{path}");
+            assert_eq!(crd["spec"]["names"]["kind"], *kind, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_csv_declares_nvidias_install_modes_and_an_upgrade_range() {
+        let files = files(chart_like_deployment()).unwrap();
+        let csv: Value = serde_yaml_ng::from_str(&files[0].content).unwrap();
+        let modes: Vec<(&str, bool)> = csv["spec"]["installModes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["type"].as_str().unwrap(),
+                    m["supported"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        // NVIDIA's v26.7.0 CSV: OwnNamespace and SingleNamespace.
+        assert_eq!(
+            modes,
+            [
+                ("OwnNamespace", true),
+                ("SingleNamespace", true),
+                ("MultiNamespace", false),
+                ("AllNamespaces", false)
+            ]
+        );
+        assert_eq!(
+            csv["metadata"]["annotations"]["olm.skipRange"],
+            format!("<{OPERATOR_VERSION}")
+        );
+    }
+
+    #[test]
+    fn the_csv_may_read_but_not_write_crds() {
+        let rules = olm_cluster_rules();
+        let on_crds: Vec<&PolicyRule> = rules
+            .iter()
+            .filter(|r| {
+                r.resources
+                    .iter()
+                    .flatten()
+                    .any(|x| x == "customresourcedefinitions")
+            })
+            .collect();
+        assert!(!on_crds.is_empty(), "the operator still reads NFD's CRDs");
+        for rule in on_crds {
+            assert!(
+                rule.verbs
+                    .iter()
+                    .all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+                "{rule:?}"
+            );
+        }
+        // Everything else is the generated ClusterRole's.
+        let all = rbac::operator_cluster_role().rules.unwrap();
+        let others = |rules: &[PolicyRule]| -> Vec<PolicyRule> {
+            rules
+                .iter()
+                .filter(|r| {
+                    !r.resources
+                        .iter()
+                        .flatten()
+                        .any(|x| x == "customresourcedefinitions")
+                })
+                .cloned()
+                .collect()
+        };
+        assert_eq!(others(&rules), others(&all));
     }
 
     #[test]
@@ -1235,7 +1614,7 @@ mod tests {
         let files = files(chart_like_deployment()).unwrap();
         let csv_text = &files.iter().find(|f| f.path == CSV_FILE).unwrap().content;
         let csv: Value = serde_yaml_ng::from_str(csv_text).unwrap();
-        let rules = serde_json::to_value(rbac::operator_cluster_role().rules.unwrap()).unwrap();
+        let rules = serde_json::to_value(olm_cluster_rules()).unwrap();
         assert_eq!(
             csv.pointer("/spec/install/spec/clusterPermissions/0/rules"),
             Some(&rules)
@@ -1247,8 +1626,11 @@ mod tests {
             .iter()
             .map(|r| r["image"].as_str().unwrap())
             .collect();
-        for (_, image) in image_env() {
-            assert!(related.contains(&image), "{image} not in relatedImages");
+        for (_, image) in image_env().unwrap() {
+            assert!(
+                related.contains(&image.as_str()),
+                "{image} not in relatedImages"
+            );
         }
         assert!(related.contains(&"registry.local/gpu-operator:0.1.0"));
         let examples: Value = serde_json::from_str(

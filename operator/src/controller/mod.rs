@@ -115,6 +115,8 @@ pub struct Context {
     ledger: Mutex<plan::Ledger>,
     /// Whether NFD's CRDs were found or made current since the operator started.
     nfd_crds_current: std::sync::atomic::AtomicBool,
+    /// NFD's CRDs are installed by someone else (OLM) and not writable by us.
+    nfd_crds_read_only: std::sync::atomic::AtomicBool,
     /// Since when each DaemonSet's pod count has differed from its labelled nodes.
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
     recorder: Recorder,
@@ -333,6 +335,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .iter()
         .chain(&resolved.notes)
         .cloned()
+        .chain(
+            ctx.nfd_crds_read_only
+                .load(Ordering::Relaxed)
+                .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
+        )
         .collect();
     let status = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
@@ -425,14 +432,20 @@ async fn apply(
         s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
     });
     if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
-        let written = nfd_crds::ensure(&ctx.client).await?;
-        if !written.is_empty() {
-            tracing::info!(crds = ?written, "installed NFD's CRDs");
+        let ensured = nfd_crds::ensure(&ctx.client).await?;
+        if !ensured.written.is_empty() {
+            tracing::info!(crds = ?ensured.written, "installed NFD's CRDs");
         }
+        if !ensured.read_only.is_empty() {
+            tracing::warn!(crds = ?ensured.read_only, "{}", nfd_crds::READ_ONLY_NOTE);
+        }
+        ctx.nfd_crds_read_only
+            .store(!ensured.read_only.is_empty(), Ordering::Relaxed);
         ctx.nfd_crds_current.store(true, Ordering::Relaxed);
     } else if !deploys_nfd {
         // Switched off: look at the CRDs again when NFD is switched back on.
         ctx.nfd_crds_current.store(false, Ordering::Relaxed);
+        ctx.nfd_crds_read_only.store(false, Ordering::Relaxed);
     }
     // One pass at a time: the ledger is taken for the pass and put back, also on failure.
     let mut ledger = ctx
@@ -650,6 +663,7 @@ pub async fn run(
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
+        nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
     };
 

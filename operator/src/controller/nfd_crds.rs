@@ -10,7 +10,10 @@
 //! a steady cluster costs no request for them.
 //!
 //! RBAC: `create` on customresourcedefinitions (Kubernetes cannot scope `create` by name) and
-//! `get`/`patch` on the three names.
+//! `get`/`patch` on the three names. Under OLM the bundle carries these CRDs and the CSV grants
+//! only `get`: a refused write (403) of a CRD that is already installed is then no failure, the
+//! served definition is used and the policy's status says so ([`READ_ONLY_NOTE`]); a refused
+//! create of a missing one is an error that says what to install.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
@@ -49,6 +52,30 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "NFD's CRD {name} is not installed and the operator may not create it ({source}): install NFD's CRDs (the OLM bundle and the chart carry them, crds/nfd-api-crds.yaml), or grant create on customresourcedefinitions"
+    )]
+    Missing {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What [`ensure`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Ensured {
+    /// CRDs written (installed or upgraded).
+    pub written: Vec<String>,
+    /// CRDs installed by someone else that the operator may not write (403): used as served.
+    pub read_only: Vec<String>,
+}
+
+/// The status note while NFD's CRDs are used as installed by someone else.
+pub const READ_ONLY_NOTE: &str = "NFD's CRDs are used as installed (the operator may not update them; under OLM the bundle installs them)";
+
+fn is_forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 403)
 }
 
 /// NFD's CRDs as the operator installs them, sorted by name (the order of [`NAMES`]).
@@ -62,11 +89,11 @@ pub fn definitions() -> Result<Vec<CustomResourceDefinition>, Error> {
 }
 
 /// Installs or upgrades each of NFD's CRDs whose served copy lacks the bundled definition's
-/// hash; returns the names written.
-pub async fn ensure(client: &Client) -> Result<Vec<String>, Error> {
+/// hash; an installed one the operator may not write is left as served.
+pub async fn ensure(client: &Client) -> Result<Ensured, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(MANAGER).force();
-    let mut written = Vec::new();
+    let mut outcome = Ensured::default();
     for mut crd in definitions()? {
         let name = crd.name_any();
         let value = serde_json::to_value(&crd).map_err(|source| Error::Hash {
@@ -82,17 +109,22 @@ pub async fn ensure(client: &Client) -> Result<Vec<String>, Error> {
             source,
         };
         let served = api.get_metadata_opt(&name).await.map_err(apply_error)?;
-        if served.is_some_and(|s| s.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash)) {
+        if served
+            .as_ref()
+            .is_some_and(|s| s.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash))
+        {
             continue;
         }
         crd.annotations_mut()
             .insert(APPLIED_HASH_ANNOTATION.to_owned(), hash);
-        api.patch(&name, &params, &Patch::Apply(&crd))
-            .await
-            .map_err(apply_error)?;
-        written.push(name);
+        match api.patch(&name, &params, &Patch::Apply(&crd)).await {
+            Ok(_) => outcome.written.push(name),
+            Err(e) if is_forbidden(&e) && served.is_some() => outcome.read_only.push(name),
+            Err(source) if is_forbidden(&source) => return Err(Error::Missing { name, source }),
+            Err(e) => return Err(apply_error(e)),
+        }
     }
-    Ok(written)
+    Ok(outcome)
 }
 
 #[cfg(test)]

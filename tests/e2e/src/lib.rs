@@ -10,6 +10,7 @@ pub mod crd;
 pub mod helm;
 pub mod nfd;
 pub mod nodes;
+pub mod olm;
 pub mod openshift;
 pub mod operator;
 pub mod procs;

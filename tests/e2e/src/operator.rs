@@ -140,6 +140,38 @@ fn write_token_kubeconfig(name: &str, token: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The container's arguments after `gpu-operator run`, less `--metrics-addr` (the caller binds
+/// its own); an error for a container that does not run `gpu-operator run`.
+pub fn container_args(container: &k8s_openapi::api::core::v1::Container) -> Result<Vec<String>> {
+    let mut words: Vec<String> = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .collect();
+    anyhow::ensure!(
+        words.first().is_some_and(|w| w.ends_with("gpu-operator"))
+            && words.get(1).is_some_and(|w| w == "run"),
+        "container {} does not run `gpu-operator run`: {words:?}",
+        container.name
+    );
+    words.drain(..2);
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for word in words {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if word == "--metrics-addr" {
+            skip_value = true;
+        } else if !word.starts_with("--metrics-addr=") {
+            out.push(word);
+        }
+    }
+    Ok(out)
+}
+
 /// A running operator process; killed when dropped.
 pub struct Operator {
     child: Option<Child>,
@@ -173,6 +205,40 @@ impl Operator {
                 ("POD_NAME", pod_name),
             ],
         )
+    }
+
+    /// Starts it as `container` of a pod named `pod_name` in the identity's namespace would
+    /// run: its args and env, the downward-API variables (`metadata.namespace`, `metadata.name`)
+    /// filled in. Only the metrics address changes: the pod binds every address of its own
+    /// network namespace, a process here binds a free loopback port.
+    pub fn start_as_container(
+        identity: &OperatorIdentity,
+        container: &k8s_openapi::api::core::v1::Container,
+        pod_name: &str,
+    ) -> Result<Self> {
+        let args = container_args(container)?;
+        let mut env: Vec<(String, String)> = Vec::new();
+        for var in container.env.iter().flatten() {
+            let value = match (&var.value, &var.value_from) {
+                (Some(value), None) => value.clone(),
+                (None, Some(from)) => {
+                    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                        Some("metadata.namespace") => identity.namespace.clone(),
+                        Some("metadata.name") => pod_name.to_owned(),
+                        _ => anyhow::bail!(
+                            "env {}: valueFrom {from:?} is not supported here",
+                            var.name
+                        ),
+                    }
+                }
+                (None, None) => String::new(),
+                (Some(_), Some(_)) => anyhow::bail!("env {}: value and valueFrom", var.name),
+            };
+            env.push((var.name.clone(), value));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Self::spawn(identity, &args, &env)
     }
 
     fn spawn(identity: &OperatorIdentity, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
@@ -341,5 +407,23 @@ mod tests {
                     gpu_operator_reconciles_total_failed 3\ngpu_operator_reconciles_total 12\n";
         assert_eq!(metric(text, "gpu_operator_reconciles_total"), Some(12.0));
         assert_eq!(metric(text, "gpu_operator_missing"), None);
+    }
+
+    #[test]
+    fn container_args_keep_everything_after_run_but_the_metrics_address() {
+        let container: k8s_openapi::api::core::v1::Container = serde_json::from_value(serde_json::json!({
+            "name": "gpu-operator", "command": ["gpu-operator"],
+            "args": ["run", "--metrics-addr=0.0.0.0:8080", "--leader-elect=true", "--metrics-addr", "0.0.0.0:1", "--json-logs"],
+        }))
+        .unwrap();
+        assert_eq!(
+            container_args(&container).unwrap(),
+            ["--leader-elect=true", "--json-logs"]
+        );
+        let other: k8s_openapi::api::core::v1::Container = serde_json::from_value(
+            serde_json::json!({"name": "x", "command": ["sleep"], "args": ["1"]}),
+        )
+        .unwrap();
+        assert!(container_args(&other).is_err());
     }
 }

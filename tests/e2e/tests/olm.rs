@@ -85,33 +85,15 @@ fn validate(dir: &Path) -> (bool, String) {
 fn the_bundle_passes_the_operator_framework_validators() {
     let (ok, output) = validate(&bundle_dir());
     println!("{output}");
-    for suite in ["default", "operatorhub"] {
+    // No warning either: the CSV may not create CRDs (OLM installs the bundle's, NFD's
+    // included), which was the one good-practices warning before NFD's CRDs were bundled.
+    for suite in ["default", "operatorhub", "good-practices"] {
         assert!(
             output.contains(&format!("suite {suite}: 0 errors, 0 warnings")),
             "suite {suite} did not run clean:\n{output}"
         );
     }
-    // One warning is by design (decision 16): the operator installs NFD's CRDs when it deploys
-    // NFD, so its ClusterRole may create CRDs and patch NFD's three. Anything else fails.
-    let warnings: Vec<&str> = output
-        .lines()
-        .filter(|l| l.contains("\tWARNING\t"))
-        .collect();
-    let by_design = |line: &&str| {
-        line.starts_with("good-practices\tWARNING\t")
-            && line.contains("CSV contains permissions to create CRD")
-    };
-    assert!(
-        output.contains("suite good-practices: 0 errors, 1 warnings")
-            && warnings.len() == 1
-            && warnings.iter().all(by_design),
-        "the validators reject bundle/ beyond the CRD-creation warning NFD needs:\n{output}"
-    );
-    // The strict run (no -allow-warnings) still fails on that warning, as it must on any.
-    assert!(
-        !ok,
-        "the validators passed a bundle they warned about:\n{output}"
-    );
+    assert!(ok, "the validators rejected bundle/:\n{output}");
 
     // The same validators on a copy without an icon and with a category OperatorHub does not
     // know: they must fail, naming both.
@@ -180,16 +162,23 @@ fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
         );
     }
 
-    // The CSV's permissions are the chart's ClusterRole, rule for rule.
+    // The CSV's permissions are the chart's ClusterRole, rule for rule, less writing CRDs
+    // (OLM installs the bundle's CRDs; the chart's operator installs NFD's itself).
     let role: Value = serde_yaml_ng::from_str(&helm_template(&[
         "--show-only",
         "templates/clusterrole.yaml",
     ]))
     .unwrap();
+    let generated = gpu_operator::render::rbac::operator_cluster_role();
+    assert!(
+        role["rules"] == serde_json::to_value(generated.rules).unwrap(),
+        "the chart's ClusterRole differs from `gpu-operator rbac`: run `make chart`"
+    );
     let csv = committed_csv();
     assert!(
-        csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"] == role["rules"],
-        "the CSV's clusterPermissions differ from the chart's ClusterRole: {FIX}"
+        csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
+            == serde_json::to_value(bundle::olm_cluster_rules()).unwrap(),
+        "the CSV's clusterPermissions differ from the chart's ClusterRole less writing CRDs: {FIX}"
     );
     // And it runs the chart's operator container: same command, probes, security context.
     let chart: Value =
@@ -236,29 +225,42 @@ fn stored_as_written(written: &Value, live: &Value, path: &str, lost: &mut Vec<S
 #[tokio::test]
 async fn every_alm_example_is_stored_as_written() {
     let admin = e2e::client().await.unwrap();
-    // The bundle's own CRD copy, as OLM would install it (the same field manager as the other
-    // tests, which apply the identical crds/ copy).
-    let crd: CustomResourceDefinition =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(bundle_dir().join(CRD_FILE)).unwrap())
-            .unwrap();
+    // The bundle's own CRD copies, as OLM would install them (the same field manager as the
+    // other tests, which apply the identical crds/ copies).
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        e2e::crd::CLUSTER_POLICY_CRD,
-        &PatchParams::apply("e2e-controller-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    wait::for_object(
-        crds,
-        e2e::crd::CLUSTER_POLICY_CRD,
-        Duration::from_secs(60),
-        "CRD established",
-        conditions::is_crd_established(),
-    )
-    .await
-    .unwrap();
+    let mut scopes = std::collections::BTreeMap::new();
+    for file in std::iter::once(CRD_FILE).chain(bundle::NFD_CRD_FILES) {
+        let crd: CustomResourceDefinition =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(bundle_dir().join(file)).unwrap())
+                .unwrap();
+        let name = crd.metadata.name.clone().unwrap();
+        scopes.insert(crd.spec.names.kind.clone(), crd.spec.scope.clone());
+        crds.patch(
+            &name,
+            &PatchParams::apply("e2e-controller-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait::for_object(
+            crds.clone(),
+            &name,
+            Duration::from_secs(60),
+            "CRD established",
+            conditions::is_crd_established(),
+        )
+        .await
+        .unwrap();
+    }
     session::remove_leftovers(&admin).await;
+    let namespace = "e2e-olm-examples";
+    delete_namespace(&admin, namespace).await;
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(namespace.to_owned());
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
 
     let examples: Value = serde_json::from_str(
         committed_csv()["metadata"]["annotations"]["alm-examples"]
@@ -268,13 +270,21 @@ async fn every_alm_example_is_stored_as_written() {
     .unwrap();
     let examples = examples.as_array().unwrap();
     assert!(!examples.is_empty(), "alm-examples is empty");
-    let resource =
-        ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"));
-    let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
     // One at a time: a second policy would only be marked ignored, and the CRD is all that
     // judges them here (no operator runs).
     for (i, example) in examples.iter().enumerate() {
         let object: DynamicObject = serde_json::from_value(example.clone()).unwrap();
+        let types = object.types.clone().unwrap();
+        let (group, version) = types.api_version.split_once('/').unwrap();
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+        let api: Api<DynamicObject> = match scopes.get(&types.kind).map(String::as_str) {
+            Some("Namespaced") => Api::namespaced_with(admin.clone(), namespace, &resource),
+            Some(_) => Api::all_with(admin.clone(), &resource),
+            None => panic!(
+                "alm-examples[{i}] is a {}, which the bundle has no CRD for",
+                types.kind
+            ),
+        };
         let name = object.metadata.name.clone().unwrap();
         let created = api
             .create(&PostParams::default(), &object)
@@ -288,7 +298,7 @@ async fn every_alm_example_is_stored_as_written() {
             "alm-examples[{i}] ({name}) is not stored as written: {lost:?}"
         );
         api.delete(&name, &DeleteParams::default()).await.unwrap();
-        wait::until(TIMEOUT, "example policy deleted", || {
+        wait::until(TIMEOUT, "example deleted", || {
             let (api, name) = (api.clone(), name.clone());
             async move {
                 Ok(match api.get_opt(&name).await? {
@@ -300,6 +310,7 @@ async fn every_alm_example_is_stored_as_written() {
         .await
         .unwrap();
     }
+    delete_namespace(&admin, namespace).await;
 }
 
 /// A pod with what operand pods ask for: host PID, a host path, a privileged container.

@@ -1,0 +1,267 @@
+//! Real OLM on the harness: OLM's olm-operator (built by tests/cluster/build.sh from
+//! operator-lifecycle-manager at the pinned release) and OLM's CRDs, and the RBAC OLM's resolver
+//! makes for a ClusterServiceVersion (`csv-rbac`, what an InstallPlan of the catalog operator
+//! would create; the catalog operator is not run: unpacking bundles needs pods that really run).
+//!
+//! olm-operator serves metrics and health on :8080 of every address and has no flag to change
+//! that, so it runs under `netns-run`, in a network namespace of its own where only the API
+//! server's 127.0.0.1 port leads out. A failed step panics or errors: this is test support.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::Value;
+
+use crate::cluster::unique_name;
+
+/// The namespace olm-operator runs its own bookkeeping in (`--namespace`).
+pub const OLM_NAMESPACE: &str = "olm";
+const FIELD_MANAGER: &str = "e2e-olm";
+
+/// `name` on PATH, with symlinks resolved (the harness's bin folder links into the cache).
+fn on_path(name: &str) -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").context("PATH is not set")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{name} is not on PATH: source $HARNESS_DIR/env (tests/cluster/build.sh builds it)"
+            )
+        })?
+        .canonicalize()
+        .with_context(|| format!("resolving {name}"))
+}
+
+/// OLM's CRDs: the YAML files build.sh copied from OLM's operator-framework/api module.
+fn crd_dir() -> Result<PathBuf> {
+    Ok(on_path("olm")?
+        .parent()
+        .context("olm has no folder")?
+        .join("olm-crds"))
+}
+
+/// The API server's loopback address from the admin kubeconfig (`https://127.0.0.1:PORT`).
+fn api_server_address() -> Result<String> {
+    let path = std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?;
+    let config: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
+    let server = config["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .context("the kubeconfig has no clusters[0].cluster.server")?;
+    let address = server
+        .strip_prefix("https://")
+        .with_context(|| format!("server {server} is not https"))?
+        .trim_end_matches('/');
+    if !address.starts_with("127.0.0.1:") {
+        bail!("the API server {server} is not on 127.0.0.1");
+    }
+    Ok(address.to_owned())
+}
+
+/// Server-side applies every object of `dir`'s YAML files.
+async fn apply_dir(admin: &Client, dir: &Path) -> Result<Vec<(ApiResource, String)>> {
+    let mut applied = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let object: DynamicObject = serde_yaml_ng::from_str(&std::fs::read_to_string(&file)?)
+            .with_context(|| format!("parsing {}", file.display()))?;
+        let resource = api_resource(&object)?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .context("an object without a name")?;
+        Api::<DynamicObject>::all_with(admin.clone(), &resource)
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .with_context(|| format!("applying {}", file.display()))?;
+        applied.push((resource, name));
+    }
+    Ok(applied)
+}
+
+/// The API resource of a typed object, its plural guessed as kube does (right for every kind
+/// used here).
+pub fn api_resource(object: &DynamicObject) -> Result<ApiResource> {
+    let types = object
+        .types
+        .as_ref()
+        .context("an object without apiVersion/kind")?;
+    let (group, version) = types
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", types.api_version.as_str()));
+    Ok(ApiResource::from_gvk(&GroupVersionKind::gvk(
+        group,
+        version,
+        &types.kind,
+    )))
+}
+
+/// Installs OLM's CRDs and waits until the API server serves them.
+pub async fn install_crds(admin: &Client) -> Result<()> {
+    let dir = crd_dir()?;
+    apply_dir(admin, &dir).await?;
+    let status = crate::kubectl()
+        .args(["wait", "--for=condition=Established", "--timeout=60s", "-f"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "OLM's CRDs did not become established");
+    Ok(())
+}
+
+/// A running olm-operator; killed (with its network namespace) when dropped.
+pub struct Olm {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Olm {
+    /// Installs OLM's CRDs and its namespace, then starts olm-operator as the harness admin
+    /// (OLM runs with cluster-admin in a cluster too), watching every namespace.
+    pub async fn start(admin: &Client) -> Result<Self> {
+        install_crds(admin).await?;
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+        if namespaces.get_opt(OLM_NAMESPACE).await?.is_none() {
+            let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+            ns.metadata.name = Some(OLM_NAMESPACE.to_owned());
+            namespaces
+                .create(&kube::api::PostParams::default(), &ns)
+                .await?;
+        }
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name("olm-operator")));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(on_path("netns-run")?)
+            .arg("--forward")
+            .arg(api_server_address()?)
+            .arg("--")
+            .arg(on_path("olm")?)
+            .args([
+                "--namespace",
+                OLM_NAMESPACE,
+                // No OpenShift ClusterOperator objects to write status to.
+                "--writeStatusName=",
+                "--writePackageServerStatusName=",
+                "--interval=30s",
+            ])
+            .env(
+                "KUBECONFIG",
+                std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?,
+            )
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting netns-run olm")?;
+        Ok(Olm {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// The last `lines` lines of olm-operator's log (for assertion messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Olm {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The RBAC OLM's resolver makes for `csv` (as the API server returned it: uid and namespace
+/// set): ServiceAccounts, Roles, RoleBindings, ClusterRoles, ClusterRoleBindings.
+pub fn generated_rbac(csv: &Value) -> Result<Vec<DynamicObject>> {
+    let mut child = Command::new(on_path("csv-rbac")?)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting csv-rbac")?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().context("csv-rbac stdin")?;
+        stdin.write_all(serde_json::to_string(csv)?.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "csv-rbac failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout)?;
+    list["items"]
+        .as_array()
+        .context("csv-rbac printed no items")?
+        .iter()
+        .map(|item| Ok(serde_json::from_value(item.clone())?))
+        .collect()
+}
+
+/// Creates `objects` as the catalog operator would (server-side apply as the admin).
+pub async fn apply_objects(admin: &Client, objects: &[DynamicObject]) -> Result<()> {
+    for object in objects {
+        let resource = api_resource(object)?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .context("an object without a name")?;
+        let api: Api<DynamicObject> = match object.metadata.namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(admin.clone(), ns, &resource),
+            None => Api::all_with(admin.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .with_context(|| format!("applying {} {name}", resource.kind))?;
+    }
+    Ok(())
+}
+
+/// Deletes the cluster-scoped objects among `objects` (namespaced ones go with their namespace).
+pub async fn delete_cluster_scoped(admin: &Client, objects: &[DynamicObject]) -> Result<()> {
+    for object in objects.iter().filter(|o| o.metadata.namespace.is_none()) {
+        let resource = api_resource(object)?;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        match Api::<DynamicObject>::all_with(admin.clone(), &resource)
+            .delete(&name, &kube::api::DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("deleting {} {name}", resource.kind)),
+        }
+    }
+    Ok(())
+}
