@@ -134,17 +134,12 @@ pub async fn remove_leftovers(admin: &Client) {
             .await
             .unwrap();
     }
-    wait::until(TIMEOUT, "leftover policies gone", || {
-        let api = api.clone();
-        async move {
-            let n = api.list(&ListParams::default()).await?.items.len();
-            Ok(if n == 0 {
-                Ok(())
-            } else {
-                Err(format!("{n} policies"))
-            })
-        }
-    })
+    wait::until_none_left(
+        &api,
+        &ListParams::default(),
+        TIMEOUT,
+        "leftover policies gone",
+    )
     .await
     .unwrap();
 }
@@ -230,17 +225,12 @@ impl Setup {
             .await
             .unwrap();
         let api = self.daemonsets();
-        wait::until(TIMEOUT, "operands garbage-collected", || {
-            let api = api.clone();
-            async move {
-                let left = api.list(&ListParams::default()).await?.items.len();
-                Ok(if left == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{left} DaemonSets left"))
-                })
-            }
-        })
+        wait::until_none_left(
+            &api,
+            &ListParams::default(),
+            TIMEOUT,
+            "operands garbage-collected",
+        )
         .await
         .unwrap();
         // Cluster-scoped operand objects (RuntimeClass nvidia, ClusterRoles) have fixed names:

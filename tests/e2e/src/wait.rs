@@ -47,3 +47,26 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Polls until `api` lists no object matching `params` (for example the operands a deleted
+/// policy owned, after garbage collection), or fails after `timeout` naming `what` and how many
+/// were left.
+pub async fn until_none_left<K>(
+    api: &Api<K>,
+    params: &kube::api::ListParams,
+    timeout: Duration,
+    what: &str,
+) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    until(timeout, what, || async {
+        let left = api.list_metadata(params).await?.items.len();
+        Ok(if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
+        })
+    })
+    .await
+}

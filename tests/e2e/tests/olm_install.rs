@@ -200,17 +200,12 @@ impl Install {
             .await
             .unwrap();
         let daemon_sets: Api<DaemonSet> = Api::namespaced(self.admin.clone(), &self.namespace);
-        wait::until(TIMEOUT, "operands garbage-collected", || {
-            let api = daemon_sets.clone();
-            async move {
-                let left = api.list_metadata(&ListParams::default()).await?.items.len();
-                Ok(if left == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{left} DaemonSets left"))
-                })
-            }
-        })
+        wait::until_none_left(
+            &daemon_sets,
+            &ListParams::default(),
+            TIMEOUT,
+            "operands garbage-collected",
+        )
         .await
         .unwrap();
         operator.terminate(Duration::from_secs(20)).unwrap();

@@ -969,17 +969,12 @@ async fn reset(
     }
     if let Some(id) = identity {
         let ds: Api<DaemonSet> = Api::namespaced(admin.clone(), &id.namespace);
-        e2e::wait::until(Duration::from_secs(900), "operand DaemonSets gone", || {
-            let ds = ds.clone();
-            async move {
-                let n = ds.list_metadata(&ListParams::default()).await?.items.len();
-                Ok(if n == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{n} left"))
-                })
-            }
-        })
+        e2e::wait::until_none_left(
+            &ds,
+            &ListParams::default(),
+            Duration::from_secs(900),
+            "operand DaemonSets gone",
+        )
         .await?;
     }
     let api: Api<Node> = Api::all(admin.clone());
