@@ -41,11 +41,26 @@ pub fn config_hash(ds: &DaemonSet) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// The typed kinds of operand objects, in apply order (pruning goes in reverse). The one list:
-/// apply, prune, the watches and the e2e teardown each `match` on it without a wildcard, so a
-/// new kind does not compile until every one of them handles it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
+/// Declares `Kind` and `Kind::ALL` from one list, so no kind can be left out of `ALL` (which
+/// apply, prune and the watches iterate).
+macro_rules! kinds {
+    ($($kind:ident),+ $(,)?) => {
+        /// The typed kinds of operand objects, in apply order (pruning goes in reverse). The one
+        /// list: apply, prune, the watches and the e2e teardown each `match` on it without a
+        /// wildcard, so a new kind does not compile until every one of them handles it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kind {
+            $($kind),+
+        }
+
+        impl Kind {
+            /// Every kind, in apply order.
+            pub const ALL: [Kind; [$(stringify!($kind)),+].len()] = [$(Kind::$kind),+];
+        }
+    };
+}
+
+kinds![
     ServiceAccount,
     ClusterRole,
     ClusterRoleBinding,
@@ -56,23 +71,9 @@ pub enum Kind {
     Service,
     DaemonSet,
     Deployment,
-}
+];
 
 impl Kind {
-    /// Every kind, in apply order.
-    pub const ALL: [Kind; 10] = [
-        Kind::ServiceAccount,
-        Kind::ClusterRole,
-        Kind::ClusterRoleBinding,
-        Kind::Role,
-        Kind::RoleBinding,
-        Kind::ConfigMap,
-        Kind::RuntimeClass,
-        Kind::Service,
-        Kind::DaemonSet,
-        Kind::Deployment,
-    ];
-
     /// `(group, version, kind, plural)` of the kind's API.
     pub const fn api(self) -> (&'static str, &'static str, &'static str, &'static str) {
         match self {
@@ -126,32 +127,13 @@ pub struct OperandObjects {
 }
 
 impl OperandObjects {
-    /// Number of objects.
+    /// Number of objects: every typed kind's (`count` matches every `Kind`) and the dynamic ones.
     pub fn len(&self) -> usize {
-        let OperandObjects {
-            service_accounts,
-            cluster_roles,
-            cluster_role_bindings,
-            roles,
-            role_bindings,
-            config_maps,
-            runtime_classes,
-            services,
-            daemon_sets,
-            deployments,
-            dynamic,
-        } = self;
-        service_accounts.len()
-            + cluster_roles.len()
-            + cluster_role_bindings.len()
-            + roles.len()
-            + role_bindings.len()
-            + config_maps.len()
-            + runtime_classes.len()
-            + services.len()
-            + daemon_sets.len()
-            + deployments.len()
-            + dynamic.len()
+        Kind::ALL
+            .into_iter()
+            .map(|kind| self.count(kind))
+            .sum::<usize>()
+            + self.dynamic.len()
     }
 
     /// Number of objects of one typed kind.
