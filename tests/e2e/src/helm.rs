@@ -5,7 +5,7 @@
 //! message is the test's failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use crate::tools::repo_root;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -20,11 +20,6 @@ use crate::cluster::unique_name;
 pub const RELEASE: &str = "gpu-operator";
 /// Label of the namespaces these tests install into, to find a failed run's leftovers.
 pub const TEST_LABEL: &str = "gpu-operator.test/helm";
-
-/// The root of this clone.
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The chart folder, as helm takes it.
 pub fn chart() -> String {

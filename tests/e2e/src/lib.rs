@@ -17,6 +17,7 @@ pub mod procs;
 pub mod procstat;
 pub mod session;
 pub mod steady;
+pub mod tools;
 pub mod wait;
 
 pub use cluster::{client, kubectl};

@@ -9,6 +9,7 @@
 //! mount namespaces, chrooted into a prepared root, the API server at 127.0.0.1 through a unix
 //! socket, as the image's user.
 
+use crate::tools::on_path;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -472,20 +473,6 @@ fn container_env(pod: &Pod, container: &Container, api_port: u16) -> Result<Vec<
         env.push((var.name.clone(), value));
     }
     Ok(env)
-}
-
-/// `name` on PATH (the harness's bin folder holds the NFD binaries).
-fn on_path(name: &str) -> Result<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .with_context(|| {
-            format!(
-                "{name} is not on PATH: source $HARNESS_DIR/env (tests/cluster/build.sh builds it)"
-            )
-        })
 }
 
 /// Creates the mount point for `source` at `target` (a file for a file, else a folder).

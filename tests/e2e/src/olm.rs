@@ -7,6 +7,7 @@
 //! that, so it runs under `netns-run`, in a network namespace of its own where only the API
 //! server's 127.0.0.1 port leads out. A failed step panics or errors: this is test support.
 
+use crate::tools::on_path;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -20,21 +21,6 @@ use crate::cluster::unique_name;
 /// The namespace olm-operator runs its own bookkeeping in (`--namespace`).
 pub const OLM_NAMESPACE: &str = "olm";
 const FIELD_MANAGER: &str = "e2e-olm";
-
-/// `name` on PATH, with symlinks resolved (the harness's bin folder links into the cache).
-fn on_path(name: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").context("PATH is not set")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .with_context(|| {
-            format!(
-                "{name} is not on PATH: source $HARNESS_DIR/env (tests/cluster/build.sh builds it)"
-            )
-        })?
-        .canonicalize()
-        .with_context(|| format!("resolving {name}"))
-}
 
 /// OLM's CRDs: the YAML files build.sh copied from OLM's operator-framework/api module.
 fn crd_dir() -> Result<PathBuf> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use e2e::cluster::{kubectl_output, unique_name};
+use e2e::tools::repo_root;
 use e2e::{client, kubectl, wait};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -16,10 +17,6 @@ use serde_json::{Value, json};
 
 const FIELD_MANAGER: &str = "e2e-crd-test";
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn read_yaml(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

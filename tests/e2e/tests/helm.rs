@@ -23,9 +23,10 @@ use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
 use e2e::helm::{
     RELEASE, chart, helm, helm_ok, helm_release, operator_image_args, operator_repository,
-    release_namespace, repo_root, strings,
+    release_namespace, strings,
 };
 use e2e::operator::{Operator, OperatorIdentity};
+use e2e::tools::repo_root;
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;

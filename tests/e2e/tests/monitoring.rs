@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use e2e::cluster::unique_name;
+use e2e::tools::{self, repo_root};
 use serde_json::Value;
 
 const ALL_ON: [&str; 6] = [
@@ -20,10 +21,6 @@ const ALL_ON: [&str; 6] = [
     "--set",
     "operator.metrics.grafanaDashboard.enabled=true",
 ];
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn helm(args: &[&str]) -> Output {
     Command::new("helm").args(args).output().unwrap_or_else(|e| {
@@ -71,23 +68,9 @@ fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} rendered: {:?}", kinds(docs)))
 }
 
-/// Builds (or reuses) monitoring-check with tests/monitoring/build.sh; its path.
+/// Builds (or reuses) monitoring-check; its path.
 fn checker() -> PathBuf {
-    let out = Command::new(repo_root().join("tests/monitoring/build.sh"))
-        .output()
-        .expect("running tests/monitoring/build.sh");
-    assert!(
-        out.status.success(),
-        "tests/monitoring/build.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .expect("build.sh printed no path"),
-    )
+    tools::built_by("tests/monitoring/build.sh").unwrap()
 }
 
 /// A file of every metric name the rules and dashboard may select: the operator's own and the

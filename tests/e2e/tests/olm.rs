@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use e2e::cluster::pinned_version;
 use e2e::session::{self, TIMEOUT};
+use e2e::tools::{self, repo_root};
 use e2e::wait;
 use gpu_operator::cli::bundle::{self, CRD_FILE, CSV_FILE};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -27,10 +28,6 @@ use kube::runtime::wait::conditions;
 use serde_json::Value;
 
 const FIX: &str = "regenerate it with `make bundle` and review the diff";
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn bundle_dir() -> PathBuf {
     repo_root().join("bundle")
@@ -50,24 +47,9 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Builds (or reuses) validate-bundle with tests/olm/build.sh; its path.
+/// Builds (or reuses) validate-bundle; its path.
 fn validator() -> PathBuf {
-    let out = Command::new(repo_root().join("tests/olm/build.sh"))
-        .output()
-        .expect("running tests/olm/build.sh");
-    assert!(
-        out.status.success(),
-        "tests/olm/build.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .expect("build.sh printed no path")
-            .trim(),
-    )
+    tools::built_by("tests/olm/build.sh").unwrap()
 }
 
 /// Runs the validators on `dir`: success and the combined output.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use e2e::tools::repo_root;
 use e2e::{client, kubectl, wait};
 use gpu_operator::api::ClusterPolicy;
 use gpu_operator::facts::Runtime;
@@ -24,10 +25,6 @@ use serde_json::Value;
 const NAMESPACE: &str = "gpu-operator";
 use e2e::crd::CLUSTER_POLICY_CRD as CRD;
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn yaml_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
