@@ -18,6 +18,8 @@ mod common;
 mod component;
 pub mod crd;
 mod driver;
+mod gpu_cluster;
+pub mod gpu_cluster_crd;
 #[cfg(test)]
 mod example_tests;
 pub mod image;
@@ -42,6 +44,11 @@ pub use driver::{
     DriverLicensingConfigSpec, DriverManagerSpec, DriverRepoConfigSpec, DriverSpec,
     DriverUpgradePolicySpec, GpuDirectRdmaSpec, KernelModuleType, UpgradeDrainSpec,
     UpgradePodDeletionSpec, VirtualTopologyConfigSpec, WaitForCompletionSpec,
+};
+pub use gpu_cluster::{
+    AttributeDeviceClass, DraComputeDomainsSpec, DraControllerSpec, DraDeviceType, DraDriverSpec,
+    DraGpusSpec, DraHealthcheckSpec, DraKubeletPluginSpec, GPU_CLUSTER_NAME, GPUCluster,
+    GpuClusterHostPaths, GpuClusterSpec, GpuClusterState, GpuClusterStatus,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};

@@ -1,0 +1,1 @@
+//! Unit tests of the DRA driver operand (dra_driver.rs).
