@@ -13,7 +13,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ComponentStatus, DaemonsetsSpec, DcgmExporterSpec, DcgmSpec, EnvVar, ResourceRequirements};
+use super::{
+    ComponentStatus, DaemonsetsSpec, DcgmExporterSpec, DcgmSpec, EnvVar, ResourceRequirements,
+};
 
 /// The one name a GPUCluster may have (NVIDIA's singleton rule, enforced by the CRD).
 pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";

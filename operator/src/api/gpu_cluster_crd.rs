@@ -73,13 +73,29 @@ mod tests {
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
         assert!(version.subresources.as_ref().unwrap().status.is_some());
-        let schema = version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap();
+        let schema = version
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap();
         let rules = schema.x_kubernetes_validations.as_ref().unwrap();
         assert!(rules[0].rule.contains("gpu-cluster"));
         let spec = &schema.properties.as_ref().unwrap()["spec"];
         let names: Vec<&String> = spec.properties.as_ref().unwrap().keys().collect();
-        for field in ["draDriver", "dcgm", "dcgmExporter", "hostPaths", "daemonsets", "deviceClasses"] {
-            assert!(names.iter().any(|n| *n == field), "{field} missing: {names:?}");
+        for field in [
+            "draDriver",
+            "dcgm",
+            "dcgmExporter",
+            "hostPaths",
+            "daemonsets",
+            "deviceClasses",
+        ] {
+            assert!(
+                names.iter().any(|n| *n == field),
+                "{field} missing: {names:?}"
+            );
         }
         assert_eq!(crd.spec.names.short_names, Some(vec!["gc".to_owned()]));
     }

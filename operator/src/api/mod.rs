@@ -18,10 +18,10 @@ mod common;
 mod component;
 pub mod crd;
 mod driver;
-mod gpu_cluster;
-pub mod gpu_cluster_crd;
 #[cfg(test)]
 mod example_tests;
+mod gpu_cluster;
+pub mod gpu_cluster_crd;
 pub mod image;
 mod nfd;
 #[cfg(test)]

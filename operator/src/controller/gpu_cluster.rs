@@ -51,8 +51,16 @@ pub struct Memory {
 pub fn optional_kinds() -> Vec<ApiResource> {
     [
         ("resource.k8s.io", "v1", "DeviceClass"),
-        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy"),
-        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding"),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        ),
     ]
     .into_iter()
     .map(|(g, v, k)| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k)))
@@ -180,16 +188,21 @@ async fn dry_run_classes(
             Some(v) => v,
             None => {
                 let params = PatchParams::apply(MANAGER).force().dry_run();
-                let verdict = match api.patch(&class.name_any(), &params, &Patch::Apply(&sent)).await {
+                let verdict = match api
+                    .patch(&class.name_any(), &params, &Patch::Apply(&sent))
+                    .await
+                {
                     Ok(_) => Ok(()),
                     Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
                         Err(s.message)
                     }
-                    Err(source) => return Err(Error::Apply(apply::ApplyError::Apply {
-                        kind: "DeviceClass",
-                        name: class.name_any(),
-                        source,
-                    })),
+                    Err(source) => {
+                        return Err(Error::Apply(apply::ApplyError::Apply {
+                            kind: "DeviceClass",
+                            name: class.name_any(),
+                            source,
+                        }));
+                    }
                 };
                 if let Ok(mut m) = memory.dry_runs.lock() {
                     m.insert(hash, verdict.clone());
@@ -228,7 +241,8 @@ async fn label_nodes(client: &Client, memory: &Memory, nodes: &[NodeView]) -> Re
             in_flight += 1;
             continue;
         }
-        let patch = json!({"metadata": {"resourceVersion": version, "labels": {DEPLOY_LABEL: "true"}}});
+        let patch =
+            json!({"metadata": {"resourceVersion": version, "labels": {DEPLOY_LABEL: "true"}}});
         match api
             .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -268,7 +282,9 @@ pub async fn reconcile_all(ctx: &Context) -> Result<Requeue, Error> {
 
 fn still_in_force(clusters: &Store<DeserializeGuard<GPUCluster>>, cluster: &GPUCluster) -> bool {
     clusters
-        .get(&kube::runtime::reflector::ObjectRef::new(&cluster.name_any()))
+        .get(&kube::runtime::reflector::ObjectRef::new(
+            &cluster.name_any(),
+        ))
         .and_then(|g| g.0.as_ref().ok().cloned())
         .is_some_and(|live| {
             live.metadata.uid == cluster.metadata.uid && live.metadata.deletion_timestamp.is_none()
@@ -375,11 +391,16 @@ fn keep_transition_times(
     previous: Option<&GpuClusterStatus>,
     conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
 ) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>> {
-    let before = previous.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    let before = previous
+        .and_then(|p| p.conditions.clone())
+        .unwrap_or_default();
     conditions.map(|cs| {
         cs.into_iter()
             .map(|mut c| {
-                if let Some(old) = before.iter().find(|o| o.type_ == c.type_ && o.status == c.status) {
+                if let Some(old) = before
+                    .iter()
+                    .find(|o| o.type_ == c.type_ && o.status == c.status)
+                {
                     c.last_transition_time = old.last_transition_time.clone();
                 }
                 c

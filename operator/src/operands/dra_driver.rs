@@ -10,8 +10,8 @@ use k8s_openapi::api::apps::v1::{
     RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, GRPCAction, LocalObjectReference, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, PodTemplateSpec, Probe,
+    Affinity, Container, EnvVar, GRPCAction, LocalObjectReference, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PodSpec, PodTemplateSpec, Probe,
     ResourceRequirements, SecurityContext, Toleration, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -21,9 +21,9 @@ use kube::core::TypeMeta;
 use serde_json::{Value, json};
 
 use super::common::{
-    self, APP_LABEL, COMPONENT_LABEL, HostPathType, DEFAULT_DRIVER_INSTALL_DIR, DEFAULT_KUBELET_ROOT_DIR,
-    DEFAULT_PRIORITY_CLASS, VALIDATIONS_DIR, env, env_field, gpu_toleration, host_path_volume,
-    mount, rule,
+    self, APP_LABEL, COMPONENT_LABEL, DEFAULT_DRIVER_INSTALL_DIR, DEFAULT_KUBELET_ROOT_DIR,
+    DEFAULT_PRIORITY_CLASS, HostPathType, VALIDATIONS_DIR, env, env_field, gpu_toleration,
+    host_path_volume, mount, rule,
 };
 use crate::api::{
     AttributeDeviceClass, DraDeviceType, DraKubeletPluginSpec, GpuClusterSpec,
@@ -136,7 +136,10 @@ pub fn render(
 }
 
 fn labels(component: &str) -> BTreeMap<String, String> {
-    common::string_map(&[("app.kubernetes.io/name", APP_NAME), (COMPONENT_LABEL, component)])
+    common::string_map(&[
+        ("app.kubernetes.io/name", APP_NAME),
+        (COMPONENT_LABEL, component),
+    ])
 }
 
 fn meta(name: &str, facts: &ClusterFacts, namespaced: bool, component: &str) -> ObjectMeta {
@@ -156,18 +159,28 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             .collect::<Vec<_>>()
     };
     // The kubelet plugin's identity.
-    objects.service_accounts.push(k8s_openapi::api::core::v1::ServiceAccount {
-        metadata: meta(KUBELET_PLUGIN_SA, facts, true, KUBELET_PLUGIN),
-        ..Default::default()
-    });
+    objects
+        .service_accounts
+        .push(k8s_openapi::api::core::v1::ServiceAccount {
+            metadata: meta(KUBELET_PLUGIN_SA, facts, true, KUBELET_PLUGIN),
+            ..Default::default()
+        });
     common::add_cluster_role(
         &mut objects,
         op,
         KUBELET_PLUGIN_SA,
         KUBELET_PLUGIN_SA,
         ns_rules(&[
-            ("resource.nvidia.com", "computedomains", &["get", "list", "watch"]),
-            ("resource.k8s.io", "resourceclaims", &["get", "list", "watch"]),
+            (
+                "resource.nvidia.com",
+                "computedomains",
+                &["get", "list", "watch"],
+            ),
+            (
+                "resource.k8s.io",
+                "resourceclaims",
+                &["get", "list", "watch"],
+            ),
             (
                 "resource.k8s.io",
                 "resourceslices",
@@ -178,7 +191,9 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
         ]),
         facts,
     );
-    let crud = ["get", "list", "watch", "create", "update", "patch", "delete"];
+    let crud = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
     common::add_role(
         &mut objects,
         op,
@@ -205,24 +220,34 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             ns_rules(&[("resource.nvidia.com", "computedomaincliques", &["get"])]),
             facts,
         );
-        objects.service_accounts.push(k8s_openapi::api::core::v1::ServiceAccount {
-            metadata: meta(CONTROLLER, facts, true, CONTROLLER),
-            ..Default::default()
-        });
+        objects
+            .service_accounts
+            .push(k8s_openapi::api::core::v1::ServiceAccount {
+                metadata: meta(CONTROLLER, facts, true, CONTROLLER),
+                ..Default::default()
+            });
         common::add_cluster_role(
             &mut objects,
             op,
             CONTROLLER,
             CONTROLLER,
             ns_rules(&[
-                ("resource.nvidia.com", "computedomains", &["get", "list", "watch", "update"]),
+                (
+                    "resource.nvidia.com",
+                    "computedomains",
+                    &["get", "list", "watch", "update"],
+                ),
                 ("resource.nvidia.com", "computedomains/status", &["update"]),
                 (
                     "resource.k8s.io",
                     "resourceclaimtemplates",
                     &["get", "list", "watch", "create", "update", "delete"],
                 ),
-                ("coordination.k8s.io", "leases", &["get", "create", "update"]),
+                (
+                    "coordination.k8s.io",
+                    "leases",
+                    &["get", "create", "update"],
+                ),
                 ("", "nodes", &["get", "list", "watch", "update"]),
                 ("", "pods", &["get", "list", "watch"]),
             ]),
@@ -243,10 +268,12 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             ]),
             facts,
         );
-        objects.service_accounts.push(k8s_openapi::api::core::v1::ServiceAccount {
-            metadata: meta(CD_DAEMON_SA, facts, true, "compute-domain-daemon"),
-            ..Default::default()
-        });
+        objects
+            .service_accounts
+            .push(k8s_openapi::api::core::v1::ServiceAccount {
+                metadata: meta(CD_DAEMON_SA, facts, true, "compute-domain-daemon"),
+                ..Default::default()
+            });
         common::add_cluster_role(
             &mut objects,
             op,
@@ -326,7 +353,10 @@ fn device_class(
         .map(|e| json!({"cel": {"expression": e}}))
         .collect();
     let mut metadata = common::meta(operand, name, facts, false);
-    metadata.labels.get_or_insert_default().extend(labels("deviceclass"));
+    metadata
+        .labels
+        .get_or_insert_default()
+        .extend(labels("deviceclass"));
     dynamic(
         "resource.k8s.io/v1",
         "DeviceClass",
@@ -493,7 +523,10 @@ fn plugin_container(
         ..grpc_probe(p, 1, 600)
     });
     c.volume_mounts = Some(vec![
-        mount("plugins-registry", &format!("{kubelet_dir}/plugins_registry")),
+        mount(
+            "plugins-registry",
+            &format!("{kubelet_dir}/plugins_registry"),
+        ),
         VolumeMount {
             mount_propagation: Some("Bidirectional".to_owned()),
             ..mount("plugins", &format!("{kubelet_dir}/plugins"))
@@ -529,7 +562,12 @@ fn pull_policy(cluster: &ValidatedGpuCluster) -> String {
 }
 
 fn pull_secrets(cluster: &ValidatedGpuCluster) -> Option<Vec<LocalObjectReference>> {
-    let secrets = cluster.spec.dra_driver.as_ref()?.image_pull_secrets.as_ref()?;
+    let secrets = cluster
+        .spec
+        .dra_driver
+        .as_ref()?
+        .image_pull_secrets
+        .as_ref()?;
     (!secrets.is_empty()).then(|| {
         secrets
             .iter()
@@ -577,8 +615,7 @@ fn gpu_node_affinity() -> Affinity {
         }]),
         ..Default::default()
     };
-    let mut terms: Vec<NodeSelectorTerm> =
-        NFD_GPU_LABELS.iter().map(|k| term(k, "true")).collect();
+    let mut terms: Vec<NodeSelectorTerm> = NFD_GPU_LABELS.iter().map(|k| term(k, "true")).collect();
     terms.push(term("nvidia.com/gpu.present", "true"));
     Affinity {
         node_affinity: Some(NodeAffinity {
@@ -738,7 +775,10 @@ fn kubelet_plugin(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Daemon
 
 fn controller(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Deployment {
     let dra = cluster.spec.dra_driver.clone().unwrap_or_default();
-    let spec = dra.compute_domains.as_ref().and_then(|c| c.controller.as_ref());
+    let spec = dra
+        .compute_domains
+        .as_ref()
+        .and_then(|c| c.controller.as_ref());
     let mut envs = vec![
         env("HTTP_ENDPOINT", ":8080"),
         env("METRICS_PATH", "/metrics"),
@@ -833,7 +873,9 @@ fn controller(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Deployment
 /// A version as the driver publishes it (semver `major.minor.patch`) from `9.0` or `580.65.06`.
 fn semver(field: &str, value: &str) -> Result<String, String> {
     let parts: Vec<&str> = value.trim().split('.').collect();
-    let numeric = parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
+    let numeric = parts
+        .iter()
+        .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
     if !numeric || parts.is_empty() || parts.len() > 3 {
         return Err(format!(
             "{field}: {value:?} is not a version of the form MAJOR.MINOR[.PATCH] (for example 9.0)"
@@ -873,9 +915,9 @@ pub fn unknown_names(expression: &str) -> Vec<String> {
                     .collect();
                 let ok = known.contains(&name.as_str())
                     || (prefix == "capacity"
-                        && name
-                            .strip_prefix("memorySlice")
-                            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())));
+                        && name.strip_prefix("memorySlice").is_some_and(|n| {
+                            !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())
+                        }));
                 if !ok && !name.is_empty() && !unknown.contains(&name) {
                     unknown.push(name);
                 }
@@ -912,7 +954,10 @@ pub fn class_expression(index: usize, class: &AttributeDeviceClass) -> Result<St
     }
     if let Some(v) = class.min_driver_version.as_deref() {
         let v = semver(&field("minDriverVersion"), v)?;
-        terms.push(format!("{}.compareTo(semver('{v}')) >= 0", a("driverVersion")));
+        terms.push(format!(
+            "{}.compareTo(semver('{v}')) >= 0",
+            a("driverVersion")
+        ));
     }
     if let Some(q) = &class.min_memory {
         terms.push(format!(
@@ -956,7 +1001,10 @@ pub fn check_classes(spec: &GpuClusterSpec) -> Vec<String> {
     let reserved: Vec<&str> = DRIVER_CLASSES
         .iter()
         .map(|c| c.0)
-        .chain(["compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"])
+        .chain([
+            "compute-domain-daemon.nvidia.com",
+            "compute-domain-default-channel.nvidia.com",
+        ])
         .collect();
     for (i, c) in classes.iter().enumerate() {
         if reserved.contains(&c.name.as_str()) {
@@ -995,9 +1043,16 @@ fn render_attribute_classes(cluster: &ValidatedGpuCluster, facts: &ClusterFacts)
 pub fn not_acted_on(spec: &GpuClusterSpec) -> Vec<String> {
     let mut out = Vec::new();
     if spec.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
-        out.push("spec.dcgm: the standalone DCGM host engine is not deployed for a GPUCluster".to_owned());
+        out.push(
+            "spec.dcgm: the standalone DCGM host engine is not deployed for a GPUCluster"
+                .to_owned(),
+        );
     }
-    if spec.dcgm_exporter.as_ref().is_some_and(|d| d.enabled != Some(false)) {
+    if spec
+        .dcgm_exporter
+        .as_ref()
+        .is_some_and(|d| d.enabled != Some(false))
+    {
         out.push("spec.dcgmExporter: the DCGM exporter is not deployed for a GPUCluster; a ClusterPolicy with the device plugin off can deploy it".to_owned());
     }
     out

@@ -48,7 +48,11 @@ fn dra_driver_renders_nvidias_daemonset_controller_classes_rbac_and_slice_policy
     assert_eq!(names, ["gpus", "compute-domains"]);
     assert_eq!(pod.service_account_name.as_deref(), Some(KUBELET_PLUGIN_SA));
     assert_eq!(
-        pod.node_selector.as_ref().unwrap().get(DEPLOY_LABEL).map(String::as_str),
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get(DEPLOY_LABEL)
+            .map(String::as_str),
         Some("true")
     );
     let gpus = &pod.containers[0];
@@ -109,10 +113,22 @@ fn compute_domains_off_renders_no_controller_no_second_container_and_no_cd_class
     )
     .unwrap();
     assert!(objects.deployments.is_empty());
-    let pod = objects.daemon_sets[0].spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = objects.daemon_sets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
     assert_eq!(pod.containers.len(), 1);
     assert_eq!(class_names(&objects).len(), 3);
-    assert!(!objects.service_accounts.iter().any(|s| s.metadata.name.as_deref() == Some(CONTROLLER)));
+    assert!(
+        !objects
+            .service_accounts
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some(CONTROLLER))
+    );
 }
 
 #[test]
@@ -137,12 +153,32 @@ fn feature_gates_health_port_and_user_env_reach_the_containers() {
         "computeDomains": {"kubeletPlugin": {"healthcheck": {"enabled": false}}}
     }}));
     let objects = render(Operand::DraDriver, &c, &facts()).unwrap();
-    let pod = objects.daemon_sets[0].spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = objects.daemon_sets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
     let gpus = pod.containers[0].env.as_ref().unwrap();
-    assert_eq!(env_value(gpus, "FEATURE_GATES"), Some("AdminAccess=false,MPSSupport=true"));
+    assert_eq!(
+        env_value(gpus, "FEATURE_GATES"),
+        Some("AdminAccess=false,MPSSupport=true")
+    );
     assert_eq!(env_value(gpus, "HEALTHCHECK_PORT"), Some("52000"));
     assert_eq!(env_value(gpus, "GPUS_EXTRA"), Some("1"));
-    assert_eq!(pod.containers[0].liveness_probe.as_ref().unwrap().grpc.as_ref().unwrap().port, 52000);
+    assert_eq!(
+        pod.containers[0]
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .grpc
+            .as_ref()
+            .unwrap()
+            .port,
+        52000
+    );
     assert!(pod.containers[1].liveness_probe.is_none());
 }
 
@@ -151,12 +187,22 @@ fn the_image_comes_from_the_spec_then_the_environment_then_the_pin() {
     let spec: GpuClusterSpec = serde_json::from_value(json!({"draDriver": {
         "repository": "r.local/nvidia/", "image": "dra", "version": "v1"}}))
     .unwrap();
-    assert_eq!(image(&spec, &BTreeMap::new()).unwrap(), "r.local/nvidia/dra:v1");
+    assert_eq!(
+        image(&spec, &BTreeMap::new()).unwrap(),
+        "r.local/nvidia/dra:v1"
+    );
     let env = BTreeMap::from([(IMAGE_ENV.to_owned(), "env/dra:2".to_owned())]);
-    assert_eq!(image(&GpuClusterSpec::default(), &env).unwrap(), "env/dra:2");
+    assert_eq!(
+        image(&GpuClusterSpec::default(), &env).unwrap(),
+        "env/dra:2"
+    );
     let partial: GpuClusterSpec =
         serde_json::from_value(json!({"draDriver": {"image": "dra"}})).unwrap();
-    assert!(image(&partial, &env).unwrap_err().contains("spec.draDriver"));
+    assert!(
+        image(&partial, &env)
+            .unwrap_err()
+            .contains("spec.draDriver")
+    );
 }
 
 #[test]
@@ -178,7 +224,10 @@ fn attribute_classes_become_cel_over_the_published_attributes() {
          && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
     );
     let mig = class_expression(1, &classes[1]).unwrap();
-    assert!(mig.contains("type == 'mig'") && mig.contains("profile == '1g.5gb'"), "{mig}");
+    assert!(
+        mig.contains("type == 'mig'") && mig.contains("profile == '1g.5gb'"),
+        "{mig}"
+    );
 }
 
 #[test]
@@ -190,7 +239,11 @@ fn an_unknown_attribute_is_reported_with_the_ones_the_driver_publishes() {
     .unwrap();
     let problems = check_classes(&spec);
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(problems[0].starts_with("spec.deviceClasses[0].expressions[0]: clockMHz"), "{}", problems[0]);
+    assert!(
+        problems[0].starts_with("spec.deviceClasses[0].expressions[0]: clockMHz"),
+        "{}",
+        problems[0]
+    );
     assert!(problems[0].contains("productName") && problems[0].contains("cudaComputeCapability"));
 }
 
@@ -204,10 +257,22 @@ fn bad_versions_reserved_duplicate_names_and_profiles_on_gpus_are_refused_naming
     ]}))
     .unwrap();
     let problems = check_classes(&spec).join("\n");
-    assert!(problems.contains("spec.deviceClasses[0].minCudaComputeCapability"), "{problems}");
-    assert!(problems.contains("spec.deviceClasses[1].name"), "{problems}");
-    assert!(problems.contains("spec.deviceClasses[2].migProfile"), "{problems}");
-    assert!(problems.contains("spec.deviceClasses[3].name: b is listed twice"), "{problems}");
+    assert!(
+        problems.contains("spec.deviceClasses[0].minCudaComputeCapability"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[1].name"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[2].migProfile"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[3].name: b is listed twice"),
+        "{problems}"
+    );
 }
 
 #[test]

@@ -276,7 +276,12 @@ pub fn operand_rules() -> Vec<PolicyRule> {
     };
     for operand in crate::model::Operand::GPU_CLUSTER {
         if let Some(objects) = crate::operands::dra_driver::render(operand, &cluster, &facts) {
-            for role in objects.roles.iter().map(|r| &r.rules).chain(objects.cluster_roles.iter().map(|r| &r.rules)) {
+            for role in objects
+                .roles
+                .iter()
+                .map(|r| &r.rules)
+                .chain(objects.cluster_roles.iter().map(|r| &r.rules))
+            {
                 rules.extend(role.clone().unwrap_or_default());
             }
         }

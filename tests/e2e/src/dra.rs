@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use serde_json::{Value, json};
 
 use crate::nodes::GpuModel;
@@ -104,11 +106,17 @@ fn board(model: GpuModel) -> Board {
 
 fn common_attributes(node: &str, b: &Board, minor: u32) -> serde_json::Map<String, Value> {
     let mut a = serde_json::Map::new();
-    a.insert("uuid".into(), json!({"string": format!("GPU-{node}-{minor}")}));
+    a.insert(
+        "uuid".into(),
+        json!({"string": format!("GPU-{node}-{minor}")}),
+    );
     a.insert("productName".into(), json!({"string": b.product}));
     a.insert("brand".into(), json!({"string": b.brand}));
     a.insert("architecture".into(), json!({"string": b.architecture}));
-    a.insert("cudaComputeCapability".into(), json!({"version": b.compute}));
+    a.insert(
+        "cudaComputeCapability".into(),
+        json!({"version": b.compute}),
+    );
     a.insert("driverVersion".into(), json!({"version": DRIVER_VERSION}));
     a.insert("cudaDriverVersion".into(), json!({"version": "13.0.0"}));
     a
@@ -147,8 +155,14 @@ pub fn a100_40gb_balanced_mig_devices(node: &str, minor: u32) -> Vec<Value> {
             let mut a = common_attributes(node, &b, minor);
             a.insert("type".into(), json!({"string": "mig"}));
             a.insert("profile".into(), json!({"string": profile}));
-            a.insert("parentUUID".into(), json!({"string": format!("GPU-{node}-{minor}")}));
-            a.insert("uuid".into(), json!({"string": format!("MIG-{node}-{minor}-{start}")}));
+            a.insert(
+                "parentUUID".into(),
+                json!({"string": format!("GPU-{node}-{minor}")}),
+            );
+            a.insert(
+                "uuid".into(),
+                json!({"string": format!("MIG-{node}-{minor}-{start}")}),
+            );
             let mut capacity = serde_json::Map::new();
             capacity.insert("memory".into(), json!({"value": format!("{mem}Mi")}));
             capacity.insert("multiprocessors".into(), json!({"value": sms.to_string()}));
@@ -183,7 +197,11 @@ pub async fn publish(client: &Client, node: &str, devices: Vec<Value>) -> Result
         }
     }))?;
     slices_api(client)
-        .patch(&name, &PatchParams::apply("dra-stand-in").force(), &Patch::Apply(&slice))
+        .patch(
+            &name,
+            &PatchParams::apply("dra-stand-in").force(),
+            &Patch::Apply(&slice),
+        )
         .await
         .with_context(|| format!("publishing ResourceSlice {name}"))?;
     Ok(())

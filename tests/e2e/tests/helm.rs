@@ -439,7 +439,10 @@ fn chart_values_map_new_v26_7_keys_onto_the_policy() {
     ]));
     assert!(find(&dra, "ClusterPolicy", POLICY).is_none());
     let cluster = find(&dra, "GPUCluster", "gpu-cluster").expect("no GPUCluster");
-    assert_eq!(cluster["spec"]["draDriver"]["image"], json!("dra-driver-nvidia-gpu"));
+    assert_eq!(
+        cluster["spec"]["draDriver"]["image"],
+        json!("dra-driver-nvidia-gpu")
+    );
     assert_eq!(
         cluster["spec"]["draDriver"]["computeDomains"]["enabled"],
         json!(false)
