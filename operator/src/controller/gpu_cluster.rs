@@ -27,7 +27,42 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::plan::{self, Ledger};
-use super::{Context, Error, Requeue, apply, observe, status};
+use super::stores::Stores;
+use super::{apply, observe, status};
+
+/// What one GPUCluster pass reads from the controller (passed in, so this module does not
+/// import the controller's own types).
+pub struct Pass<'a> {
+    pub client: &'a Client,
+    pub stores: &'a Stores,
+    pub clusters: Option<&'a Store<DeserializeGuard<GPUCluster>>>,
+    pub memory: &'a Memory,
+    pub env: &'a BTreeMap<String, String>,
+    pub namespace: &'a str,
+    pub openshift: bool,
+    pub nvidia_operator: Option<&'a str>,
+    /// The ClusterPolicy in force, if any.
+    pub policy: Option<&'a ClusterPolicy>,
+    pub not_ready_requeue: Duration,
+}
+
+/// Why a GPUCluster pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    #[error("labelling nodes for the DRA driver: {0}")]
+    Labels(#[source] kube::Error),
+    #[error("patching status of GPUCluster {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// When a GPUCluster wants to be looked at again without a watch event.
+pub type Requeue = Option<Duration>;
 use crate::api::{
     ClusterPolicy, Component, GPUCluster, GpuClusterState, GpuClusterStatus, ImageKind, State,
 };
@@ -94,8 +129,12 @@ fn conflict(policy: Option<&ClusterPolicy>, nodes: &[NodeView]) -> Option<String
 }
 
 /// The line a ClusterPolicy's status carries while a GPUCluster drives the same GPUs.
-pub fn policy_note(ctx: &Context, policy: &ClusterPolicy, nodes: &[NodeView]) -> Option<String> {
-    let clusters = ctx.gpu_clusters.as_ref()?;
+pub fn policy_note(
+    clusters: Option<&Store<DeserializeGuard<GPUCluster>>>,
+    policy: &ClusterPolicy,
+    nodes: &[NodeView],
+) -> Option<String> {
+    let clusters = clusters?;
     let cluster = clusters
         .state()
         .iter()
@@ -262,8 +301,8 @@ async fn label_nodes(client: &Client, memory: &Memory, nodes: &[NodeView]) -> Re
 }
 
 /// Reconciles every GPUCluster in `clusters` (the CRD allows one, named gpu-cluster).
-pub async fn reconcile_all(ctx: &Context) -> Result<Requeue, Error> {
-    let Some(clusters) = ctx.gpu_clusters.as_ref() else {
+pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
+    let Some(clusters) = ctx.clusters else {
         return Ok(None);
     };
     let mut next: Requeue = None;
@@ -291,10 +330,10 @@ fn still_in_force(clusters: &Store<DeserializeGuard<GPUCluster>>, cluster: &GPUC
         })
 }
 
-async fn reconcile(cluster: &GPUCluster, ctx: &Context) -> Result<Requeue, Error> {
+async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let namespace = ctx.settings.namespace.as_str();
-    if let Some(other) = &ctx.resolver.discovered.nvidia_operator {
+    let namespace = ctx.namespace;
+    if let Some(other) = ctx.nvidia_operator {
         let status = GpuClusterStatus {
             state: GpuClusterState::Disabled,
             namespace: Some(namespace.to_owned()),
@@ -305,45 +344,44 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Context) -> Result<Requeue, Error
         return patch_if_changed(ctx, cluster, status).await.map(|()| None);
     }
     let nodes = ctx.stores.nodes.snapshot();
-    let labels_in_flight = label_nodes(&ctx.client, &ctx.gpu_cluster, &nodes).await?;
-    let policy = super::active_policy(&ctx.policies);
-    let conflict = conflict(policy.as_deref(), &nodes);
-    let validated = validate(cluster, &ctx.gpu_cluster_env, conflict.as_ref());
+    let labels_in_flight = label_nodes(ctx.client, ctx.memory, &nodes).await?;
+    let conflict = conflict(ctx.policy, &nodes);
+    let validated = validate(cluster, ctx.env, conflict.as_ref());
     let facts = ClusterFacts {
         namespace: namespace.to_owned(),
         owner: cluster.controller_owner_ref(&()),
-        openshift: ctx.resolver.discovered.openshift,
+        openshift: ctx.openshift,
         ..ClusterFacts::default()
     };
     let mut desired = render(&validated, &facts);
-    dry_run_classes(&ctx.client, &ctx.gpu_cluster, &mut desired).await?;
-    let clusters = ctx.gpu_clusters.as_ref();
+    dry_run_classes(ctx.client, ctx.memory, &mut desired).await?;
+    let clusters = ctx.clusters;
     if !clusters.is_some_and(|c| still_in_force(c, cluster)) {
         return Ok(None);
     }
     let mut ledger = ctx
-        .gpu_cluster
+        .memory
         .ledger
         .lock()
         .map(|mut l| std::mem::take(&mut *l))
         .unwrap_or_default();
     let applied = apply::apply(
-        &ctx.client,
+        ctx.client,
         &desired,
-        &ctx.stores,
+        ctx.stores,
         &mut ledger,
         cluster.meta().uid.as_deref(),
         &optional_kinds(),
     )
     .await;
-    if let Ok(mut l) = ctx.gpu_cluster.ledger.lock() {
+    if let Ok(mut l) = ctx.memory.ledger.lock() {
         *l = ledger;
     }
     let applied = applied?;
     if !applied.applied.is_empty() || !applied.pruned.is_empty() {
         tracing::info!(gpu_cluster = %cluster.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
     }
-    let observed = observe::observe(&ctx.client, &ctx.stores).await;
+    let observed = observe::observe(ctx.client, ctx.stores).await;
     let unsupported = dra_driver::not_acted_on(&cluster.spec);
     let computed = status::compute(&status::StatusInputs {
         generation: cluster.metadata.generation,
@@ -379,7 +417,7 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Context) -> Result<Requeue, Error
     Ok(if unsettled {
         Some(Duration::from_secs(2))
     } else if !ready && conflict.is_none() {
-        Some(ctx.settings.not_ready_requeue)
+        Some(ctx.not_ready_requeue)
     } else {
         None
     })
@@ -410,7 +448,7 @@ fn keep_transition_times(
 }
 
 async fn patch_if_changed(
-    ctx: &Context,
+    ctx: &Pass<'_>,
     cluster: &GPUCluster,
     status: GpuClusterStatus,
 ) -> Result<(), Error> {

@@ -91,6 +91,16 @@ pub enum Error {
     },
 }
 
+impl From<gpu_cluster::Error> for Error {
+    fn from(e: gpu_cluster::Error) -> Self {
+        match e {
+            gpu_cluster::Error::Apply(e) => Error::Apply(e),
+            gpu_cluster::Error::Labels(e) => Error::Labels(e),
+            gpu_cluster::Error::Status { name, source } => Error::Status { name, source },
+        }
+    }
+}
+
 impl Error {
     /// Short stable reason for events and metric labels.
     pub fn reason(&self) -> &'static str {
@@ -346,7 +356,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
                 .load(Ordering::Relaxed)
                 .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
         )
-        .chain(gpu_cluster::policy_note(ctx, policy, &labelled.nodes))
+        .chain(gpu_cluster::policy_note(
+            ctx.gpu_clusters.as_ref(),
+            policy,
+            &labelled.nodes,
+        ))
         .collect();
     let status = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
@@ -748,10 +762,25 @@ pub async fn run(
                 }
             }
         }
-        match gpu_cluster::reconcile_all(&ctx).await {
+        let active = active_policy(&ctx.policies);
+        let pass = gpu_cluster::Pass {
+            client: &ctx.client,
+            stores: &ctx.stores,
+            clusters: ctx.gpu_clusters.as_ref(),
+            memory: &ctx.gpu_cluster,
+            env: &ctx.gpu_cluster_env,
+            namespace: &ctx.settings.namespace,
+            openshift: ctx.resolver.discovered.openshift,
+            nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
+            policy: active.as_deref(),
+            not_ready_requeue: ctx.settings.not_ready_requeue,
+        };
+        match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
+            tracing::warn!(error = %e, "GPUCluster reconcile failed");
+            Error::from(e)
+        }) {
             Ok(requeue) => next = next.into_iter().chain(requeue).min(),
             Err(e) => {
-                tracing::warn!(error = %e, "GPUCluster reconcile failed");
                 ctx.metrics.observe_error(e.reason());
                 failed = true;
             }
