@@ -90,9 +90,13 @@ pub struct RunArgs {
     pub upgrade_crd: bool,
 }
 
-/// Arguments of `gpu-operator crd` (none yet).
+/// Arguments of `gpu-operator crd`.
 #[derive(Debug, Args)]
-pub struct CrdArgs {}
+pub struct CrdArgs {
+    /// Print the GPUCluster (nvidia.com/v1alpha1) CRD instead of the ClusterPolicy one.
+    #[arg(long)]
+    pub gpu_cluster: bool,
+}
 
 /// Container runtime of the GPU nodes, as `render` takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -251,8 +255,12 @@ impl Cli {
                     .context("starting the async runtime")?;
                 runtime.block_on(crate::run::run(options))
             }
-            Command::Crd(CrdArgs {}) => {
-                let yaml = api::crd::crd_yaml().context("serialising the ClusterPolicy CRD")?;
+            Command::Crd(CrdArgs { gpu_cluster }) => {
+                let yaml = if gpu_cluster {
+                    api::gpu_cluster_crd::crd_yaml().context("serialising the GPUCluster CRD")?
+                } else {
+                    api::crd::crd_yaml().context("serialising the ClusterPolicy CRD")?
+                };
                 out.write_all(yaml.as_bytes())
                     .context("writing the CRD to standard output")?;
                 Ok(())

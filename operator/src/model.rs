@@ -215,6 +215,10 @@ pub enum Operand {
     DcgmExporter,
     MigManager,
     NodeStatusExporter,
+    /// NVIDIA's DRA driver, rendered for a GPUCluster (never by a ClusterPolicy).
+    DraDriver,
+    /// A GPUCluster's attribute DeviceClasses (frozen alone when one is invalid).
+    DraDeviceClasses,
 }
 
 impl Operand {
@@ -234,6 +238,9 @@ impl Operand {
         Operand::NodeStatusExporter,
     ];
 
+    /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).
+    pub const GPU_CLUSTER: [Operand; 2] = [Operand::DraDriver, Operand::DraDeviceClasses];
+
     /// Stable name: the value of [`OPERAND_LABEL`] and the operand's name in status.
     pub const fn name(self) -> &'static str {
         match self {
@@ -249,6 +256,8 @@ impl Operand {
             Operand::DcgmExporter => "dcgm-exporter",
             Operand::MigManager => "mig-manager",
             Operand::NodeStatusExporter => "node-status-exporter",
+            Operand::DraDriver => "dra-driver",
+            Operand::DraDeviceClasses => "dra-device-classes",
         }
     }
 
@@ -265,7 +274,10 @@ impl Operand {
             Operand::DcgmExporter => Some(nodes::DEPLOY_DCGM_EXPORTER),
             Operand::MigManager => Some(nodes::DEPLOY_MIG_MANAGER),
             Operand::NodeStatusExporter => Some(nodes::DEPLOY_NODE_STATUS_EXPORTER),
-            Operand::RuntimeClasses | Operand::Nfd => None,
+            Operand::RuntimeClasses
+            | Operand::Nfd
+            | Operand::DraDriver
+            | Operand::DraDeviceClasses => None,
         }
     }
 
@@ -292,6 +304,7 @@ impl Operand {
             Operand::DcgmExporter => Some(Component::DcgmExporter),
             Operand::MigManager => Some(Component::MigManager),
             Operand::NodeStatusExporter => Some(Component::NodeStatusExporter),
+            Operand::DraDriver | Operand::DraDeviceClasses => None,
         }
     }
 
@@ -309,6 +322,8 @@ impl Operand {
                         .is_some_and(|d| d.uses_nvidia_driver_crd())
             }
             Operand::Nfd => spec.is_enabled(Component::Nfd) && !facts.nfd_running,
+            // A GPUCluster's, not a ClusterPolicy's.
+            Operand::DraDriver | Operand::DraDeviceClasses => false,
             other => other.component().is_some_and(|c| spec.is_enabled(c)),
         }
     }
@@ -345,6 +360,7 @@ impl Operand {
             Operand::DcgmExporter => vec![ImageKind::DcgmExporter, ImageKind::Validator],
             Operand::MigManager => vec![ImageKind::MigManager, ImageKind::Validator],
             Operand::NodeStatusExporter => vec![ImageKind::NodeStatusExporter],
+            Operand::DraDriver | Operand::DraDeviceClasses => vec![],
         }
     }
 }

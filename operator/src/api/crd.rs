@@ -57,7 +57,7 @@ const YAML11_BOOLEANS: [&str; 16] = [
 
 /// Quotes plain scalars that YAML 1.1 would read as booleans, in `- item` and `key: value`
 /// lines. Block scalars never hold such a line alone in this CRD; a test parses the result back.
-fn quote_yaml11_booleans(yaml: &str) -> String {
+pub(super) fn quote_yaml11_booleans(yaml: &str) -> String {
     let mut out = String::with_capacity(yaml.len());
     for line in yaml.lines() {
         let body = line.trim_start();
@@ -97,7 +97,7 @@ fn reflow(description: &str) -> String {
     out
 }
 
-fn tidy(schema: &mut JSONSchemaProps) {
+pub(super) fn tidy(schema: &mut JSONSchemaProps) {
     schema.nullable = None;
     if schema.x_kubernetes_int_or_string == Some(true) && schema.any_of.is_some() {
         // kube's rewriter hoists the branch types away; restore the one allowed form.

@@ -20,6 +20,8 @@ pub mod crd;
 mod driver;
 #[cfg(test)]
 mod example_tests;
+mod gpu_cluster;
+pub mod gpu_cluster_crd;
 pub mod image;
 mod nfd;
 #[cfg(test)]
@@ -42,6 +44,11 @@ pub use driver::{
     DriverLicensingConfigSpec, DriverManagerSpec, DriverRepoConfigSpec, DriverSpec,
     DriverUpgradePolicySpec, GpuDirectRdmaSpec, KernelModuleType, UpgradeDrainSpec,
     UpgradePodDeletionSpec, VirtualTopologyConfigSpec, WaitForCompletionSpec,
+};
+pub use gpu_cluster::{
+    AttributeDeviceClass, DraComputeDomainsSpec, DraControllerSpec, DraDeviceType, DraDriverSpec,
+    DraGpusSpec, DraHealthcheckSpec, DraKubeletPluginSpec, GPU_CLUSTER_NAME, GPUCluster,
+    GpuClusterHostPaths, GpuClusterSpec, GpuClusterState, GpuClusterStatus,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};

@@ -20,6 +20,7 @@
 //!   active.
 
 mod apply;
+mod gpu_cluster;
 mod labeller;
 mod namespace;
 pub mod nfd_crds;
@@ -90,6 +91,16 @@ pub enum Error {
     },
 }
 
+impl From<gpu_cluster::Error> for Error {
+    fn from(e: gpu_cluster::Error) -> Self {
+        match e {
+            gpu_cluster::Error::Apply(e) => Error::Apply(e),
+            gpu_cluster::Error::Labels(e) => Error::Labels(e),
+            gpu_cluster::Error::Status { name, source } => Error::Status { name, source },
+        }
+    }
+}
+
 impl Error {
     /// Short stable reason for events and metric labels.
     pub fn reason(&self) -> &'static str {
@@ -121,6 +132,11 @@ pub struct Context {
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
     recorder: Recorder,
     metrics: Metrics,
+    /// GPUClusters (`None` when their CRD is not served), what their passes remember, and the
+    /// image environment they resolve the DRA driver's images from.
+    gpu_clusters: Option<Store<DeserializeGuard<crate::api::GPUCluster>>>,
+    gpu_cluster: gpu_cluster::Memory,
+    gpu_cluster_env: BTreeMap<String, String>,
 }
 
 fn is_deleting(policy: &ClusterPolicy) -> bool {
@@ -340,6 +356,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
                 .load(Ordering::Relaxed)
                 .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
         )
+        .chain(gpu_cluster::policy_note(
+            ctx.gpu_clusters.as_ref(),
+            policy,
+            &labelled.nodes,
+        ))
         .collect();
     let status = status::compute(&status::StatusInputs {
         generation: policy.metadata.generation,
@@ -621,11 +642,25 @@ pub async fn run(
         watcher::Config::default(),
     );
     let mut triggers = futures::stream::select(triggers, policy_changes).boxed();
+    let gpu_clusters = if gpu_cluster::served(&client).await {
+        let (clusters, changes) = stores::watched(
+            Api::<DeserializeGuard<crate::api::GPUCluster>>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        triggers = futures::stream::select(triggers, changes).boxed();
+        Some(clusters)
+    } else {
+        tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
+        None
+    };
 
     // Fill every cache before the first pass, so it compares against the real cluster.
     let ready = async {
         stores.wait_until_ready().await?;
         policies.wait_until_ready().await?;
+        if let Some(clusters) = &gpu_clusters {
+            clusters.wait_until_ready().await?;
+        }
         stores.nodes.wait_until_ready().await;
         Ok::<_, kube::runtime::reflector::store::WriterDropped>(())
     };
@@ -665,6 +700,9 @@ pub async fn run(
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
         nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
+        gpu_clusters,
+        gpu_cluster: gpu_cluster::Memory::default(),
+        gpu_cluster_env: resolve::image_env_from_process(),
     };
 
     // The watches run on their own task, so the caches stay current while a pass runs (a pass
@@ -722,6 +760,29 @@ pub async fn run(
                     ctx.metrics.observe_error(e.reason());
                     failed = true;
                 }
+            }
+        }
+        let active = active_policy(&ctx.policies);
+        let pass = gpu_cluster::Pass {
+            client: &ctx.client,
+            stores: &ctx.stores,
+            clusters: ctx.gpu_clusters.as_ref(),
+            memory: &ctx.gpu_cluster,
+            env: &ctx.gpu_cluster_env,
+            namespace: &ctx.settings.namespace,
+            openshift: ctx.resolver.discovered.openshift,
+            nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
+            policy: active.as_deref(),
+            not_ready_requeue: ctx.settings.not_ready_requeue,
+        };
+        match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
+            tracing::warn!(error = %e, "GPUCluster reconcile failed");
+            Error::from(e)
+        }) {
+            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+            Err(e) => {
+                ctx.metrics.observe_error(e.reason());
+                failed = true;
             }
         }
         health.pass_finished();

@@ -6,6 +6,7 @@ pub mod common;
 pub mod dcgm;
 pub mod dcgm_exporter;
 pub mod device_plugin;
+pub mod dra_driver;
 pub mod driver;
 pub mod gfd;
 pub mod mig_manager;
@@ -21,6 +22,8 @@ pub mod validator;
 mod dcgm_exporter_tests;
 #[cfg(test)]
 mod device_plugin_tests;
+#[cfg(test)]
+mod dra_driver_tests;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
@@ -57,6 +60,8 @@ pub fn render(
         Operand::DcgmExporter => dcgm_exporter::render(policy, facts),
         Operand::MigManager => mig_manager::render(policy, facts),
         Operand::NodeStatusExporter => node_status_exporter::render(policy, facts),
+        // A GPUCluster's: rendered from it by dra_driver::render, never from a ClusterPolicy.
+        Operand::DraDriver | Operand::DraDeviceClasses => None,
     }
 }
 
@@ -75,7 +80,9 @@ pub fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -
         | Operand::Gfd
         | Operand::Nfd
         | Operand::Dcgm
-        | Operand::NodeStatusExporter => Vec::new(),
+        | Operand::NodeStatusExporter
+        | Operand::DraDriver
+        | Operand::DraDeviceClasses => Vec::new(),
     }
 }
 

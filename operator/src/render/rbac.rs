@@ -106,6 +106,29 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["clusterpolicies/finalizers"],
             &["update"],
         ),
+        // The GPUCluster (DRA stack): watch it, write its status, own its children.
+        rule(
+            &["nvidia.com"],
+            &["gpuclusters"],
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        rule(
+            &["nvidia.com"],
+            &["gpuclusters/status"],
+            &["get", "patch", "update"],
+        ),
+        rule(&["nvidia.com"], &["gpuclusters/finalizers"], &["update"]),
+        // The DRA driver's DeviceClasses (and the attribute classes' dry runs) and its
+        // ResourceSlice admission policy.
+        rule(&["resource.k8s.io"], &["deviceclasses"], &CRUD),
+        rule(
+            &["admissionregistration.k8s.io"],
+            &[
+                "validatingadmissionpolicies",
+                "validatingadmissionpolicybindings",
+            ],
+            &CRUD,
+        ),
         // Node labelling (deploy labels, gpu.present, mig.config).
         rule(&[""], &["nodes"], &["get", "list", "watch", "patch"]),
         // Everything render produces, applied and pruned by label.
@@ -242,6 +265,24 @@ pub fn operand_rules() -> Vec<PolicyRule> {
                 for role in &objects.cluster_roles {
                     rules.extend(role.rules.clone().unwrap_or_default());
                 }
+            }
+        }
+    }
+    // A GPUCluster's DRA driver with compute domains on: every role it renders.
+    let cluster = crate::operands::dra_driver::ValidatedGpuCluster::default();
+    let facts = ClusterFacts {
+        namespace: "gpu-operator".to_owned(),
+        ..ClusterFacts::default()
+    };
+    for operand in crate::model::Operand::GPU_CLUSTER {
+        if let Some(objects) = crate::operands::dra_driver::render(operand, &cluster, &facts) {
+            for role in objects
+                .roles
+                .iter()
+                .map(|r| &r.rules)
+                .chain(objects.cluster_roles.iter().map(|r| &r.rules))
+            {
+                rules.extend(role.clone().unwrap_or_default());
             }
         }
     }

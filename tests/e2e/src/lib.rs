@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod contract;
 pub mod crd;
+pub mod dra;
 pub mod helm;
 pub mod nfd;
 pub mod nodes;

@@ -428,12 +428,26 @@ fn chart_values_map_new_v26_7_keys_onto_the_policy() {
     assert!(find(&without, "ClusterPolicy", POLICY).is_none());
     assert!(find(&without, "Deployment", "gpu-operator").is_some());
 
-    let out = helm(&template_args(&strings(&[
+    // gpuCluster.deployCR=true, clusterPolicy.deployCR=false: the DRA stack's GPUCluster only.
+    let dra = template(&strings(&[
         "--set",
         "gpuCluster.deployCR=true",
-    ])));
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("gpuCluster.deployCR"));
+        "--set",
+        "clusterPolicy.deployCR=false",
+        "--set",
+        "draDriver.computeDomains.enabled=false",
+    ]));
+    assert!(find(&dra, "ClusterPolicy", POLICY).is_none());
+    let cluster = find(&dra, "GPUCluster", "gpu-cluster").expect("no GPUCluster");
+    assert_eq!(
+        cluster["spec"]["draDriver"]["image"],
+        json!("dra-driver-nvidia-gpu")
+    );
+    assert_eq!(
+        cluster["spec"]["draDriver"]["computeDomains"]["enabled"],
+        json!(false)
+    );
+    assert!(find(&without, "GPUCluster", "gpu-cluster").is_none());
 }
 
 #[test]

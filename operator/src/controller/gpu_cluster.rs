@@ -1,0 +1,470 @@
+//! The GPUCluster reconcile (IO): label -> validate (with the API server's dry run of the
+//! attribute DeviceClasses) -> render ([`crate::operands::dra_driver`]) -> apply/prune and
+//! observe (the ClusterPolicy's machinery, with its own ledger and the GPUCluster as owner) ->
+//! status, patched only when it changed.
+//!
+//! Guarantees and caveats:
+//! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by
+//!   the GPUCluster, and the ClusterPolicy pass never names the DRA operands, so neither tears
+//!   down the other's objects.
+//! - A ClusterPolicy whose device plugin runs on the same GPU nodes is a conflict (each GPU would
+//!   be handed out twice, once as `nvidia.com/gpu` and once as a DRA device): both statuses say
+//!   so and the DRA operands are frozen (nothing applied, nothing deleted) until it is resolved.
+//! - An attribute DeviceClass the API server refuses in a dry run (its CEL does not compile), or
+//!   that reads an attribute the driver does not publish, freezes only the attribute classes.
+//!   A dry run is sent once per distinct rendering, so a steady pass writes nothing.
+//! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::{DeserializeGuard, GroupVersionKind};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::plan::{self, Ledger};
+use super::stores::Stores;
+use super::{apply, observe, status};
+
+/// What one GPUCluster pass reads from the controller (passed in, so this module does not
+/// import the controller's own types).
+pub struct Pass<'a> {
+    pub client: &'a Client,
+    pub stores: &'a Stores,
+    pub clusters: Option<&'a Store<DeserializeGuard<GPUCluster>>>,
+    pub memory: &'a Memory,
+    pub env: &'a BTreeMap<String, String>,
+    pub namespace: &'a str,
+    pub openshift: bool,
+    pub nvidia_operator: Option<&'a str>,
+    /// The ClusterPolicy in force, if any.
+    pub policy: Option<&'a ClusterPolicy>,
+    pub not_ready_requeue: Duration,
+}
+
+/// Why a GPUCluster pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    #[error("labelling nodes for the DRA driver: {0}")]
+    Labels(#[source] kube::Error),
+    #[error("patching status of GPUCluster {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// When a GPUCluster wants to be looked at again without a watch event.
+pub type Requeue = Option<Duration>;
+use crate::api::{
+    ClusterPolicy, Component, GPUCluster, GpuClusterState, GpuClusterStatus, ImageKind, State,
+};
+use crate::facts::ClusterFacts;
+use crate::model::{MANAGER, Operand};
+use crate::nodes::{DEPLOY_OPERANDS, NodeView};
+use crate::operands::dra_driver::{self, DEPLOY_LABEL, ValidatedGpuCluster};
+use crate::render::{DesiredState, OperandState, Outcome};
+
+/// What the GPUCluster passes keep between passes.
+#[derive(Default)]
+pub struct Memory {
+    ledger: Mutex<Ledger>,
+    /// Dry-run verdict per rendered attribute class (by hash): `Err` holds the API's message.
+    dry_runs: Mutex<BTreeMap<String, Result<(), String>>>,
+    /// Node label patches sent, by node and the resource version they were sent against.
+    labelled: Mutex<BTreeSet<(String, String)>>,
+}
+
+/// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
+pub fn optional_kinds() -> Vec<ApiResource> {
+    [
+        ("resource.k8s.io", "v1", "DeviceClass"),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        ),
+    ]
+    .into_iter()
+    .map(|(g, v, k)| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k)))
+    .collect()
+}
+
+/// Whether the GPUCluster CRD is served (a cluster without it has nothing to watch).
+pub async fn served(client: &Client) -> bool {
+    let api: Api<GPUCluster> = Api::all(client.clone());
+    api.list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .is_ok()
+}
+
+/// The ClusterPolicy whose device plugin would hand out the same GPUs, with a message.
+fn conflict(policy: Option<&ClusterPolicy>, nodes: &[NodeView]) -> Option<String> {
+    let policy = policy.filter(|p| p.metadata.deletion_timestamp.is_none())?;
+    if !policy.spec.is_enabled(Component::DevicePlugin) {
+        return None;
+    }
+    let shared = nodes
+        .iter()
+        .filter(|n| n.has_nfd_gpu() && n.label(DEPLOY_OPERANDS) != Some("false"))
+        .count();
+    (shared > 0).then(|| {
+        format!(
+            "ClusterPolicy {} deploys the device plugin on the same {shared} GPU node(s), so each GPU would be allocated twice (nvidia.com/gpu and DRA); set spec.devicePlugin.enabled=false in the ClusterPolicy or delete this GPUCluster (nothing is applied or deleted meanwhile)",
+            policy.name_any()
+        )
+    })
+}
+
+/// The line a ClusterPolicy's status carries while a GPUCluster drives the same GPUs.
+pub fn policy_note(
+    clusters: Option<&Store<DeserializeGuard<GPUCluster>>>,
+    policy: &ClusterPolicy,
+    nodes: &[NodeView],
+) -> Option<String> {
+    let clusters = clusters?;
+    let cluster = clusters
+        .state()
+        .iter()
+        .find_map(|g| g.0.as_ref().ok().cloned())?;
+    conflict(Some(policy), nodes)
+        .map(|_| format!("GPUCluster {} drives the same GPU nodes with the DRA driver; its operands are frozen until the device plugin is switched off here or the GPUCluster is deleted", cluster.name_any()))
+}
+
+/// Validate stage of a GPUCluster: image, attribute classes, and the conflict.
+fn validate(
+    cluster: &GPUCluster,
+    env: &BTreeMap<String, String>,
+    conflict: Option<&String>,
+) -> ValidatedGpuCluster {
+    let mut invalid = BTreeMap::new();
+    let image = dra_driver::image(&cluster.spec, env).unwrap_or_else(|e| {
+        invalid.insert(Operand::DraDriver, e);
+        String::new()
+    });
+    let lookup = |name: &str| env.get(name).cloned();
+    let validator_image = crate::api::resolve(None, ImageKind::Validator, &lookup)
+        .map(|r| r.reference)
+        .unwrap_or_default();
+    let problems = dra_driver::check_classes(&cluster.spec);
+    if !problems.is_empty() {
+        invalid.insert(Operand::DraDeviceClasses, problems.join("; "));
+    }
+    if let Some(message) = conflict {
+        for operand in Operand::GPU_CLUSTER {
+            invalid.insert(operand, message.clone());
+        }
+    }
+    ValidatedGpuCluster {
+        name: cluster.name_any(),
+        spec: cluster.spec.clone(),
+        image,
+        validator_image,
+        invalid,
+    }
+}
+
+/// Render stage: the DesiredState of the GPUCluster's operands.
+pub fn render(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> DesiredState {
+    DesiredState {
+        operands: Operand::GPU_CLUSTER
+            .into_iter()
+            .map(|operand| OperandState {
+                operand,
+                outcome: match cluster.invalid.get(&operand) {
+                    Some(message) => Outcome::Invalid(message.clone()),
+                    None => dra_driver::render(operand, cluster, facts)
+                        .map_or(Outcome::Disabled, Outcome::Rendered),
+                },
+            })
+            .collect(),
+    }
+}
+
+/// The API server compiles each attribute class's CEL (server-side apply, dry run); a class it
+/// refuses freezes the attribute classes with its message.
+async fn dry_run_classes(
+    client: &Client,
+    memory: &Memory,
+    desired: &mut DesiredState,
+) -> Result<(), Error> {
+    let Some(state) = desired
+        .operands
+        .iter_mut()
+        .find(|s| s.operand == Operand::DraDeviceClasses)
+    else {
+        return Ok(());
+    };
+    let Outcome::Rendered(objects) = &state.outcome else {
+        return Ok(());
+    };
+    let resource = &optional_kinds()[0];
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let mut refused = Vec::new();
+    for class in &objects.dynamic {
+        let mut sent = class.clone();
+        sent.metadata.owner_references = None;
+        let value = serde_json::to_value(&sent).unwrap_or_default();
+        let hash = plan::applied_hash(&value).unwrap_or_default();
+        let known = memory
+            .dry_runs
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&hash).cloned());
+        let verdict = match known {
+            Some(v) => v,
+            None => {
+                let params = PatchParams::apply(MANAGER).force().dry_run();
+                let verdict = match api
+                    .patch(&class.name_any(), &params, &Patch::Apply(&sent))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                        Err(s.message)
+                    }
+                    Err(source) => {
+                        return Err(Error::Apply(apply::ApplyError::Apply {
+                            kind: "DeviceClass",
+                            name: class.name_any(),
+                            source,
+                        }));
+                    }
+                };
+                if let Ok(mut m) = memory.dry_runs.lock() {
+                    m.insert(hash, verdict.clone());
+                }
+                verdict
+            }
+        };
+        if let Err(message) = verdict {
+            refused.push(format!(
+                "DeviceClass {} refused by the API server: {message}",
+                class.name_any()
+            ));
+        }
+    }
+    if !refused.is_empty() {
+        state.outcome = Outcome::Invalid(refused.join("; "));
+    }
+    Ok(())
+}
+
+/// Label stage: GPU nodes get NVIDIA's `nvidia.com/gpu.deploy.dra-driver=true` where no value is
+/// set (a user's `false` is respected), with a merge patch on the node's resource version.
+/// Returns how many patches the cache has not shown yet.
+async fn label_nodes(client: &Client, memory: &Memory, nodes: &[NodeView]) -> Result<usize, Error> {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let mut in_flight = 0;
+    for node in nodes {
+        let wanted = node.has_nfd_gpu()
+            && node.label(DEPLOY_OPERANDS) != Some("false")
+            && node.label(DEPLOY_LABEL).is_none();
+        let Some(version) = node.resource_version.clone().filter(|_| wanted) else {
+            continue;
+        };
+        let key = (node.name.clone(), version.clone());
+        if memory.labelled.lock().is_ok_and(|l| l.contains(&key)) {
+            in_flight += 1;
+            continue;
+        }
+        let patch =
+            json!({"metadata": {"resourceVersion": version, "labels": {DEPLOY_LABEL: "true"}}});
+        match api
+            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                in_flight += 1;
+                if let Ok(mut l) = memory.labelled.lock() {
+                    l.insert(key);
+                }
+            }
+            // Changed meanwhile: the next pass sees the new version.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => in_flight += 1,
+            Err(e) => return Err(Error::Labels(e)),
+        }
+    }
+    Ok(in_flight)
+}
+
+/// Reconciles every GPUCluster in `clusters` (the CRD allows one, named gpu-cluster).
+pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
+    let Some(clusters) = ctx.clusters else {
+        return Ok(None);
+    };
+    let mut next: Requeue = None;
+    for guard in clusters.state() {
+        let Ok(cluster) = guard.0.as_ref() else {
+            continue;
+        };
+        if cluster.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let requeue = reconcile(cluster, ctx).await?;
+        next = next.into_iter().chain(requeue).min();
+    }
+    Ok(next)
+}
+
+fn still_in_force(clusters: &Store<DeserializeGuard<GPUCluster>>, cluster: &GPUCluster) -> bool {
+    clusters
+        .get(&kube::runtime::reflector::ObjectRef::new(
+            &cluster.name_any(),
+        ))
+        .and_then(|g| g.0.as_ref().ok().cloned())
+        .is_some_and(|live| {
+            live.metadata.uid == cluster.metadata.uid && live.metadata.deletion_timestamp.is_none()
+        })
+}
+
+async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Error> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let namespace = ctx.namespace;
+    if let Some(other) = ctx.nvidia_operator {
+        let status = GpuClusterStatus {
+            state: GpuClusterState::Disabled,
+            namespace: Some(namespace.to_owned()),
+            conditions: None,
+            components: None,
+        };
+        tracing::info!(operator = %other, "NVIDIA's operator is live; the GPUCluster is left to it");
+        return patch_if_changed(ctx, cluster, status).await.map(|()| None);
+    }
+    let nodes = ctx.stores.nodes.snapshot();
+    let labels_in_flight = label_nodes(ctx.client, ctx.memory, &nodes).await?;
+    let conflict = conflict(ctx.policy, &nodes);
+    let validated = validate(cluster, ctx.env, conflict.as_ref());
+    let facts = ClusterFacts {
+        namespace: namespace.to_owned(),
+        owner: cluster.controller_owner_ref(&()),
+        openshift: ctx.openshift,
+        ..ClusterFacts::default()
+    };
+    let mut desired = render(&validated, &facts);
+    dry_run_classes(ctx.client, ctx.memory, &mut desired).await?;
+    let clusters = ctx.clusters;
+    if !clusters.is_some_and(|c| still_in_force(c, cluster)) {
+        return Ok(None);
+    }
+    let mut ledger = ctx
+        .memory
+        .ledger
+        .lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default();
+    let applied = apply::apply(
+        ctx.client,
+        &desired,
+        ctx.stores,
+        &mut ledger,
+        cluster.meta().uid.as_deref(),
+        &optional_kinds(),
+    )
+    .await;
+    if let Ok(mut l) = ctx.memory.ledger.lock() {
+        *l = ledger;
+    }
+    let applied = applied?;
+    if !applied.applied.is_empty() || !applied.pruned.is_empty() {
+        tracing::info!(gpu_cluster = %cluster.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
+    }
+    let observed = observe::observe(ctx.client, ctx.stores).await;
+    let unsupported = dra_driver::not_acted_on(&cluster.spec);
+    let computed = status::compute(&status::StatusInputs {
+        generation: cluster.metadata.generation,
+        namespace,
+        desired: &desired,
+        daemon_sets: &observed.daemon_sets,
+        deployments: &observed.deployments,
+        nodes: &nodes,
+        failures: &[],
+        config_problems: &BTreeMap::new(),
+        notes: &[],
+        unsupported: &unsupported,
+        diagnoses: &observed.diagnoses,
+        rejected: &applied.rejected,
+        unsettled: &applied.unsettled(),
+        labels_in_flight,
+        explained: &BTreeSet::new(),
+        previous: None,
+        now,
+    });
+    let status = GpuClusterStatus {
+        state: match computed.state {
+            State::Ready => GpuClusterState::Ready,
+            State::NotReady | State::Ignored => GpuClusterState::NotReady,
+        },
+        namespace: computed.namespace,
+        conditions: keep_transition_times(cluster.status.as_ref(), computed.conditions),
+        components: computed.components,
+    };
+    let ready = status.state == GpuClusterState::Ready;
+    patch_if_changed(ctx, cluster, status).await?;
+    let unsettled = !applied.unsettled().is_empty() || labels_in_flight > 0;
+    Ok(if unsettled {
+        Some(Duration::from_secs(2))
+    } else if !ready && conflict.is_none() {
+        Some(ctx.not_ready_requeue)
+    } else {
+        None
+    })
+}
+
+/// Conditions whose status did not change keep their last transition time (no status write
+/// on a steady pass).
+fn keep_transition_times(
+    previous: Option<&GpuClusterStatus>,
+    conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>> {
+    let before = previous
+        .and_then(|p| p.conditions.clone())
+        .unwrap_or_default();
+    conditions.map(|cs| {
+        cs.into_iter()
+            .map(|mut c| {
+                if let Some(old) = before
+                    .iter()
+                    .find(|o| o.type_ == c.type_ && o.status == c.status)
+                {
+                    c.last_transition_time = old.last_transition_time.clone();
+                }
+                c
+            })
+            .collect()
+    })
+}
+
+async fn patch_if_changed(
+    ctx: &Pass<'_>,
+    cluster: &GPUCluster,
+    status: GpuClusterStatus,
+) -> Result<(), Error> {
+    if cluster.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: cluster.name_any(),
+        source,
+    })?;
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! Unit tests of the DRA driver operand (dra_driver.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::common::env_value;
+use super::dra_driver::*;
+use crate::api::GpuClusterSpec;
+use crate::facts::ClusterFacts;
+use crate::model::{MANAGED_BY_LABEL, OPERAND_LABEL, Operand};
+
+fn cluster(spec: serde_json::Value) -> ValidatedGpuCluster {
+    let spec: GpuClusterSpec = serde_json::from_value(spec).unwrap();
+    ValidatedGpuCluster {
+        name: "gpu-cluster".into(),
+        image: image(&spec, &BTreeMap::new()).unwrap(),
+        validator_image: "nvcr.io/nvidia/gpu-operator:v26.7.0".into(),
+        spec,
+        invalid: BTreeMap::new(),
+    }
+}
+
+fn facts() -> ClusterFacts {
+    ClusterFacts {
+        namespace: "gpu-operator".into(),
+        ..ClusterFacts::default()
+    }
+}
+
+fn class_names(objects: &crate::model::OperandObjects) -> Vec<String> {
+    objects
+        .dynamic
+        .iter()
+        .filter(|o| o.types.as_ref().unwrap().kind == "DeviceClass")
+        .map(|o| o.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn dra_driver_renders_nvidias_daemonset_controller_classes_rbac_and_slice_policy() {
+    let objects = render(Operand::DraDriver, &cluster(json!({})), &facts()).unwrap();
+    let ds = &objects.daemon_sets[0];
+    assert_eq!(ds.metadata.name.as_deref(), Some(KUBELET_PLUGIN));
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["gpus", "compute-domains"]);
+    assert_eq!(pod.service_account_name.as_deref(), Some(KUBELET_PLUGIN_SA));
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get(DEPLOY_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
+    let gpus = &pod.containers[0];
+    assert_eq!(gpus.image.as_deref(), Some(PINNED_IMAGE));
+    let env = gpus.env.as_ref().unwrap();
+    assert_eq!(env_value(env, "HEALTHCHECK_PORT"), Some("51516"));
+    assert_eq!(
+        env_value(env, "KUBELET_PLUGINS_DIRECTORY_PATH"),
+        Some("/var/lib/kubelet/plugins")
+    );
+    assert_eq!(
+        pod.init_containers.as_ref().unwrap()[0].name,
+        "driver-validation"
+    );
+    assert_eq!(
+        objects.deployments[0].metadata.name.as_deref(),
+        Some(CONTROLLER)
+    );
+    let roles: Vec<&str> = objects
+        .cluster_roles
+        .iter()
+        .map(|r| r.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [KUBELET_PLUGIN_SA, CONTROLLER, "compute-domain-daemon"]
+    );
+    assert_eq!(
+        class_names(&objects),
+        [
+            "gpu.nvidia.com",
+            "mig.nvidia.com",
+            "vfio.gpu.nvidia.com",
+            "compute-domain-daemon.nvidia.com",
+            "compute-domain-default-channel.nvidia.com"
+        ]
+    );
+    let policy = objects
+        .dynamic
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let user = policy.data["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        user.contains("system:serviceaccount:gpu-operator:nvidia-dra-driver-kubeletplugin"),
+        "{user}"
+    );
+}
+
+#[test]
+fn compute_domains_off_renders_no_controller_no_second_container_and_no_cd_classes() {
+    let objects = render(
+        Operand::DraDriver,
+        &cluster(json!({"draDriver": {"computeDomains": {"enabled": false}}})),
+        &facts(),
+    )
+    .unwrap();
+    assert!(objects.deployments.is_empty());
+    let pod = objects.daemon_sets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert_eq!(pod.containers.len(), 1);
+    assert_eq!(class_names(&objects).len(), 3);
+    assert!(
+        !objects
+            .service_accounts
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some(CONTROLLER))
+    );
+}
+
+#[test]
+fn every_dra_object_carries_the_apply_contract_labels() {
+    let c = cluster(json!({"deviceClasses": [{"name": "h100", "productName": "H100"}]}));
+    for operand in Operand::GPU_CLUSTER {
+        let objects = render(operand, &c, &facts()).unwrap();
+        assert!(!objects.is_empty());
+        for value in objects.to_json().unwrap() {
+            let labels = &value["metadata"]["labels"];
+            assert_eq!(labels[OPERAND_LABEL], json!(operand.name()), "{value}");
+            assert_eq!(labels[MANAGED_BY_LABEL], json!("gpu-operator"), "{value}");
+        }
+    }
+}
+
+#[test]
+fn feature_gates_health_port_and_user_env_reach_the_containers() {
+    let c = cluster(json!({"draDriver": {
+        "featureGates": {"MPSSupport": true, "AdminAccess": false},
+        "gpus": {"kubeletPlugin": {"healthcheck": {"port": 52000}, "env": [{"name": "GPUS_EXTRA", "value": "1"}]}},
+        "computeDomains": {"kubeletPlugin": {"healthcheck": {"enabled": false}}}
+    }}));
+    let objects = render(Operand::DraDriver, &c, &facts()).unwrap();
+    let pod = objects.daemon_sets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let gpus = pod.containers[0].env.as_ref().unwrap();
+    assert_eq!(
+        env_value(gpus, "FEATURE_GATES"),
+        Some("AdminAccess=false,MPSSupport=true")
+    );
+    assert_eq!(env_value(gpus, "HEALTHCHECK_PORT"), Some("52000"));
+    assert_eq!(env_value(gpus, "GPUS_EXTRA"), Some("1"));
+    assert_eq!(
+        pod.containers[0]
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .grpc
+            .as_ref()
+            .unwrap()
+            .port,
+        52000
+    );
+    assert!(pod.containers[1].liveness_probe.is_none());
+}
+
+#[test]
+fn the_image_comes_from_the_spec_then_the_environment_then_the_pin() {
+    let spec: GpuClusterSpec = serde_json::from_value(json!({"draDriver": {
+        "repository": "r.local/nvidia/", "image": "dra", "version": "v1"}}))
+    .unwrap();
+    assert_eq!(
+        image(&spec, &BTreeMap::new()).unwrap(),
+        "r.local/nvidia/dra:v1"
+    );
+    let env = BTreeMap::from([(IMAGE_ENV.to_owned(), "env/dra:2".to_owned())]);
+    assert_eq!(
+        image(&GpuClusterSpec::default(), &env).unwrap(),
+        "env/dra:2"
+    );
+    let partial: GpuClusterSpec =
+        serde_json::from_value(json!({"draDriver": {"image": "dra"}})).unwrap();
+    assert!(
+        image(&partial, &env)
+            .unwrap_err()
+            .contains("spec.draDriver")
+    );
+}
+
+#[test]
+fn attribute_classes_become_cel_over_the_published_attributes() {
+    let spec: GpuClusterSpec = serde_json::from_value(json!({"deviceClasses": [
+        {"name": "h100", "productName": "H100", "minCudaComputeCapability": "9.0",
+         "minMemory": "80Gi", "minDriverVersion": "580.65.06"},
+        {"name": "small-mig", "deviceType": "mig", "migProfile": "1g.5gb"},
+    ]}))
+    .unwrap();
+    let classes = spec.device_classes.unwrap();
+    let h100 = class_expression(0, &classes[0]).unwrap();
+    assert_eq!(
+        h100,
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu' \
+         && device.attributes['gpu.nvidia.com'].productName.contains('H100') \
+         && device.attributes['gpu.nvidia.com'].cudaComputeCapability.compareTo(semver('9.0.0')) >= 0 \
+         && device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('580.65.6')) >= 0 \
+         && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    );
+    let mig = class_expression(1, &classes[1]).unwrap();
+    assert!(
+        mig.contains("type == 'mig'") && mig.contains("profile == '1g.5gb'"),
+        "{mig}"
+    );
+}
+
+#[test]
+fn an_unknown_attribute_is_reported_with_the_ones_the_driver_publishes() {
+    let spec: GpuClusterSpec = serde_json::from_value(json!({"deviceClasses": [
+        {"name": "fast", "expressions": ["device.attributes['gpu.nvidia.com'].clockMHz > 1000"]},
+        {"name": "ok", "expressions": ["device.capacity['gpu.nvidia.com'].memorySlice3 > quantity('0')"]},
+    ]}))
+    .unwrap();
+    let problems = check_classes(&spec);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("spec.deviceClasses[0].expressions[0]: clockMHz"),
+        "{}",
+        problems[0]
+    );
+    assert!(problems[0].contains("productName") && problems[0].contains("cudaComputeCapability"));
+}
+
+#[test]
+fn bad_versions_reserved_duplicate_names_and_profiles_on_gpus_are_refused_naming_the_field() {
+    let spec: GpuClusterSpec = serde_json::from_value(json!({"deviceClasses": [
+        {"name": "a", "minCudaComputeCapability": "nine"},
+        {"name": "gpu.nvidia.com"},
+        {"name": "b", "migProfile": "1g.5gb"},
+        {"name": "b"},
+    ]}))
+    .unwrap();
+    let problems = check_classes(&spec).join("\n");
+    assert!(
+        problems.contains("spec.deviceClasses[0].minCudaComputeCapability"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[1].name"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[2].migProfile"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("spec.deviceClasses[3].name: b is listed twice"),
+        "{problems}"
+    );
+}
+
+#[test]
+fn dcgm_sections_are_reported_as_not_acted_on() {
+    let spec: GpuClusterSpec =
+        serde_json::from_value(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}})).unwrap();
+    let lines = not_acted_on(&spec);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(not_acted_on(&GpuClusterSpec::default()).is_empty());
+}

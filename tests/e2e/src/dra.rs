@@ -1,0 +1,217 @@
+//! A stand-in for NVIDIA's DRA kubelet plugin on fake GPU nodes: it publishes, for each node,
+//! the ResourceSlice (`resource.k8s.io/v1`) the real `gpu-kubelet-plugin` would, with the
+//! device attributes and capacities it reports per model, so the real kube-scheduler allocates
+//! real ResourceClaims. Also installs the GPUCluster CRD.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use serde_json::{Value, json};
+
+use crate::nodes::GpuModel;
+use crate::wait;
+
+/// The driver name the slices carry (and the attribute domain).
+pub const DRIVER: &str = "gpu.nvidia.com";
+/// Label on every slice the stand-in publishes, so tests can remove them.
+pub const STAND_IN_LABEL: &str = "gpu-operator.test/dra-stand-in";
+/// Driver version every stand-in GPU reports.
+pub const DRIVER_VERSION: &str = "580.95.5";
+
+/// Installs the GPUCluster CRD from the operator's types and waits until it is established.
+pub async fn install_gpu_cluster_crd(client: &Client) -> Result<()> {
+    let crd = gpu_operator::api::gpu_cluster_crd::crd();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        gpu_operator::api::gpu_cluster_crd::CRD_NAME,
+        &PatchParams::apply("e2e-dra").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("applying the GPUCluster CRD")?;
+    crate::crd::await_established(client, gpu_operator::api::gpu_cluster_crd::CRD_NAME).await?;
+    Ok(())
+}
+
+/// What NVML reports for one board, as the DRA driver publishes it.
+struct Board {
+    product: &'static str,
+    brand: &'static str,
+    architecture: &'static str,
+    compute: &'static str,
+    /// Total memory in MiB as NVML reports it (less than the marketing size: the A100 40GB
+    /// reports 40536 MiB, so `>= 40Gi` does not match it).
+    memory_mib: u64,
+    gpus: u32,
+}
+
+fn board(model: GpuModel) -> Board {
+    match model {
+        GpuModel::T4 => Board {
+            product: "Tesla T4",
+            brand: "Tesla",
+            architecture: "Turing",
+            compute: "7.5.0",
+            memory_mib: 15360,
+            gpus: 1,
+        },
+        GpuModel::A100Sxm40Gb => Board {
+            product: "NVIDIA A100-SXM4-40GB",
+            brand: "Nvidia",
+            architecture: "Ampere",
+            compute: "8.0.0",
+            memory_mib: 40536,
+            gpus: 8,
+        },
+        GpuModel::A100Sxm80Gb => Board {
+            product: "NVIDIA A100-SXM4-80GB",
+            brand: "Nvidia",
+            architecture: "Ampere",
+            compute: "8.0.0",
+            memory_mib: 81920,
+            gpus: 8,
+        },
+        GpuModel::H100Sxm80Gb => Board {
+            product: "NVIDIA H100 80GB HBM3",
+            brand: "Nvidia",
+            architecture: "Hopper",
+            compute: "9.0.0",
+            memory_mib: 81559,
+            gpus: 8,
+        },
+        GpuModel::H200 => Board {
+            product: "NVIDIA H200",
+            brand: "Nvidia",
+            architecture: "Hopper",
+            compute: "9.0.0",
+            memory_mib: 143771,
+            gpus: 8,
+        },
+        GpuModel::A30 => Board {
+            product: "NVIDIA A30",
+            brand: "Nvidia",
+            architecture: "Ampere",
+            compute: "8.0.0",
+            memory_mib: 24576,
+            gpus: 4,
+        },
+    }
+}
+
+fn common_attributes(node: &str, b: &Board, minor: u32) -> serde_json::Map<String, Value> {
+    let mut a = serde_json::Map::new();
+    a.insert(
+        "uuid".into(),
+        json!({"string": format!("GPU-{node}-{minor}")}),
+    );
+    a.insert("productName".into(), json!({"string": b.product}));
+    a.insert("brand".into(), json!({"string": b.brand}));
+    a.insert("architecture".into(), json!({"string": b.architecture}));
+    a.insert(
+        "cudaComputeCapability".into(),
+        json!({"version": b.compute}),
+    );
+    a.insert("driverVersion".into(), json!({"version": DRIVER_VERSION}));
+    a.insert("cudaDriverVersion".into(), json!({"version": "13.0.0"}));
+    a
+}
+
+/// The whole-GPU devices of a node (`gpu-<minor>`, type gpu, capacity memory).
+pub fn gpu_devices(node: &str, model: GpuModel) -> Vec<Value> {
+    let b = board(model);
+    (0..b.gpus)
+        .map(|minor| {
+            let mut a = common_attributes(node, &b, minor);
+            a.insert("type".into(), json!({"string": "gpu"}));
+            json!({
+                "name": format!("gpu-{minor}"),
+                "attributes": a,
+                "capacity": {"memory": {"value": format!("{}Mi", b.memory_mib)}},
+            })
+        })
+        .collect()
+}
+
+/// The MIG devices of one A100-40GB partitioned with the all-balanced layout (two 1g.5gb, one
+/// 2g.10gb, one 3g.20gb), named as the driver names them (`gpu-<minor>-mig-<profile>-<id>-<start>`).
+pub fn a100_40gb_balanced_mig_devices(node: &str, minor: u32) -> Vec<Value> {
+    let b = board(GpuModel::A100Sxm40Gb);
+    // profile, GI profile id, placement start, size, memory MiB, multiprocessors
+    let layout = [
+        ("2g.10gb", 14, 0, 2, 9984, 28),
+        ("1g.5gb", 19, 2, 1, 4864, 14),
+        ("1g.5gb", 19, 3, 1, 4864, 14),
+        ("3g.20gb", 9, 4, 4, 19968, 42),
+    ];
+    layout
+        .iter()
+        .map(|(profile, id, start, size, mem, sms)| {
+            let mut a = common_attributes(node, &b, minor);
+            a.insert("type".into(), json!({"string": "mig"}));
+            a.insert("profile".into(), json!({"string": profile}));
+            a.insert(
+                "parentUUID".into(),
+                json!({"string": format!("GPU-{node}-{minor}")}),
+            );
+            a.insert(
+                "uuid".into(),
+                json!({"string": format!("MIG-{node}-{minor}-{start}")}),
+            );
+            let mut capacity = serde_json::Map::new();
+            capacity.insert("memory".into(), json!({"value": format!("{mem}Mi")}));
+            capacity.insert("multiprocessors".into(), json!({"value": sms.to_string()}));
+            for slice in *start..start + size {
+                capacity.insert(format!("memorySlice{slice}"), json!({"value": "1"}));
+            }
+            json!({
+                "name": format!("gpu-{minor}-mig-{}-{id}-{start}", profile.replace('.', "")),
+                "attributes": a,
+                "capacity": capacity,
+            })
+        })
+        .collect()
+}
+
+fn slices_api(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// Publishes the ResourceSlice of `node` holding `devices` (one pool per node, as the plugin).
+pub async fn publish(client: &Client, node: &str, devices: Vec<Value>) -> Result<()> {
+    let name = format!("{node}-{DRIVER}");
+    let slice: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": {STAND_IN_LABEL: "true"}},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        }
+    }))?;
+    slices_api(client)
+        .patch(
+            &name,
+            &PatchParams::apply("dra-stand-in").force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .with_context(|| format!("publishing ResourceSlice {name}"))?;
+    Ok(())
+}
+
+/// Removes every slice the stand-in published.
+pub async fn remove_all(client: &Client) -> Result<()> {
+    let api = slices_api(client);
+    let lp = ListParams::default().labels(&format!("{STAND_IN_LABEL}=true"));
+    api.delete_collection(&DeleteParams::default(), &lp).await?;
+    wait::until_none_left(&api, &lp, Duration::from_secs(60), "stand-in slices gone").await?;
+    Ok(())
+}
