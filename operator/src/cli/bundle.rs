@@ -55,6 +55,8 @@ pub const OPENSHIFT_VERSIONS: &str = "v4.20";
 /// Files of the bundle, relative to its folder.
 pub const CSV_FILE: &str = "manifests/gpu-operator.clusterserviceversion.yaml";
 pub const CRD_FILE: &str = "manifests/nvidia.com_clusterpolicies.yaml";
+/// The GPUCluster CRD (docs/dra.md), owned by the CSV like the ClusterPolicy's.
+pub const GPU_CLUSTER_CRD_FILE: &str = "manifests/nvidia.com_gpuclusters.yaml";
 /// NFD's CRDs, one file each (a bundle manifest holds one object), as `nfd_crds::NAMES` orders them.
 pub const NFD_CRD_FILES: [&str; 3] = [
     "manifests/nfd.k8s-sigs.io_nodefeaturegroups.yaml",
@@ -259,7 +261,7 @@ pub fn pinned_by_digest(image: &str, facts: &[DigestFact]) -> Result<String, Bun
 /// The examples of `examples/` offered as `alm-examples`, at least one per owned kind; the first
 /// policy is the console form's default. Policies that need ConfigMaps first or set unsupported
 /// sections are left out.
-const ALM_EXAMPLES: [(&str, &str); 6] = [
+const ALM_EXAMPLES: [(&str, &str); 7] = [
     (
         "examples/clusterpolicy-default.yaml",
         include_str!("../../../examples/clusterpolicy-default.yaml"),
@@ -271,6 +273,10 @@ const ALM_EXAMPLES: [(&str, &str); 6] = [
     (
         "examples/clusterpolicy-gpu-node-pool.yaml",
         include_str!("../../../examples/clusterpolicy-gpu-node-pool.yaml"),
+    ),
+    (
+        "examples/gpucluster.yaml",
+        include_str!("../../../examples/gpucluster.yaml"),
     ),
     (
         "examples/nfd/nodefeaturerule.yaml",
@@ -302,6 +308,9 @@ pub const INSTALL_MODES: [(&str, bool); 4] = [
 pub fn skip_range() -> String {
     format!("<{OPERATOR_VERSION}")
 }
+
+/// The GPUCluster's description in the console.
+const GPU_CLUSTER_DESCRIPTION: &str = "NVIDIA's DRA driver instead of the device plugin: GPUs requested through ResourceClaims by attribute (product, memory, compute capability, MIG profile), and attribute DeviceClasses such as h100 or gpu-80gb.";
 
 /// NFD's kinds as owned CRDs of the CSV: (CRD name, kind, display name, description).
 const NFD_OWNED: [(&str, &str, &str, &str); 3] = [
@@ -471,6 +480,10 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
         BundleFile {
             path: CRD_FILE,
             content: api::crd::crd_yaml()?,
+        },
+        BundleFile {
+            path: GPU_CLUSTER_CRD_FILE,
+            content: api::gpu_cluster_crd::crd_yaml()?,
         },
     ];
     for (path, crd) in NFD_CRD_FILES.into_iter().zip(nfd_definitions()?) {
@@ -1175,6 +1188,23 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                     spec_descriptors: spec_descriptors(),
                     status_descriptors: status_descriptors(),
                 })
+                .chain(std::iter::once(OwnedCrd {
+                    name: api::gpu_cluster_crd::CRD_NAME,
+                    version: "v1alpha1",
+                    kind: "GPUCluster",
+                    display_name: "GPUCluster",
+                    description: GPU_CLUSTER_DESCRIPTION.to_owned(),
+                    resources: ["DaemonSet", "Deployment", "ServiceAccount", "DeviceClass"]
+                        .into_iter()
+                        .map(|kind| CrdResource {
+                            kind,
+                            name: "",
+                            version: "v1",
+                        })
+                        .collect(),
+                    spec_descriptors: Vec::new(),
+                    status_descriptors: Vec::new(),
+                }))
                 .chain(
                     NFD_OWNED
                         .into_iter()
@@ -1226,7 +1256,7 @@ pub fn deployment_of_csv(csv: &Value) -> anyhow::Result<Deployment> {
 
 /// Reads a bundle folder's files that [`files`] writes (`None` for a missing one).
 pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
-    [CSV_FILE, CRD_FILE]
+    [CSV_FILE, CRD_FILE, GPU_CLUSTER_CRD_FILE]
         .into_iter()
         .chain(NFD_CRD_FILES)
         .chain([
@@ -1489,7 +1519,7 @@ mod tests {
         let owned = csv["spec"]["customresourcedefinitions"]["owned"]
             .as_array()
             .unwrap();
-        assert_eq!(owned.len(), 1 + NFD_OWNED.len());
+        assert_eq!(owned.len(), 2 + NFD_OWNED.len());
         for crd in owned {
             let group = crd["name"].as_str().unwrap().split_once('.').unwrap().1;
             let api_version = format!("{group}/{}", crd["version"].as_str().unwrap());
