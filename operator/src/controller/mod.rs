@@ -22,6 +22,7 @@
 mod apply;
 mod labeller;
 mod namespace;
+mod node_pools;
 pub mod nfd_crds;
 mod observe;
 mod plan;
@@ -112,6 +113,7 @@ pub struct Context {
     resolver: Resolver,
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
+    pool_attempts: Mutex<node_pools::Attempts>,
     ledger: Mutex<plan::Ledger>,
     /// Whether NFD's CRDs were found or made current since the operator started.
     nfd_crds_current: std::sync::atomic::AtomicBool,
@@ -394,6 +396,12 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
     )
     .await
     .map_err(Error::Labels)?;
+    // Node pools and the GPU memory resource (our extension), on the same snapshot.
+    let pool_retry =
+        node_pools::reconcile_nodes(&ctx.client, &nodes, &policy.spec, &ctx.pool_attempts)
+            .await
+            .map_err(Error::Labels)?;
+    let deadline = deadline.into_iter().chain(pool_retry).min();
     let in_flight = ctx
         .label_attempts
         .lock()
@@ -660,6 +668,7 @@ pub async fn run(
         policies,
         label_loss: Mutex::default(),
         label_attempts: Mutex::default(),
+        pool_attempts: Mutex::default(),
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
