@@ -202,6 +202,10 @@ fn on_node<'a>(snapshot: &'a Snapshot, node: &str) -> impl Iterator<Item = &'a P
         .filter(move |p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
 }
 
+fn is_daemon_pod(pod: &Pod) -> bool {
+    pod.owner_references().iter().any(|o| o.kind == "DaemonSet")
+}
+
 fn operand_of(pod: &Pod) -> &str {
     pod.labels().get(NAME_LABEL).map_or("?", String::as_str)
 }
@@ -293,7 +297,9 @@ pub fn node_table(snapshot: &Snapshot) -> String {
             deploy_keys().filter(|k| v.label(k) == Some("true")).count(),
             deploy_keys().filter(|k| v.label(k).is_some()).count()
         );
-        let mut pods: Vec<&Pod> = on_node(snapshot, &name).collect();
+        // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
+        // scheduler puts it.
+        let mut pods: Vec<&Pod> = on_node(snapshot, &name).filter(|p| is_daemon_pod(p)).collect();
         pods.sort_by_key(|p| operand_of(p).to_owned());
         let ready = pods.iter().filter(|p| pod_state(p) == "Ready").count();
         let mut operands = format!("{ready}/{}", pods.len());
@@ -732,3 +738,7 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "doctor_tests.rs"]
+mod tests;
