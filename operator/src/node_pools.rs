@@ -12,11 +12,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::api::{ClusterPolicySpec, MemoryUnit, NodePoolTaint};
+use crate::api::{ClusterPolicySpec, MemoryUnit, NodePoolTaint, PoolPriorityClass};
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_MEMORY, GPU_PRODUCT, NodeView};
 
 /// Annotation on each node holding the operator's [`Record`] (JSON).
@@ -390,6 +393,79 @@ pub fn status_note(spec: &ClusterPolicySpec) -> Option<String> {
     ))
 }
 
+/// Label on the PriorityClasses the operator creates for `nodePools.priorityClasses` (beside
+/// the usual managed-by label): only those are ever changed or deleted.
+pub const PRIORITY_CLASS_LABEL: &str = "nvidia.com/gpu-operator.node-pool";
+
+/// The PriorityClasses `spec.nodePools` asks for (empty when the section is off).
+pub fn desired_priority_classes(spec: &ClusterPolicySpec) -> Vec<PoolPriorityClass> {
+    spec.node_pools
+        .as_ref()
+        .filter(|p| p.is_enabled())
+        .and_then(|p| p.priority_classes.clone())
+        .unwrap_or_default()
+}
+
+/// The PriorityClass object for `pc`, owned by the policy (`owner`) so that it goes with it.
+pub fn priority_class_object(pc: &PoolPriorityClass, owner: Option<OwnerReference>) -> PriorityClass {
+    PriorityClass {
+        metadata: ObjectMeta {
+            name: Some(pc.name.clone()),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY_LABEL.to_owned(), MANAGER.to_owned()),
+                (PRIORITY_CLASS_LABEL.to_owned(), "priority-class".to_owned()),
+            ])),
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        value: Some(pc.value),
+        description: pc.description.clone(),
+        preemption_policy: pc.preemption_policy.map(|p| p.as_str().to_owned()),
+        global_default: None,
+    }
+}
+
+/// What to do with PriorityClasses: `ours` are the live ones carrying [`PRIORITY_CLASS_LABEL`].
+#[derive(Debug, Default, PartialEq)]
+pub struct PriorityClassPlan {
+    pub create: Vec<PoolPriorityClass>,
+    /// Value or preemption policy changed: both are immutable, so delete and create again.
+    pub recreate: Vec<PoolPriorityClass>,
+    /// Only the description changed.
+    pub update: Vec<PoolPriorityClass>,
+    pub delete: Vec<String>,
+}
+
+pub fn priority_class_plan(ours: &[PriorityClass], want: &[PoolPriorityClass]) -> PriorityClassPlan {
+    let mut plan = PriorityClassPlan::default();
+    let live: BTreeMap<String, &PriorityClass> = ours
+        .iter()
+        .map(|pc| (pc.metadata.name.clone().unwrap_or_default(), pc))
+        .collect();
+    for pc in want {
+        match live.get(&pc.name) {
+            None => plan.create.push(pc.clone()),
+            Some(l) => {
+                let policy = pc
+                    .preemption_policy
+                    .map_or("PreemptLowerPriority", |p| p.as_str());
+                let live_policy = l.preemption_policy.as_deref().unwrap_or("PreemptLowerPriority");
+                if l.value != Some(pc.value) || live_policy != policy {
+                    plan.recreate.push(pc.clone());
+                } else if l.description != pc.description {
+                    plan.update.push(pc.clone());
+                }
+            }
+        }
+    }
+    plan.delete = live
+        .keys()
+        .filter(|name| !want.iter().any(|pc| &pc.name == *name))
+        .cloned()
+        .collect();
+    plan
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -422,6 +498,7 @@ mod tests {
                     memory: Some("gpu-memory".into()),
                     count: Some("gpu-count".into()),
                 }),
+                priority_classes: None,
             }),
             gpu_memory_resource: Some(GpuMemoryResourceSpec {
                 enabled: Some(true),
@@ -669,6 +746,32 @@ mod tests {
         );
         // Not ours: never removed.
         assert_eq!(status_patch(&node, &Record::default(), &off), None);
+    }
+
+    #[test]
+    fn priority_classes_are_created_recreated_on_value_change_and_deleted_when_unwanted() {
+        let pc = |name: &str, value: i32| PoolPriorityClass {
+            name: name.into(),
+            value,
+            description: None,
+            preemption_policy: None,
+        };
+        let want = vec![pc("gpu-inference", 1000), pc("gpu-training", 500)];
+        let live = vec![
+            priority_class_object(&pc("gpu-training", 400), None),
+            priority_class_object(&pc("gpu-old", 1), None),
+        ];
+        let plan = priority_class_plan(&live, &want);
+        assert_eq!(plan.create, [pc("gpu-inference", 1000)]);
+        assert_eq!(plan.recreate, [pc("gpu-training", 500)]);
+        assert_eq!(plan.delete, ["gpu-old"]);
+        let same: Vec<PriorityClass> = want.iter().map(|p| priority_class_object(p, None)).collect();
+        assert_eq!(priority_class_plan(&same, &want), PriorityClassPlan::default());
+        let mut spec = spec();
+        spec.node_pools.as_mut().unwrap().priority_classes = Some(want.clone());
+        assert_eq!(desired_priority_classes(&spec), want);
+        spec.node_pools.as_mut().unwrap().enabled = Some(false);
+        assert!(desired_priority_classes(&spec).is_empty());
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, re
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
 pub use node_pools::{
     DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
-    NodePoolTaint, NodePoolsSpec, TaintEffect,
+    NodePoolTaint, NodePoolsSpec, PoolPriorityClass, PreemptionPolicy, TaintEffect,
 };
 pub use operands::{
     DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,

@@ -41,6 +41,48 @@ pub struct NodePoolsSpec {
     /// Labels whose values are derived from GPU feature discovery's labels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub derived_labels: Option<DerivedLabelsSpec>,
+    /// PriorityClasses the operator creates (and deletes again with the section), for example
+    /// inference above training above experiments. A PriorityClass of the same name that the
+    /// operator did not create is left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub priority_classes: Option<Vec<PoolPriorityClass>>,
+}
+
+/// One PriorityClass for GPU workloads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolPriorityClass {
+    /// Name pods refer to in priorityClassName, for example `gpu-inference`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    pub name: String,
+    /// Priority; higher preempts lower. At most 1000000000 (higher values are reserved for
+    /// system-node-critical and system-cluster-critical).
+    #[schemars(range(min = -2147483648, max = 1000000000))]
+    pub value: i32,
+    /// Shown by kubectl get priorityclass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// PreemptLowerPriority (default) or Never (the pod waits instead of preempting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption_policy: Option<PreemptionPolicy>,
+}
+
+/// Whether pods of a PriorityClass preempt lower ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub enum PreemptionPolicy {
+    PreemptLowerPriority,
+    Never,
+}
+
+impl PreemptionPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionPolicy::PreemptLowerPriority => "PreemptLowerPriority",
+            PreemptionPolicy::Never => "Never",
+        }
+    }
 }
 
 impl NodePoolsSpec {

@@ -204,6 +204,19 @@ fn a_pod_without_the_toleration_is_told_which_to_add() {
     assert_eq!(checks(&findings), [MISSING_TOLERATION]);
     assert!(findings[0].problem.contains("nvidia.com/gpu=present:NoSchedule"));
     assert!(findings[0].fix.contains("{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}"));
+    // A toleration of another key does not help; one of this key does.
+    let other = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(checks(&pod_findings(&healthy(), &other)), [MISSING_TOLERATION]);
+    let tolerating = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}],
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(pod_findings(&healthy(), &tolerating), []);
     // An untainted GPU node is left to it: no fault.
     let anywhere = workload(json!({"containers": [{"name": "c"}]}));
     assert_eq!(pod_findings(&healthy(), &anywhere), []);

@@ -114,6 +114,7 @@ pub struct Context {
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
     pool_attempts: Mutex<node_pools::Attempts>,
+    pool_priority_classes: node_pools::PriorityClassesDone,
     ledger: Mutex<plan::Ledger>,
     /// Whether NFD's CRDs were found or made current since the operator started.
     nfd_crds_current: std::sync::atomic::AtomicBool,
@@ -401,6 +402,9 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
         node_pools::reconcile_nodes(&ctx.client, &nodes, &policy.spec, &ctx.pool_attempts)
             .await
             .map_err(Error::Labels)?;
+    node_pools::reconcile_priority_classes(&ctx.client, policy, &ctx.pool_priority_classes)
+        .await
+        .map_err(Error::Labels)?;
     let deadline = deadline.into_iter().chain(pool_retry).min();
     let in_flight = ctx
         .label_attempts
@@ -669,6 +673,7 @@ pub async fn run(
         label_loss: Mutex::default(),
         label_attempts: Mutex::default(),
         pool_attempts: Mutex::default(),
+        pool_priority_classes: Mutex::default(),
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),

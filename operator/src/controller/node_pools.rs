@@ -10,11 +10,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
 
-use crate::api::ClusterPolicySpec;
-use crate::node_pools::{Record, desired, needs_work, object_patch, status_patch};
+use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
+use crate::node_pools::{
+    PRIORITY_CLASS_LABEL, Record, desired, desired_priority_classes, needs_work, object_patch,
+    priority_class_object, priority_class_plan, status_patch,
+};
 use crate::nodes::NodeView;
 
 /// How soon to look again at a node whose patch met a newer version.
@@ -132,4 +137,58 @@ pub async fn reconcile_nodes(
         Some(e) => Err(e),
         None => Ok(retry),
     }
+}
+
+/// The PriorityClasses last brought to the cluster; `None` until the first pass has listed
+/// them. While the policy asks for the same set, no request is made.
+pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
+
+/// Creates, recreates, updates and deletes the operator's PriorityClasses so that they are
+/// what `policy`'s `nodePools.priorityClasses` lists. A name taken by a PriorityClass someone
+/// else created is reported and left alone.
+pub async fn reconcile_priority_classes(
+    client: &Client,
+    policy: &ClusterPolicy,
+    done: &PriorityClassesDone,
+) -> Result<(), kube::Error> {
+    let want = desired_priority_classes(&policy.spec);
+    if done.lock().is_ok_and(|d| d.as_ref() == Some(&want)) {
+        return Ok(());
+    }
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    let ours = api
+        .list(&ListParams::default().labels(&format!("{PRIORITY_CLASS_LABEL},{MANAGED_BY_LABEL}={MANAGER}")))
+        .await?
+        .items;
+    let plan = priority_class_plan(&ours, &want);
+    let owner = policy.controller_owner_ref(&());
+    for name in plan.delete.iter().chain(plan.recreate.iter().map(|pc| &pc.name)) {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(priority_class = %name, "node pool: PriorityClass deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for pc in plan.create.iter().chain(&plan.recreate) {
+        match api
+            .create(&PostParams::default(), &priority_class_object(pc, owner.clone()))
+            .await
+        {
+            Ok(_) => tracing::info!(priority_class = %pc.name, "node pool: PriorityClass created"),
+            Err(kube::Error::Api(e)) if e.code == 409 => tracing::warn!(
+                priority_class = %pc.name,
+                "node pool: a PriorityClass of this name exists and was not created by the operator; left alone"
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+    for pc in &plan.update {
+        let patch = serde_json::json!({ "description": pc.description });
+        api.patch(&pc.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    if let Ok(mut d) = done.lock() {
+        *d = Some(want);
+    }
+    Ok(())
 }

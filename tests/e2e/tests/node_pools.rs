@@ -20,11 +20,14 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 const POOL_LABEL_TYPE: &str = "gpu-type";
+/// A PriorityClass the node pool lists but someone else created first.
+const OTHERS_PRIORITY_CLASS: &str = "gpu-experiments";
 
 /// A session whose operator holds only its generated ClusterRole (`gpu-operator rbac`).
 async fn start_with_generated_role(spec: serde_json::Value) -> (Setup, String) {
@@ -188,9 +191,25 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
                 {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
             ],
             "labels": {"workload-class": "inference"},
-            "derivedLabels": {"product": POOL_LABEL_TYPE, "memory": "gpu-memory", "count": "gpu-count"}
+            "derivedLabels": {"product": POOL_LABEL_TYPE, "memory": "gpu-memory", "count": "gpu-count"},
+            "priorityClasses": [
+                {"name": "gpu-inference", "value": 100000, "description": "inference preempts training"},
+                {"name": "gpu-training", "value": 10000},
+                {"name": OTHERS_PRIORITY_CLASS, "value": 1}
+            ]
         }
     });
+    // A PriorityClass of a name the section lists, created by someone else first.
+    let admin = e2e::client().await.unwrap();
+    let classes: Api<PriorityClass> = Api::all(admin.clone());
+    let _ = classes.delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default()).await;
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": OTHERS_PRIORITY_CLASS}, "value": 7})).unwrap(),
+        )
+        .await
+        .unwrap();
     let (setup, role) = start_with_generated_role(spec).await;
     assert!(allowed(&setup, "patch", "nodes", None).await);
     assert!(allowed(&setup, "patch", "nodes", Some("status")).await);
@@ -222,6 +241,23 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
         Ok(())
     })
     .await;
+
+    // The PriorityClasses, with their values; the one someone else made keeps its own.
+    wait::until(TIMEOUT, "PriorityClasses created", || {
+        let classes = classes.clone();
+        async move {
+            let value = |name: &str| {
+                let classes = classes.clone();
+                let name = name.to_owned();
+                async move { classes.get_opt(&name).await.map(|pc| pc.and_then(|pc| pc.value)) }
+            };
+            let got = (value("gpu-inference").await?, value("gpu-training").await?);
+            Ok(if got == (Some(100000), Some(10000)) { Ok(()) } else { Err(format!("{got:?}")) })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
+    assert_eq!(classes.get(OTHERS_PRIORITY_CLASS).await.unwrap().value, Some(7));
 
     // GPU operands still run on every GPU node: each DaemonSet schedules one pod per GPU node
     // (the DaemonSet controller leaves out nodes whose taints a pod does not tolerate).
@@ -291,6 +327,17 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
         Ok(())
     })
     .await;
+    wait::until(TIMEOUT, "our PriorityClasses deleted", || {
+        let classes = classes.clone();
+        async move {
+            let left = (classes.get_opt("gpu-inference").await?, classes.get_opt("gpu-training").await?);
+            Ok(if left == (None, None) { Ok(()) } else { Err("still there".to_string()) })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(classes.get_opt(OTHERS_PRIORITY_CLASS).await.unwrap().is_some(), "someone else's stays");
+    classes.delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default()).await.unwrap();
     finish(setup, &role).await;
 }
 
