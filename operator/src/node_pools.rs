@@ -70,9 +70,12 @@ pub struct Record {
 impl Record {
     /// The record on `node`; an unreadable one counts as none (nothing is then removed).
     pub fn of(node: &NodeView) -> Option<Record> {
-        node.pool_record
-            .as_deref()
-            .and_then(|s| serde_json::from_str(s).ok())
+        Record::parse(node.pool_record.as_deref())
+    }
+
+    /// The record in an annotation value (see [`Record::of`]).
+    pub fn parse(annotation: Option<&str>) -> Option<Record> {
+        annotation.and_then(|s| serde_json::from_str(s).ok())
     }
 }
 
@@ -147,12 +150,12 @@ pub fn desired(spec: &ClusterPolicySpec, node: &NodeView) -> Desired {
         want.labels.extend(pools.labels.clone().unwrap_or_default());
         let derived = pools.derived_labels.clone().unwrap_or_default();
         let values = [
-            (
-                derived.product,
-                node.label(GPU_PRODUCT).and_then(gpu_type),
-            ),
+            (derived.product, node.label(GPU_PRODUCT).and_then(gpu_type)),
             (derived.memory, parsed(node, GPU_MEMORY).map(memory_label)),
-            (derived.count, parsed(node, GPU_COUNT).map(|n| n.to_string())),
+            (
+                derived.count,
+                parsed(node, GPU_COUNT).map(|n| n.to_string()),
+            ),
         ];
         for (key, value) in values {
             if let (Some(key), Some(value)) = (key.filter(|k| !k.is_empty()), value) {
@@ -177,19 +180,8 @@ pub fn needs_work(node: &NodeView, want: &Desired) -> bool {
     }
 }
 
-/// The requests that bring one node to `want`: a merge patch of its status (the memory
-/// resource in capacity and allocatable) and a merge patch of the object (labels, the record
-/// annotation, the full taint list), the latter with the node's `resourceVersion` as a
-/// precondition. `None` for a request with nothing to do.
-#[derive(Debug, Default, PartialEq)]
-pub struct NodeWrites {
-    pub status: Option<Value>,
-    pub object: Option<Value>,
-    /// Keys (label `k` or taint `k:effect`) someone else holds with another value: left alone.
-    pub conflicts: Vec<String>,
-}
-
-/// Plans the status patch for the memory resource on `node` (read in full).
+/// Plans the status patch for the memory resource on `node` (read in full): a merge patch of
+/// `capacity` and `allocatable`, `None` when the node already shows what is wanted.
 pub fn status_patch(node: &Node, record: &Record, want: &Desired) -> Option<Value> {
     let status = node.status.as_ref();
     let capacity = status.and_then(|s| s.capacity.as_ref());
@@ -203,10 +195,9 @@ pub fn status_patch(node: &Node, record: &Record, want: &Desired) -> Option<Valu
     if let Some((name, units)) = &want.memory {
         let value = units.to_string();
         let has = |m: Option<&BTreeMap<String, _>>| {
-            m.and_then(|m| m.get(name))
-                .is_some_and(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
-                    q.0 == value
-                })
+            m.and_then(|m| m.get(name)).is_some_and(
+                |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0 == value,
+            )
         };
         if !has(capacity) || !has(allocatable) {
             cap.insert(name.clone(), Value::String(value));
@@ -235,8 +226,10 @@ fn pool_value(p: &NodePoolTaint) -> &str {
     p.value.as_deref().unwrap_or_default()
 }
 
-/// Plans the object patch (labels, taints, record) for `node` (read in full), given the record
-/// it carries and whether the memory resource is now in place (`memory_written`).
+/// Plans the object patch for `node` (read in full), given the record it carries: labels, the
+/// record annotation and the full taint list, with the node's `resourceVersion` as a
+/// precondition; `None` when nothing differs. Also returns the keys someone else holds with
+/// another value (label `key`, taint `key:effect`), which are left alone.
 pub fn object_patch(node: &Node, record: &Record, want: &Desired) -> (Option<Value>, Vec<String>) {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let mut conflicts = Vec::new();
@@ -281,7 +274,11 @@ pub fn object_patch(node: &Node, record: &Record, want: &Desired) -> (Option<Val
         .unwrap_or_default();
     let mut taints = current.clone();
     for ours in &record.taints {
-        if !want.taints.iter().any(|w| w.key == ours.key && w.effect == ours.effect) {
+        if !want
+            .taints
+            .iter()
+            .any(|w| w.key == ours.key && w.effect == ours.effect)
+        {
             taints.retain(|t| !(same_slot(t, ours) && value_of(t) == pool_value(ours)));
         }
     }
@@ -381,7 +378,10 @@ pub fn operand_tolerations(spec: &ClusterPolicySpec, existing: &[Toleration]) ->
 
 /// The status note for an enabled memory resource: it is accounting, not isolation.
 pub fn status_note(spec: &ClusterPolicySpec) -> Option<String> {
-    let memory = spec.gpu_memory_resource.as_ref().filter(|m| m.is_enabled())?;
+    let memory = spec
+        .gpu_memory_resource
+        .as_ref()
+        .filter(|m| m.is_enabled())?;
     let unit = match memory.unit() {
         MemoryUnit::Gi => "GiB",
         MemoryUnit::Mi => "MiB",
@@ -407,7 +407,10 @@ pub fn desired_priority_classes(spec: &ClusterPolicySpec) -> Vec<PoolPriorityCla
 }
 
 /// The PriorityClass object for `pc`, owned by the policy (`owner`) so that it goes with it.
-pub fn priority_class_object(pc: &PoolPriorityClass, owner: Option<OwnerReference>) -> PriorityClass {
+pub fn priority_class_object(
+    pc: &PoolPriorityClass,
+    owner: Option<OwnerReference>,
+) -> PriorityClass {
     PriorityClass {
         metadata: ObjectMeta {
             name: Some(pc.name.clone()),
@@ -436,7 +439,10 @@ pub struct PriorityClassPlan {
     pub delete: Vec<String>,
 }
 
-pub fn priority_class_plan(ours: &[PriorityClass], want: &[PoolPriorityClass]) -> PriorityClassPlan {
+pub fn priority_class_plan(
+    ours: &[PriorityClass],
+    want: &[PoolPriorityClass],
+) -> PriorityClassPlan {
     let mut plan = PriorityClassPlan::default();
     let live: BTreeMap<String, &PriorityClass> = ours
         .iter()
@@ -449,7 +455,10 @@ pub fn priority_class_plan(ours: &[PriorityClass], want: &[PoolPriorityClass]) -
                 let policy = pc
                     .preemption_policy
                     .map_or("PreemptLowerPriority", |p| p.as_str());
-                let live_policy = l.preemption_policy.as_deref().unwrap_or("PreemptLowerPriority");
+                let live_policy = l
+                    .preemption_policy
+                    .as_deref()
+                    .unwrap_or("PreemptLowerPriority");
                 if l.value != Some(pc.value) || live_policy != policy {
                     plan.recreate.push(pc.clone());
                 } else if l.description != pc.description {
@@ -474,9 +483,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::api::{
-        DerivedLabelsSpec, GpuMemoryResourceSpec, NodePoolsSpec, TaintEffect,
-    };
+    use crate::api::{DerivedLabelsSpec, GpuMemoryResourceSpec, NodePoolsSpec, TaintEffect};
     use crate::nodes::GPU_PRESENT;
 
     fn taint(key: &str, value: &str) -> NodePoolTaint {
@@ -491,7 +498,10 @@ mod tests {
         ClusterPolicySpec {
             node_pools: Some(NodePoolsSpec {
                 enabled: Some(true),
-                taints: Some(vec![taint("nvidia.com/gpu", "present"), taint("dedicated", "gpu")]),
+                taints: Some(vec![
+                    taint("nvidia.com/gpu", "present"),
+                    taint("dedicated", "gpu"),
+                ]),
                 labels: Some([("workload-class".to_string(), "inference".to_string())].into()),
                 derived_labels: Some(DerivedLabelsSpec {
                     product: Some("gpu-type".into()),
@@ -564,7 +574,11 @@ mod tests {
     fn apply(node: &Node, patch: &Value) -> Node {
         let mut out = node.clone();
         let labels = out.metadata.labels.get_or_insert_default();
-        for (k, v) in patch["metadata"]["labels"].as_object().into_iter().flatten() {
+        for (k, v) in patch["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
             match v.as_str() {
                 Some(v) => labels.insert(k.clone(), v.to_string()),
                 None => labels.remove(k),
@@ -590,7 +604,14 @@ mod tests {
     }
 
     fn taint_keys(node: &Node) -> Vec<String> {
-        node.spec.as_ref().unwrap().taints.iter().flatten().map(|t| format!("{}={}", t.key, value_of(t))).collect()
+        node.spec
+            .as_ref()
+            .unwrap()
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| format!("{}={}", t.key, value_of(t)))
+            .collect()
     }
 
     #[test]
@@ -644,7 +665,10 @@ mod tests {
         let patch = patch.unwrap();
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
         let after = apply(&node, &patch);
-        assert_eq!(taint_keys(&after), ["dedicated=gpu", "nvidia.com/gpu=present"]);
+        assert_eq!(
+            taint_keys(&after),
+            ["dedicated=gpu", "nvidia.com/gpu=present"]
+        );
         assert_eq!(after.metadata.labels.as_ref().unwrap()["gpu-type"], "a100");
         let record = record_of(&after);
         assert_eq!(record.want, want.fingerprint());
@@ -667,9 +691,16 @@ mod tests {
             &[("workload-class", "inference"), ("team", "ml")],
             &[("nvidia.com/gpu", "present"), ("reserved", "yes")],
         );
-        let after = apply(&node, &object_patch(&node, &Record::default(), &want).0.unwrap());
+        let after = apply(
+            &node,
+            &object_patch(&node, &Record::default(), &want).0.unwrap(),
+        );
         let record = record_of(&after);
-        assert_eq!(record.taints, vec![taint("dedicated", "gpu")], "only the one we added");
+        assert_eq!(
+            record.taints,
+            vec![taint("dedicated", "gpu")],
+            "only the one we added"
+        );
         assert!(!record.labels.contains_key("workload-class"));
 
         let cached = NodeView {
@@ -679,13 +710,21 @@ mod tests {
         let none = desired(&ClusterPolicySpec::default(), &cached);
         assert!(needs_work(&cached, &none));
         let cleaned = apply(&after, &object_patch(&after, &record, &none).0.unwrap());
-        assert_eq!(taint_keys(&cleaned), ["nvidia.com/gpu=present", "reserved=yes"]);
+        assert_eq!(
+            taint_keys(&cleaned),
+            ["nvidia.com/gpu=present", "reserved=yes"]
+        );
         let labels = cleaned.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["workload-class"], "inference", "someone else's");
         assert_eq!(labels["team"], "ml");
         assert!(!labels.contains_key("gpu-type"), "ours, removed");
         assert!(
-            !cleaned.metadata.annotations.as_ref().unwrap().contains_key(RECORD_ANNOTATION),
+            !cleaned
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(RECORD_ANNOTATION),
             "the record goes with the last thing it listed"
         );
     }
@@ -694,11 +733,18 @@ mod tests {
     fn a_key_someone_else_holds_with_another_value_is_left_alone_and_reported() {
         let view = a100();
         let want = desired(&spec(), &view);
-        let node = live(&view, &[("gpu-type", "custom")], &[("dedicated", "training")]);
+        let node = live(
+            &view,
+            &[("gpu-type", "custom")],
+            &[("dedicated", "training")],
+        );
         let (patch, conflicts) = object_patch(&node, &Record::default(), &want);
         assert_eq!(conflicts, ["gpu-type", "dedicated:NoSchedule"]);
         let after = apply(&node, &patch.unwrap());
-        assert_eq!(after.metadata.labels.as_ref().unwrap()["gpu-type"], "custom");
+        assert_eq!(
+            after.metadata.labels.as_ref().unwrap()["gpu-type"],
+            "custom"
+        );
         assert!(taint_keys(&after).contains(&"dedicated=training".to_string()));
     }
 
@@ -711,10 +757,17 @@ mod tests {
             taints: vec![taint("dedicated", "old")],
             memory: None,
         };
-        let node = live(&view, &[("workload-class", "training")], &[("dedicated", "old")]);
+        let node = live(
+            &view,
+            &[("workload-class", "training")],
+            &[("dedicated", "old")],
+        );
         let want = desired(&spec(), &view);
         let after = apply(&node, &object_patch(&node, &record, &want).0.unwrap());
-        assert_eq!(after.metadata.labels.as_ref().unwrap()["workload-class"], "inference");
+        assert_eq!(
+            after.metadata.labels.as_ref().unwrap()["workload-class"],
+            "inference"
+        );
         assert!(taint_keys(&after).contains(&"dedicated=gpu".to_string()));
     }
 
@@ -728,13 +781,18 @@ mod tests {
             patch,
             json!({"status": {"capacity": {"example.com/vram": "320"}, "allocatable": {"example.com/vram": "320"}}})
         );
-        let q: BTreeMap<String, Quantity> = [("example.com/vram".to_string(), Quantity("320".into()))].into();
+        let q: BTreeMap<String, Quantity> =
+            [("example.com/vram".to_string(), Quantity("320".into()))].into();
         node.status = Some(NodeStatus {
             capacity: Some(q.clone()),
             allocatable: Some(q),
             ..NodeStatus::default()
         });
-        assert_eq!(status_patch(&node, &Record::default(), &want), None, "already there");
+        assert_eq!(
+            status_patch(&node, &Record::default(), &want),
+            None,
+            "already there"
+        );
         let record = Record {
             memory: Some("example.com/vram".into()),
             ..Record::default()
@@ -765,8 +823,14 @@ mod tests {
         assert_eq!(plan.create, [pc("gpu-inference", 1000)]);
         assert_eq!(plan.recreate, [pc("gpu-training", 500)]);
         assert_eq!(plan.delete, ["gpu-old"]);
-        let same: Vec<PriorityClass> = want.iter().map(|p| priority_class_object(p, None)).collect();
-        assert_eq!(priority_class_plan(&same, &want), PriorityClassPlan::default());
+        let same: Vec<PriorityClass> = want
+            .iter()
+            .map(|p| priority_class_object(p, None))
+            .collect();
+        assert_eq!(
+            priority_class_plan(&same, &want),
+            PriorityClassPlan::default()
+        );
         let mut spec = spec();
         spec.node_pools.as_mut().unwrap().priority_classes = Some(want.clone());
         assert_eq!(desired_priority_classes(&spec), want);

@@ -54,7 +54,10 @@ pub struct NodePoolsSpec {
 #[serde(rename_all = "camelCase")]
 pub struct PoolPriorityClass {
     /// Name pods refer to in priorityClassName, for example `gpu-inference`.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub name: String,
     /// Priority; higher preempts lower. At most 1000000000 (higher values are reserved for
     /// system-node-critical and system-cluster-critical).
@@ -114,7 +117,9 @@ pub struct DerivedLabelsSpec {
 }
 
 /// What a taint does to pods that do not tolerate it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[schemars(description = "")]
 pub enum TaintEffect {
     NoSchedule,
@@ -157,7 +162,7 @@ pub struct GpuMemoryResourceSpec {
     /// Advertise the resource. Off when absent; switching it off removes it from the nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// Extended resource name, with a domain prefix other than kubernetes.io. Default
+    /// Extended resource name, with a domain prefix other than kubernetes.io. When absent,
     /// `nvidia.com/gpu-memory`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_name")]
@@ -171,7 +176,6 @@ pub struct GpuMemoryResourceSpec {
 fn resource_name(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
-        "default": "nvidia.com/gpu-memory",
         "maxLength": 253,
         "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
         "x-kubernetes-validations": [{

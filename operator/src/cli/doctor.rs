@@ -299,7 +299,9 @@ pub fn node_table(snapshot: &Snapshot) -> String {
         );
         // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
         // scheduler puts it.
-        let mut pods: Vec<&Pod> = on_node(snapshot, &name).filter(|p| is_daemon_pod(p)).collect();
+        let mut pods: Vec<&Pod> = on_node(snapshot, &name)
+            .filter(|p| is_daemon_pod(p))
+            .collect();
         pods.sort_by_key(|p| operand_of(p).to_owned());
         let ready = pods.iter().filter(|p| pod_state(p) == "Ready").count();
         let mut operands = format!("{ready}/{}", pods.len());
@@ -314,9 +316,9 @@ pub fn node_table(snapshot: &Snapshot) -> String {
             operands,
             snapshot.validator_state(&name).0,
             quantity(node, GPU_RESOURCE).unwrap_or_else(|| "0".into()),
-            memory
-                .as_deref()
-                .map_or("-".into(), |m| quantity(node, m).unwrap_or_else(|| "0".into())),
+            memory.as_deref().map_or("-".into(), |m| {
+                quantity(node, m).unwrap_or_else(|| "0".into())
+            }),
             if taints.is_empty() {
                 "-".into()
             } else {
@@ -394,7 +396,10 @@ fn operand_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
     }
     for pod in &pods {
         let (operand, state) = (operand_of(pod), pod_state(pod));
-        if state != "Ready" && operand != VALIDATOR && !(operand == DRIVER && state == "CrashLoopBackOff") {
+        if state != "Ready"
+            && operand != VALIDATOR
+            && !(operand == DRIVER && state == "CrashLoopBackOff")
+        {
             out.push(Finding {
                 check: OPERAND_NOT_READY,
                 problem: format!("{operand} pod {} on {name} is {state}", pod.name_any()),
@@ -476,11 +481,17 @@ fn gpu_requests(pod: &Pod, memory: Option<&str>) -> Vec<String> {
     let mut out: Vec<String> = pod
         .spec
         .iter()
-        .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
         .filter_map(|c| c.resources.as_ref())
         .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
         .map(|(k, _)| k.clone())
-        .filter(|k| k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX) || Some(k.as_str()) == memory)
+        .filter(|k| {
+            k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX) || Some(k.as_str()) == memory
+        })
         .collect();
     out.sort();
     out.dedup();
@@ -535,8 +546,14 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
             .collect();
         out.push(Finding {
             check: MISSING_TOLERATION,
-            problem: format!("pod {pod_name} does not tolerate the GPU nodes' taints {}", texts.join(", ")),
-            fix: format!("add to the pod spec: tolerations: [{}]", tolerations.join(", ")),
+            problem: format!(
+                "pod {pod_name} does not tolerate the GPU nodes' taints {}",
+                texts.join(", ")
+            ),
+            fix: format!(
+                "add to the pod spec: tolerations: [{}]",
+                tolerations.join(", ")
+            ),
         });
     }
     let schedulable: Vec<&Node> = candidates
@@ -544,7 +561,11 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
         .copied()
         .filter(|n| untolerated(pod, n).is_empty())
         .collect();
-    let considered = if schedulable.is_empty() { &candidates } else { &schedulable };
+    let considered = if schedulable.is_empty() {
+        &candidates
+    } else {
+        &schedulable
+    };
     // 3. Allocatable is not 0 for what the pod requests.
     for resource in &requests {
         let findings: Vec<Finding> = considered
@@ -565,7 +586,10 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     }
     // 6. The MIG strategy matches the resource name.
     let strategy = snapshot.mig_strategy();
-    for resource in requests.iter().filter(|r| r.starts_with(MIG_RESOURCE_PREFIX)) {
+    for resource in requests
+        .iter()
+        .filter(|r| r.starts_with(MIG_RESOURCE_PREFIX))
+    {
         if strategy != MigStrategy::Mixed {
             out.push(Finding {
                 check: MIG_STRATEGY_MISMATCH,
@@ -577,7 +601,9 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     if strategy == MigStrategy::Mixed
         && requests.iter().any(|r| r == GPU_RESOURCE)
         && !considered.is_empty()
-        && considered.iter().all(|n| !has_some(n, GPU_RESOURCE) && !mig_resources(n).is_empty())
+        && considered
+            .iter()
+            .all(|n| !has_some(n, GPU_RESOURCE) && !mig_resources(n).is_empty())
     {
         out.push(Finding {
             check: MIG_STRATEGY_MISMATCH,
@@ -586,10 +612,22 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
         });
     }
     // 7. The RuntimeClass exists.
-    if let Some(name) = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) {
-        out.extend(runtime_class_finding(snapshot, name, &format!("named by pod {pod_name}")));
+    if let Some(name) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref())
+    {
+        out.extend(runtime_class_finding(
+            snapshot,
+            name,
+            &format!("named by pod {pod_name}"),
+        ));
     } else if !requests.is_empty() {
-        out.extend(runtime_class_finding(snapshot, &snapshot.runtime_class(), "the GPU runtime"));
+        out.extend(runtime_class_finding(
+            snapshot,
+            &snapshot.runtime_class(),
+            "the GPU runtime",
+        ));
     }
     // 8. What the scheduler says.
     if out.is_empty()
@@ -658,10 +696,12 @@ async fn active_policy(client: &Client) -> anyhow::Result<Option<ClusterPolicy>>
         .list(&ListParams::default())
         .await
     {
-        Ok(list) => Ok(list
-            .items
-            .into_iter()
-            .min_by_key(|p| (p.metadata.creation_timestamp.clone().map(|t| t.0), p.name_any()))),
+        Ok(list) => Ok(list.items.into_iter().min_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        })),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(e) => Err(e).context("listing ClusterPolicies"),
     }
@@ -720,11 +760,7 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     .get(name)
                     .await
                     .with_context(|| format!("reading pod {}/{name}", args.namespace))?;
-                let header = format!(
-                    "pod {}/{name}: {}\n",
-                    args.namespace,
-                    pod_state(&pod)
-                );
+                let header = format!("pod {}/{name}: {}\n", args.namespace, pod_state(&pod));
                 let findings = pod_findings(&snapshot, &pod);
                 (header, findings)
             }

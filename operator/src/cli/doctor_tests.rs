@@ -69,7 +69,10 @@ fn operand_pod(operand: &str, node: &str, waiting: Option<&str>) -> Pod {
             labels: Some(
                 [
                     ("app.kubernetes.io/name".to_string(), operand.to_string()),
-                    ("app.kubernetes.io/managed-by".to_string(), "gpu-operator".to_string()),
+                    (
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "gpu-operator".to_string(),
+                    ),
                 ]
                 .into(),
             ),
@@ -175,7 +178,10 @@ fn a_healthy_cluster_has_no_findings_and_its_table_matches_the_golden_file() {
     assert_eq!(cluster_findings(&snapshot), []);
     assert_eq!(pod_findings(&snapshot, &gpu_pod(json!({}))), []);
     let table = node_table(&snapshot);
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cli/testdata/doctor-healthy.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/cli/testdata/doctor-healthy.txt"
+    );
     if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
         std::fs::write(path, &table).unwrap();
     }
@@ -202,15 +208,26 @@ fn a_pod_without_the_toleration_is_told_which_to_add() {
     }));
     let findings = pod_findings(&healthy(), &pod);
     assert_eq!(checks(&findings), [MISSING_TOLERATION]);
-    assert!(findings[0].problem.contains("nvidia.com/gpu=present:NoSchedule"));
-    assert!(findings[0].fix.contains("{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}"));
+    assert!(
+        findings[0]
+            .problem
+            .contains("nvidia.com/gpu=present:NoSchedule")
+    );
+    assert!(
+        findings[0]
+            .fix
+            .contains("{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}")
+    );
     // A toleration of another key does not help; one of this key does.
     let other = workload(json!({
         "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
         "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
     }));
-    assert_eq!(checks(&pod_findings(&healthy(), &other)), [MISSING_TOLERATION]);
+    assert_eq!(
+        checks(&pod_findings(&healthy(), &other)),
+        [MISSING_TOLERATION]
+    );
     let tolerating = workload(json!({
         "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}],
@@ -228,7 +245,11 @@ fn allocatable_zero_points_at_the_device_plugin() {
     snapshot.nodes[1].status.as_mut().unwrap().allocatable = Some(Default::default());
     let findings = cluster_findings(&snapshot);
     assert_eq!(checks(&findings), [ALLOCATABLE_ZERO]);
-    assert!(findings[0].problem.contains("gpu-t4-0 has no allocatable nvidia.com/gpu"));
+    assert!(
+        findings[0]
+            .problem
+            .contains("gpu-t4-0 has no allocatable nvidia.com/gpu")
+    );
     assert!(findings[0].fix.contains("device-plugin"));
     let pod = gpu_pod(json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"}}));
     assert_eq!(checks(&pod_findings(&snapshot, &pod)), [ALLOCATABLE_ZERO]);
@@ -248,14 +269,26 @@ fn a_crash_looping_validator_and_driver_are_named_with_their_logs_command() {
     }
     let findings = cluster_findings(&snapshot);
     assert_eq!(checks(&findings), [DRIVER_CRASH_LOOP, VALIDATOR_NOT_READY]);
-    assert!(findings[0].fix.contains("logs driver-gpu-t4-0 -c driver-ctr --previous"));
+    assert!(
+        findings[0]
+            .fix
+            .contains("logs driver-gpu-t4-0 -c driver-ctr --previous")
+    );
     assert!(findings[1].problem.contains("gpu-t4-0 is CrashLoopBackOff"));
     let pod = gpu_pod(json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"}}));
-    assert_eq!(checks(&pod_findings(&snapshot, &pod)), [VALIDATOR_NOT_READY, DRIVER_CRASH_LOOP]);
+    assert_eq!(
+        checks(&pod_findings(&snapshot, &pod)),
+        [VALIDATOR_NOT_READY, DRIVER_CRASH_LOOP]
+    );
     // A missing validator is a fault too.
     let mut snapshot = healthy();
-    snapshot.operand_pods.retain(|p| operand_of(p) != "operator-validator");
-    assert_eq!(checks(&cluster_findings(&snapshot)), [VALIDATOR_NOT_READY, VALIDATOR_NOT_READY]);
+    snapshot
+        .operand_pods
+        .retain(|p| operand_of(p) != "operator-validator");
+    assert_eq!(
+        checks(&cluster_findings(&snapshot)),
+        [VALIDATOR_NOT_READY, VALIDATOR_NOT_READY]
+    );
 }
 
 #[test]
@@ -264,8 +297,15 @@ fn a_mig_resource_under_the_single_strategy_is_a_mismatch() {
         "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}]
     }));
     let findings = pod_findings(&healthy(), &pod);
-    assert!(checks(&findings).contains(&MIG_STRATEGY_MISMATCH), "{findings:?}");
-    assert!(findings.iter().any(|f| f.fix.contains("\"strategy\":\"mixed\"")));
+    assert!(
+        checks(&findings).contains(&MIG_STRATEGY_MISMATCH),
+        "{findings:?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.fix.contains("\"strategy\":\"mixed\""))
+    );
     // With the mixed strategy and nodes advertising the profile: no mismatch.
     let mut snapshot = healthy();
     snapshot.policy = Some(policy(json!({"mig": {"strategy": "mixed"}})));
@@ -285,13 +325,18 @@ fn a_missing_runtime_class_is_named() {
     assert_eq!(checks(&findings), [RUNTIME_CLASS_MISSING]);
     assert!(findings[0].problem.contains("RuntimeClass nvidia"));
     let pod = gpu_pod(json!({"runtimeClassName": "nvidia-cdi"}));
-    assert_eq!(checks(&pod_findings(&healthy(), &pod)), [RUNTIME_CLASS_MISSING]);
+    assert_eq!(
+        checks(&pod_findings(&healthy(), &pod)),
+        [RUNTIME_CLASS_MISSING]
+    );
 }
 
 #[test]
 fn the_table_shows_a_failing_operand_and_the_memory_resource() {
     let mut snapshot = healthy();
-    snapshot.policy = Some(policy(json!({"gpuMemoryResource": {"enabled": true, "name": "example.com/vram"}})));
+    snapshot.policy = Some(policy(
+        json!({"gpuMemoryResource": {"enabled": true, "name": "example.com/vram"}}),
+    ));
     snapshot.operand_pods[2] = operand_pod("device-plugin", "gpu-a100-0", Some("ImagePullBackOff"));
     snapshot.nodes[0]
         .status
@@ -302,8 +347,14 @@ fn the_table_shows_a_failing_operand_and_the_memory_resource() {
         .unwrap()
         .insert("example.com/vram".into(), Quantity("320".into()));
     let table = node_table(&snapshot);
-    assert!(table.lines().next().unwrap().contains("example.com/vram"), "{table}");
-    assert!(table.contains("2/3 device-plugin:ImagePullBackOff"), "{table}");
+    assert!(
+        table.lines().next().unwrap().contains("example.com/vram"),
+        "{table}"
+    );
+    assert!(
+        table.contains("2/3 device-plugin:ImagePullBackOff"),
+        "{table}"
+    );
     assert!(table.contains("  320  "), "{table}");
     assert_eq!(checks(&cluster_findings(&snapshot)), [OPERAND_NOT_READY]);
 }

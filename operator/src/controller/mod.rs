@@ -22,8 +22,8 @@
 mod apply;
 mod labeller;
 mod namespace;
-mod node_pools;
 pub mod nfd_crds;
+mod node_pools;
 mod observe;
 mod plan;
 #[cfg(test)]

@@ -18,7 +18,7 @@ use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::{
     PRIORITY_CLASS_LABEL, Record, desired, desired_priority_classes, needs_work, object_patch,
-    priority_class_object, priority_class_plan, status_patch,
+    priority_class_object, priority_class_plan, record_annotation, status_patch,
 };
 use crate::nodes::NodeView;
 
@@ -41,16 +41,18 @@ enum Outcome {
     Conflict,
 }
 
-async fn bring(api: &Api<Node>, name: &str, spec: &ClusterPolicySpec, view: &NodeView) -> Result<Outcome, kube::Error> {
+async fn bring(
+    api: &Api<Node>,
+    name: &str,
+    spec: &ClusterPolicySpec,
+    view: &NodeView,
+) -> Result<Outcome, kube::Error> {
     let want = desired(spec, view);
     let Some(mut node) = api.get_opt(name).await? else {
         return Ok(Outcome::Unchanged);
     };
-    let record = Record::of(&NodeView {
-        pool_record: crate::node_pools::record_annotation(node.metadata.annotations.as_ref()),
-        ..NodeView::default()
-    })
-    .unwrap_or_default();
+    let annotation = record_annotation(node.metadata.annotations.as_ref());
+    let record = Record::parse(annotation.as_deref()).unwrap_or_default();
     let mut wrote = false;
     if let Some(patch) = status_patch(&node, &record, &want) {
         node = api
@@ -72,7 +74,11 @@ async fn bring(api: &Api<Node>, name: &str, spec: &ClusterPolicySpec, view: &Nod
             Err(e) => return Err(e),
         }
     }
-    Ok(if wrote { Outcome::Written } else { Outcome::Unchanged })
+    Ok(if wrote {
+        Outcome::Written
+    } else {
+        Outcome::Unchanged
+    })
 }
 
 /// Brings every node to what `spec.nodePools` and `spec.gpuMemoryResource` want. Returns when
@@ -157,12 +163,18 @@ pub async fn reconcile_priority_classes(
     }
     let api: Api<PriorityClass> = Api::all(client.clone());
     let ours = api
-        .list(&ListParams::default().labels(&format!("{PRIORITY_CLASS_LABEL},{MANAGED_BY_LABEL}={MANAGER}")))
+        .list(&ListParams::default().labels(&format!(
+            "{PRIORITY_CLASS_LABEL},{MANAGED_BY_LABEL}={MANAGER}"
+        )))
         .await?
         .items;
     let plan = priority_class_plan(&ours, &want);
     let owner = policy.controller_owner_ref(&());
-    for name in plan.delete.iter().chain(plan.recreate.iter().map(|pc| &pc.name)) {
+    for name in plan
+        .delete
+        .iter()
+        .chain(plan.recreate.iter().map(|pc| &pc.name))
+    {
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => tracing::info!(priority_class = %name, "node pool: PriorityClass deleted"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -171,7 +183,10 @@ pub async fn reconcile_priority_classes(
     }
     for pc in plan.create.iter().chain(&plan.recreate) {
         match api
-            .create(&PostParams::default(), &priority_class_object(pc, owner.clone()))
+            .create(
+                &PostParams::default(),
+                &priority_class_object(pc, owner.clone()),
+            )
             .await
         {
             Ok(_) => tracing::info!(priority_class = %pc.name, "node pool: PriorityClass created"),

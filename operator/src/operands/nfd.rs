@@ -189,7 +189,10 @@ fn worker_tolerations(
     spec: &crate::api::ClusterPolicySpec,
     user: Option<&Vec<Toleration>>,
 ) -> Vec<Toleration> {
-    let mut out = tolerations(user, vec![control_plane_toleration(), common::gpu_toleration()]);
+    let mut out = tolerations(
+        user,
+        vec![control_plane_toleration(), common::gpu_toleration()],
+    );
     let pools = crate::node_pools::operand_tolerations(spec, &out);
     out.extend(pools);
     out
@@ -409,10 +412,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
                     priority_class_name: Some(priority),
                     image_pull_secrets: pull_secrets,
                     // Every node, GPU pools included: this is how GPU nodes are found.
-                    tolerations: Some(worker_tolerations(
-                        spec,
-                        worker_spec.tolerations.as_ref(),
-                    )),
+                    tolerations: Some(worker_tolerations(spec, worker_spec.tolerations.as_ref())),
                     affinity: worker_spec.affinity.clone(),
                     node_selector: worker_spec.node_selector.clone().filter(|n| !n.is_empty()),
                     containers: vec![worker_container],

@@ -34,14 +34,26 @@ impl Report {
     fn assert_fault(&self, check: &str, mentions: &str) {
         let line = format!("FAULT {check}: ");
         assert!(
-            !self.ok && self.stdout.lines().any(|l| l.starts_with(&line) && l.contains(mentions)),
+            !self.ok
+                && self
+                    .stdout
+                    .lines()
+                    .any(|l| l.starts_with(&line) && l.contains(mentions)),
             "expected {check} mentioning {mentions}, exit ok={}:\n{}",
             self.ok,
             self.stdout
         );
         // Every finding carries its fix on the next line.
-        let fixes = self.stdout.lines().filter(|l| l.starts_with("  fix: ")).count();
-        let faults = self.stdout.lines().filter(|l| l.starts_with("FAULT ")).count();
+        let fixes = self
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("  fix: "))
+            .count();
+        let faults = self
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("FAULT "))
+            .count();
         assert_eq!(fixes, faults, "{}", self.stdout);
     }
 }
@@ -79,7 +91,11 @@ async fn advertise_gpus(admin: &Client, on: bool) {
         let value = if on { json!(count) } else { json!(null) };
         let patch = json!({"status": {"capacity": {"nvidia.com/gpu": value}, "allocatable": {"nvidia.com/gpu": value}}});
         nodes
-            .patch_status(&node.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .patch_status(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
             .await
             .unwrap();
     }
@@ -106,7 +122,11 @@ fn tolerate_all() -> serde_json::Value {
 async fn until_healthy(setup: &Setup) -> Report {
     wait::until(TIMEOUT, "doctor exits 0", || async {
         let report = doctor(&[]);
-        Ok(if report.ok { Ok(report) } else { Err(report.stdout) })
+        Ok(if report.ok {
+            Ok(report)
+        } else {
+            Err(report.stdout)
+        })
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()))
@@ -127,10 +147,19 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
         .unwrap();
 
     // Allocatable 0: kwok has no device plugin until we play it.
-    doctor(&[]).assert_fault(ALLOCATABLE_ZERO, "gpu-t4-0 has no allocatable nvidia.com/gpu");
-    pod(&admin, &namespace, "needs-gpu", json!({
+    doctor(&[]).assert_fault(
+        ALLOCATABLE_ZERO,
+        "gpu-t4-0 has no allocatable nvidia.com/gpu",
+    );
+    pod(
+        &admin,
+        &namespace,
+        "needs-gpu",
+        json!({
         "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
-        "containers": gpu_container("nvidia.com/gpu")})).await;
+        "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
     doctor(&["needs-gpu", "-n", &namespace]).assert_fault(ALLOCATABLE_ZERO, "gpu-t4-0");
 
     // Healthy: exit 0, the golden table, the same from the operator's kubeconfig and as a
@@ -140,15 +169,26 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
         std::fs::write(golden_path(), &healthy.stdout).unwrap();
     }
-    assert_eq!(healthy.stdout, std::fs::read_to_string(golden_path()).unwrap());
+    assert_eq!(
+        healthy.stdout,
+        std::fs::read_to_string(golden_path()).unwrap()
+    );
     let kubeconfig = setup.identity.kubeconfig.display().to_string();
     let as_operator = doctor(&["--kubeconfig", &kubeconfig]);
     assert!(as_operator.ok, "{}", as_operator.stdout);
     assert_eq!(as_operator.stdout, healthy.stdout);
     let plugins = std::env::temp_dir().join(unique_name("kubectl-plugins"));
     std::fs::create_dir_all(&plugins).unwrap();
-    std::os::unix::fs::symlink(e2e::operator::binary().unwrap(), plugins.join("kubectl-gpu")).unwrap();
-    let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+    std::os::unix::fs::symlink(
+        e2e::operator::binary().unwrap(),
+        plugins.join("kubectl-gpu"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut kubectl = e2e::kubectl();
     kubectl.env("PATH", path);
     let plugin = run(kubectl, &["gpu", "doctor"]);
@@ -158,28 +198,50 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
 
     // No GPU node for the pod's selector; a missing toleration; a MIG resource the strategy
     // does not advertise.
-    pod(&admin, &namespace, "b200", json!({
+    pod(
+        &admin,
+        &namespace,
+        "b200",
+        json!({
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")})).await;
+        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
     doctor(&["b200", "-n", &namespace]).assert_fault(NO_GPU_NODE, "nodeSelector");
-    pod(&admin, &namespace, "untolerated", json!({
+    pod(
+        &admin,
+        &namespace,
+        "untolerated",
+        json!({
         "nodeSelector": {"kubernetes.io/hostname": "gpu-tainted-t4-0"},
-        "containers": gpu_container("nvidia.com/gpu")})).await;
+        "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
     doctor(&["untolerated", "-n", &namespace])
         .assert_fault(MISSING_TOLERATION, "nvidia.com/gpu=present:NoSchedule");
-    pod(&admin, &namespace, "mig", json!({
-        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/mig-1g.5gb")})).await;
+    pod(
+        &admin,
+        &namespace,
+        "mig",
+        json!({
+        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/mig-1g.5gb")}),
+    )
+    .await;
     doctor(&["mig", "-n", &namespace]).assert_fault(MIG_STRATEGY_MISMATCH, "nvidia.com/mig-1g.5gb");
 
     // The validator crash-loops (and then the driver) on one node.
     let on_t4 = json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
                        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")});
     pod(&admin, &namespace, "on-t4", on_t4).await;
-    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-operator-validator").await.unwrap();
+    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-operator-validator")
+        .await
+        .unwrap();
     doctor(&[]).assert_fault(VALIDATOR_NOT_READY, "gpu-t4-0 is CrashLoopBackOff");
     doctor(&["on-t4", "-n", &namespace]).assert_fault(VALIDATOR_NOT_READY, "gpu-t4-0");
     crash.recover().await.unwrap();
-    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-driver-daemonset").await.unwrap();
+    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-driver-daemonset")
+        .await
+        .unwrap();
     doctor(&[]).assert_fault(DRIVER_CRASH_LOOP, "on gpu-t4-0 is crash-looping");
     crash.recover().await.unwrap();
 

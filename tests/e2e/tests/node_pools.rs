@@ -169,7 +169,10 @@ async fn test_namespace(admin: &Client) -> String {
 
 async fn create_pod(admin: &Client, namespace: &str, pod: serde_json::Value) {
     Api::<Pod>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &serde_json::from_value(pod).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
         .await
         .unwrap();
 }
@@ -202,11 +205,16 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
     // A PriorityClass of a name the section lists, created by someone else first.
     let admin = e2e::client().await.unwrap();
     let classes: Api<PriorityClass> = Api::all(admin.clone());
-    let _ = classes.delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default()).await;
+    let _ = classes
+        .delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default())
+        .await;
     classes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": OTHERS_PRIORITY_CLASS}, "value": 7})).unwrap(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": OTHERS_PRIORITY_CLASS}, "value": 7}),
+            )
+            .unwrap(),
         )
         .await
         .unwrap();
@@ -236,7 +244,10 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
             }
         }
         if !has_taint(n, "dedicated", "gpu") || !has_taint(n, "nvidia.com/gpu", "present") {
-            return Err(format!("taints {:?}", n.spec.as_ref().and_then(|s| s.taints.clone())));
+            return Err(format!(
+                "taints {:?}",
+                n.spec.as_ref().and_then(|s| s.taints.clone())
+            ));
         }
         Ok(())
     })
@@ -249,21 +260,38 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
             let value = |name: &str| {
                 let classes = classes.clone();
                 let name = name.to_owned();
-                async move { classes.get_opt(&name).await.map(|pc| pc.and_then(|pc| pc.value)) }
+                async move {
+                    classes
+                        .get_opt(&name)
+                        .await
+                        .map(|pc| pc.and_then(|pc| pc.value))
+                }
             };
             let got = (value("gpu-inference").await?, value("gpu-training").await?);
-            Ok(if got == (Some(100000), Some(10000)) { Ok(()) } else { Err(format!("{got:?}")) })
+            Ok(if got == (Some(100000), Some(10000)) {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            })
         }
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
-    assert_eq!(classes.get(OTHERS_PRIORITY_CLASS).await.unwrap().value, Some(7));
+    assert_eq!(
+        classes.get(OTHERS_PRIORITY_CLASS).await.unwrap().value,
+        Some(7)
+    );
 
     // GPU operands still run on every GPU node: each DaemonSet schedules one pod per GPU node
     // (the DaemonSet controller leaves out nodes whose taints a pod does not tolerate).
-    setup.await_state(State::Ready, "policy ready on tainted nodes").await;
+    setup
+        .await_state(State::Ready, "policy ready on tainted nodes")
+        .await;
     let gpu_count = gpu_nodes(&setup.admin).await.len() as i32;
-    for name in ["nvidia-operator-validator", "nvidia-device-plugin-daemonset"] {
+    for name in [
+        "nvidia-operator-validator",
+        "nvidia-device-plugin-daemonset",
+    ] {
         let ds: DaemonSet = setup.daemonsets().get(name).await.unwrap();
         let status = ds.status.unwrap();
         assert_eq!(status.desired_number_scheduled, gpu_count, "{name}");
@@ -305,13 +333,18 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
         .map(|n| n.name_any())
         .collect();
     for node in &placed {
-        assert!(!gpu_names.contains(node), "an ordinary pod landed on GPU node {node}");
+        assert!(
+            !gpu_names.contains(node),
+            "an ordinary pod landed on GPU node {node}"
+        );
     }
     delete_namespace(&setup.admin, &namespace).await;
 
     // The section removed: our taints and labels go; the nvidia.com/gpu taint that was on the
     // `gpu-tainted-*` nodes before (someone else's) stays.
-    setup.patch_policy(json!({"spec": {"nodePools": null}})).await;
+    setup
+        .patch_policy(json!({"spec": {"nodePools": null}}))
+        .await;
     until_every_gpu_node(&setup, "our taints and labels removed", |n| {
         let name = n.name_any();
         if has_taint(n, "dedicated", "gpu") || label(n, POOL_LABEL_TYPE).is_some() {
@@ -330,14 +363,31 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
     wait::until(TIMEOUT, "our PriorityClasses deleted", || {
         let classes = classes.clone();
         async move {
-            let left = (classes.get_opt("gpu-inference").await?, classes.get_opt("gpu-training").await?);
-            Ok(if left == (None, None) { Ok(()) } else { Err("still there".to_string()) })
+            let left = (
+                classes.get_opt("gpu-inference").await?,
+                classes.get_opt("gpu-training").await?,
+            );
+            Ok(if left == (None, None) {
+                Ok(())
+            } else {
+                Err("still there".to_string())
+            })
         }
     })
     .await
     .unwrap();
-    assert!(classes.get_opt(OTHERS_PRIORITY_CLASS).await.unwrap().is_some(), "someone else's stays");
-    classes.delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default()).await.unwrap();
+    assert!(
+        classes
+            .get_opt(OTHERS_PRIORITY_CLASS)
+            .await
+            .unwrap()
+            .is_some(),
+        "someone else's stays"
+    );
+    classes
+        .delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default())
+        .await
+        .unwrap();
     finish(setup, &role).await;
 }
 
@@ -371,7 +421,9 @@ async fn gpu_memory_resource_follows_the_model_fits_four_of_five_12gib_pods_and_
         if want.is_some() && got == (want.map(Into::into), want.map(Into::into)) {
             Ok(())
         } else {
-            Err(format!("{product}: capacity/allocatable {got:?}, want {want:?}"))
+            Err(format!(
+                "{product}: capacity/allocatable {got:?}, want {want:?}"
+            ))
         }
     })
     .await;
@@ -405,10 +457,17 @@ async fn gpu_memory_resource_follows_the_model_fits_four_of_five_12gib_pods_and_
             let unschedulable: Vec<String> = list
                 .iter()
                 .filter_map(|p| {
-                    p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| {
-                        c.type_ == "PodScheduled"
-                            && c.reason.as_deref() == Some("Unschedulable")
-                    })?.message.clone()
+                    p.status
+                        .as_ref()?
+                        .conditions
+                        .as_ref()?
+                        .iter()
+                        .find(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.reason.as_deref() == Some("Unschedulable")
+                        })?
+                        .message
+                        .clone()
                 })
                 .collect();
             Ok(
@@ -418,7 +477,9 @@ async fn gpu_memory_resource_follows_the_model_fits_four_of_five_12gib_pods_and_
                 {
                     Ok(())
                 } else {
-                    Err(format!("{running} running, unschedulable: {unschedulable:?}"))
+                    Err(format!(
+                        "{running} running, unschedulable: {unschedulable:?}"
+                    ))
                 },
             )
         }
