@@ -135,8 +135,10 @@ async fn until_healthy(setup: &Setup) -> Report {
 #[tokio::test]
 async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     let mut setup = session::start(json!({}), &[]).await;
-    setup.await_state(State::Ready, "policy ready").await;
     let admin = setup.admin.clone();
+    // A failed run may have left the GPUs advertised.
+    advertise_gpus(&admin, false).await;
+    setup.await_state(State::Ready, "policy ready").await;
     let namespace = unique_name("doctor");
     Api::<Namespace>::all(admin.clone())
         .create(
