@@ -6,6 +6,8 @@
 
 /// OLM packaging (`gpu-operator bundle`): build-time only, kept out of the runtime modules.
 pub mod bundle;
+/// `gpu-operator doctor` (and `kubectl gpu doctor`): read-only diagnosis of GPU pods and nodes.
+pub mod doctor;
 
 use std::io::Write;
 
@@ -53,6 +55,10 @@ pub enum Command {
     /// Write the OLM bundle (CSV, CRD, metadata) from the chart's rendered operator Deployment
     /// (`make bundle` runs it through scripts/bundle.sh).
     Bundle(bundle::BundleArgs),
+    /// Why GPU pods stay Pending: a table of the GPU nodes and their faults, or, given a pod
+    /// name, that pod's checklist, each fault with the command that fixes it. Reads only; exits
+    /// non-zero when it finds a fault. Also `kubectl gpu doctor` through a `kubectl-gpu` link.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Arguments of `gpu-operator run`.
@@ -232,7 +238,28 @@ impl RenderArgs {
     }
 }
 
+/// The name kubectl finds a plugin by: `kubectl gpu ...` runs `kubectl-gpu ...`.
+pub const KUBECTL_PLUGIN: &str = "kubectl-gpu";
+
 impl Cli {
+    /// Parses the process arguments; invoked as [`KUBECTL_PLUGIN`] (a link to this binary),
+    /// help and errors name it `kubectl gpu`.
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let argv0 = std::env::args_os().next().unwrap_or_default();
+        let invoked = std::path::Path::new(&argv0)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let mut command = Cli::command();
+        if invoked == KUBECTL_PLUGIN {
+            command = command.name("kubectl gpu").bin_name("kubectl gpu");
+        }
+        let matches = command.get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     /// Runs the parsed command, writing its output to `out`.
     pub fn run(self, out: &mut dyn Write) -> anyhow::Result<()> {
         match self.command {
@@ -289,6 +316,7 @@ impl Cli {
                 Ok(())
             }
             Command::Bundle(args) => bundle::write(&args),
+            Command::Doctor(args) => doctor::run(&args, out),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod http;
 pub mod json_diff;
 pub mod metrics;
 pub mod model;
+pub mod node_pools;
 pub mod nodes;
 pub mod operands;
 pub mod render;

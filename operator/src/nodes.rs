@@ -23,6 +23,8 @@ pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
 pub const MPS_CAPABLE: &str = "nvidia.com/mps.capable";
 pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
+/// GFD: memory of one GPU in MiB.
+pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
 pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
 pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
@@ -71,6 +73,9 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// Whether an NFD master annotated the node ([`NFD_ANNOTATION_PREFIX`]).
     pub nfd_annotated: bool,
+    /// The node pool record the operator keeps on the node
+    /// ([`crate::node_pools::RECORD_ANNOTATION`]).
+    pub pool_record: Option<String>,
 }
 
 /// Prefix of the annotations an NFD master writes on the nodes it labels (for example
@@ -91,6 +96,7 @@ fn is_read_label(key: &str) -> bool {
             MPS_CAPABLE,
             GPU_PRODUCT,
             GPU_COUNT,
+            GPU_MEMORY,
             OS_ID,
             OS_VERSION_ID,
             DEVICE_PLUGIN_CONFIG,
@@ -116,6 +122,7 @@ impl NodeView {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             nfd_annotated: false,
+            pool_record: None,
         }
     }
 

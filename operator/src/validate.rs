@@ -78,6 +78,7 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
                 &policy.spec,
                 facts.service_monitor_api,
             ))
+            .chain(crate::node_pools::status_note(&policy.spec))
             .collect(),
         sharing: sharing.sharing,
     }

@@ -24,6 +24,7 @@ mod gpu_cluster;
 pub mod gpu_cluster_crd;
 pub mod image;
 mod nfd;
+mod node_pools;
 #[cfg(test)]
 mod nvidia_compat_tests;
 mod operands;
@@ -52,6 +53,10 @@ pub use gpu_cluster::{
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
+pub use node_pools::{
+    DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
+    NodePoolTaint, NodePoolsSpec, PoolPriorityClass, PreemptionPolicy, TaintEffect,
+};
 pub use operands::{
     DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,
     DevicePluginConfig, DevicePluginSpec, GdrCopySpec, GfdSpec, GpuDirectStorageSpec, MigDefault,
@@ -212,6 +217,16 @@ pub struct ClusterPolicySpec {
     /// cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nfd: Option<NfdSpec>,
+    /// GPU node pools (an addition to NVIDIA's API): taints and labels the operator keeps on
+    /// every GPU node, derived from GPU feature discovery's labels where asked. Off unless
+    /// enabled is true; operands tolerate the taints listed here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_pools: Option<NodePoolsSpec>,
+    /// GPU memory as an extended resource in each GPU node's capacity (an addition to NVIDIA's
+    /// API), so pods can request GPU memory. Scheduler accounting only, not isolation. Off
+    /// unless enabled is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_resource: Option<GpuMemoryResourceSpec>,
 }
 
 impl ClusterPolicySpec {

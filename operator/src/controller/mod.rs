@@ -24,6 +24,7 @@ mod gpu_cluster;
 mod labeller;
 mod namespace;
 pub mod nfd_crds;
+mod node_pools;
 mod observe;
 mod plan;
 #[cfg(test)]
@@ -123,6 +124,8 @@ pub struct Context {
     resolver: Resolver,
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
+    pool_attempts: Mutex<node_pools::Attempts>,
+    pool_priority_classes: node_pools::PriorityClassesDone,
     ledger: Mutex<plan::Ledger>,
     /// Whether NFD's CRDs were found or made current since the operator started.
     nfd_crds_current: std::sync::atomic::AtomicBool,
@@ -415,6 +418,15 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
     )
     .await
     .map_err(Error::Labels)?;
+    // Node pools and the GPU memory resource (our extension), on the same snapshot.
+    let pool_retry =
+        node_pools::reconcile_nodes(&ctx.client, &nodes, &policy.spec, &ctx.pool_attempts)
+            .await
+            .map_err(Error::Labels)?;
+    node_pools::reconcile_priority_classes(&ctx.client, policy, &ctx.pool_priority_classes)
+        .await
+        .map_err(Error::Labels)?;
+    let deadline = deadline.into_iter().chain(pool_retry).min();
     let in_flight = ctx
         .label_attempts
         .lock()
@@ -695,6 +707,8 @@ pub async fn run(
         policies,
         label_loss: Mutex::default(),
         label_attempts: Mutex::default(),
+        pool_attempts: Mutex::default(),
+        pool_priority_classes: Mutex::default(),
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),

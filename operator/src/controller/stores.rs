@@ -81,6 +81,7 @@ impl NodeCache {
             let labels = n.metadata.labels.clone().unwrap_or_default();
             NodeView {
                 nfd_annotated: crate::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
+                pool_record: crate::node_pools::record_annotation(n.metadata.annotations.as_ref()),
                 ..NodeView::from_labels(&name, n.metadata.resource_version.clone(), &labels)
             }
         };
@@ -106,7 +107,9 @@ impl NodeCache {
             Event::Apply(n) => {
                 let v = view(&n);
                 let changed = nodes.get(&v.name).is_none_or(|old| {
-                    old.labels != v.labels || old.nfd_annotated != v.nfd_annotated
+                    old.labels != v.labels
+                        || old.nfd_annotated != v.nfd_annotated
+                        || old.pool_record != v.pool_record
                 });
                 // Keep the newest resourceVersion for patch preconditions even when no label
                 // we read changed.

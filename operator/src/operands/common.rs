@@ -691,13 +691,18 @@ pub fn gpu_toleration() -> Toleration {
     }
 }
 
-/// `daemonsets.tolerations` when non-empty (it replaces the default), else the default.
+/// `daemonsets.tolerations` when non-empty (it replaces the default), else the default; plus
+/// one for each `nodePools` taint not tolerated yet (operands run on every GPU node).
 pub fn operand_tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
-    spec.daemonsets
+    let mut tolerations = spec
+        .daemonsets
         .as_ref()
         .and_then(|d| d.tolerations.clone())
         .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| vec![gpu_toleration()])
+        .unwrap_or_else(|| vec![gpu_toleration()]);
+    let pools = crate::node_pools::operand_tolerations(spec, &tolerations);
+    tolerations.extend(pools);
+    tolerations
 }
 
 /// `daemonsets.priorityClassName` when non-empty, else `system-node-critical`.

@@ -183,6 +183,21 @@ fn tolerations(user: Option<&Vec<Toleration>>, default: Vec<Toleration>) -> Vec<
     user.filter(|t| !t.is_empty()).cloned().unwrap_or(default)
 }
 
+/// The worker's tolerations, plus one for each `nodePools` taint not tolerated yet: NFD must
+/// keep running on tainted GPU nodes.
+fn worker_tolerations(
+    spec: &crate::api::ClusterPolicySpec,
+    user: Option<&Vec<Toleration>>,
+) -> Vec<Toleration> {
+    let mut out = tolerations(
+        user,
+        vec![control_plane_toleration(), common::gpu_toleration()],
+    );
+    let pools = crate::node_pools::operand_tolerations(spec, &out);
+    out.extend(pools);
+    out
+}
+
 fn selector(role: &str) -> BTreeMap<String, String> {
     common::string_map(&[(NAME_LABEL, NAME), (ROLE_LABEL, role)])
 }
@@ -397,10 +412,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
                     priority_class_name: Some(priority),
                     image_pull_secrets: pull_secrets,
                     // Every node, GPU pools included: this is how GPU nodes are found.
-                    tolerations: Some(tolerations(
-                        worker_spec.tolerations.as_ref(),
-                        vec![control_plane_toleration(), common::gpu_toleration()],
-                    )),
+                    tolerations: Some(worker_tolerations(spec, worker_spec.tolerations.as_ref())),
                     affinity: worker_spec.affinity.clone(),
                     node_selector: worker_spec.node_selector.clone().filter(|n| !n.is_empty()),
                     containers: vec![worker_container],

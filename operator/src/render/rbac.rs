@@ -131,6 +131,14 @@ fn controller_rules() -> Vec<PolicyRule> {
         ),
         // Node labelling (deploy labels, gpu.present, mig.config).
         rule(&[""], &["nodes"], &["get", "list", "watch", "patch"]),
+        // The GPU memory resource in node capacity (spec.gpuMemoryResource).
+        rule(&[""], &["nodes/status"], &["patch"]),
+        // PriorityClasses of spec.nodePools.priorityClasses.
+        rule(
+            &["scheduling.k8s.io"],
+            &["priorityclasses"],
+            &["get", "list", "create", "patch", "delete"],
+        ),
         // Everything render produces, applied and pruned by label.
         rule(&[""], &["configmaps", "services", "serviceaccounts"], &CRUD),
         rule(&["apps"], &["daemonsets", "deployments"], &CRUD),

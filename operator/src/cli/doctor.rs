@@ -1,0 +1,780 @@
+//! `gpu-operator doctor` (also `kubectl gpu doctor` through a `kubectl-gpu` link): why GPU pods
+//! stay Pending, read from the cluster and never written to it.
+//!
+//! Without a pod name it prints one row per GPU node (GPU, deploy labels, operand pods, the
+//! validator, allocatable GPUs and GPU memory resource, taints) and the faults it sees; with a
+//! pod name it walks the checklist platform teams walk (docs/doctor.md), in that order. Each
+//! finding names the check and the command that fixes or explains it. The diagnosis is pure
+//! ([`Snapshot`] in, text and [`Finding`]s out); only [`run`] talks to the API server.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::api::{ClusterPolicy, MigStrategy};
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
+use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys};
+
+/// Arguments of `gpu-operator doctor`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// A pod to explain (why it is Pending or failing); without it, the per-GPU-node table.
+    pub pod: Option<String>,
+    /// Namespace of the pod.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Namespace of the operator and its operands (default: the one the active ClusterPolicy
+    /// reports, else gpu-operator).
+    #[arg(long)]
+    pub operator_namespace: Option<String>,
+    /// Kubeconfig to use (default: KUBECONFIG, ~/.kube/config, or the in-cluster account).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+/// What the doctor reads: every node, the operand pods, RuntimeClass names, the active policy.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    pub operand_pods: Vec<Pod>,
+    pub runtime_classes: Vec<String>,
+    pub policy: Option<ClusterPolicy>,
+    pub operator_namespace: String,
+}
+
+/// One fault: a stable check name, what is wrong, and the command that fixes or explains it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub check: &'static str,
+    pub problem: String,
+    pub fix: String,
+}
+
+pub const NO_POLICY: &str = "no-cluster-policy";
+pub const NO_GPU_NODE: &str = "no-gpu-node";
+pub const MISSING_TOLERATION: &str = "missing-toleration";
+pub const ALLOCATABLE_ZERO: &str = "allocatable-zero";
+pub const VALIDATOR_NOT_READY: &str = "validator-not-ready";
+pub const DRIVER_CRASH_LOOP: &str = "driver-crash-loop";
+pub const OPERAND_NOT_READY: &str = "operand-not-ready";
+pub const MIG_STRATEGY_MISMATCH: &str = "mig-strategy-mismatch";
+pub const RUNTIME_CLASS_MISSING: &str = "runtime-class-missing";
+pub const UNSCHEDULABLE: &str = "unschedulable";
+
+const GPU_RESOURCE: &str = "nvidia.com/gpu";
+const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// `app.kubernetes.io/name` of operand pods: the operand's name.
+const NAME_LABEL: &str = "app.kubernetes.io/name";
+const VALIDATOR: &str = "operator-validator";
+const DRIVER: &str = "driver";
+
+fn view(node: &Node) -> NodeView {
+    NodeView::from_labels(
+        &node.name_any(),
+        None,
+        &node.metadata.labels.clone().unwrap_or_default(),
+    )
+}
+
+/// A GPU node: marked by the operator, or reported by NFD.
+pub fn is_gpu_node(node: &Node) -> bool {
+    let v = view(node);
+    v.is_gpu_node() || v.has_nfd_gpu()
+}
+
+fn quantity(node: &Node, resource: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .allocatable
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+fn has_some(node: &Node, resource: &str) -> bool {
+    quantity(node, resource).is_some_and(|q| q != "0")
+}
+
+/// The resource names of MIG devices the node advertises (`nvidia.com/mig-1g.5gb`).
+fn mig_resources(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, q)| k.starts_with(MIG_RESOURCE_PREFIX) && q.0 != "0")
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+fn taint_text(t: &Taint) -> String {
+    match t.value.as_deref().filter(|v| !v.is_empty()) {
+        Some(v) => format!("{}={v}:{}", t.key, t.effect),
+        None => format!("{}:{}", t.key, t.effect),
+    }
+}
+
+/// Whether `toleration` tolerates `taint` (the scheduler's rule).
+fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect_ok = toleration
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let key = toleration.key.as_deref().unwrap_or_default();
+    let exists = toleration.operator.as_deref() == Some("Exists");
+    let key_ok = (key.is_empty() && exists) || key == taint.key;
+    let value_ok = exists
+        || toleration.value.as_deref().unwrap_or_default()
+            == taint.value.as_deref().unwrap_or_default();
+    effect_ok && key_ok && value_ok
+}
+
+/// The taints of `node` that keep `pod` off it.
+fn untolerated(pod: &Pod, node: &Node) -> Vec<Taint> {
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    taints(node)
+        .into_iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .collect()
+}
+
+/// State of one pod: `Ready`, `Running` (not ready), a container's waiting or terminated
+/// reason (`CrashLoopBackOff`), or the phase.
+pub fn pod_state(pod: &Pod) -> String {
+    let Some(status) = pod.status.as_ref() else {
+        return "Unknown".into();
+    };
+    let statuses = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in statuses {
+        let state = c.state.as_ref();
+        if let Some(reason) = state
+            .and_then(|s| s.waiting.as_ref())
+            .and_then(|w| w.reason.clone())
+        {
+            return reason;
+        }
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref())
+            && t.exit_code != 0
+        {
+            return t.reason.clone().unwrap_or_else(|| "Error".into());
+        }
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    match status.phase.as_deref() {
+        Some("Running") if ready => "Ready".into(),
+        Some(phase) => phase.into(),
+        None => "Unknown".into(),
+    }
+}
+
+fn on_node<'a>(snapshot: &'a Snapshot, node: &str) -> impl Iterator<Item = &'a Pod> {
+    snapshot
+        .operand_pods
+        .iter()
+        .filter(move |p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+}
+
+fn is_daemon_pod(pod: &Pod) -> bool {
+    pod.owner_references().iter().any(|o| o.kind == "DaemonSet")
+}
+
+fn operand_of(pod: &Pod) -> &str {
+    pod.labels().get(NAME_LABEL).map_or("?", String::as_str)
+}
+
+fn first_container(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
+impl Snapshot {
+    fn gpu_nodes(&self) -> Vec<&Node> {
+        let mut nodes: Vec<&Node> = self.nodes.iter().filter(|n| is_gpu_node(n)).collect();
+        nodes.sort_by_key(|n| n.name_any());
+        nodes
+    }
+
+    fn spec(&self) -> Option<&crate::api::ClusterPolicySpec> {
+        self.policy.as_ref().map(|p| &p.spec)
+    }
+
+    fn runtime_class(&self) -> String {
+        self.spec()
+            .and_then(|s| s.operator.as_ref())
+            .map_or("nvidia", |o| o.runtime_class())
+            .to_owned()
+    }
+
+    fn memory_resource(&self) -> Option<String> {
+        self.spec()
+            .and_then(|s| s.gpu_memory_resource.as_ref())
+            .filter(|m| m.is_enabled())
+            .map(|m| m.name().to_owned())
+    }
+
+    fn mig_strategy(&self) -> MigStrategy {
+        self.spec()
+            .and_then(|s| s.mig.as_ref())
+            .and_then(|m| m.strategy)
+            // The plugins' own default when the policy leaves it out.
+            .unwrap_or(MigStrategy::Single)
+    }
+
+    fn policy_name(&self) -> String {
+        self.policy
+            .as_ref()
+            .map_or_else(|| "cluster-policy".into(), |p| p.name_any())
+    }
+
+    fn kubectl(&self) -> String {
+        format!("kubectl -n {}", self.operator_namespace)
+    }
+
+    /// The validator's state on `node` (`missing` without a pod).
+    fn validator_state(&self, node: &str) -> (String, Option<&Pod>) {
+        match on_node(self, node).find(|p| operand_of(p) == VALIDATOR) {
+            Some(pod) => (pod_state(pod), Some(pod)),
+            None => ("missing".into(), None),
+        }
+    }
+}
+
+/// The per-GPU-node table.
+pub fn node_table(snapshot: &Snapshot) -> String {
+    let memory = snapshot.memory_resource();
+    let header = [
+        "NODE",
+        "GPU",
+        "DEPLOY",
+        "OPERANDS",
+        "VALIDATOR",
+        GPU_RESOURCE,
+        memory.as_deref().unwrap_or("GPU-MEMORY"),
+        "TAINTS",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
+    for node in snapshot.gpu_nodes() {
+        let name = node.name_any();
+        let v = view(node);
+        let gpu = match (v.label(GPU_PRODUCT), v.label(GPU_COUNT)) {
+            (Some(p), Some(c)) => format!("{c}x {p}"),
+            (Some(p), None) => p.to_owned(),
+            _ => "yes (no GFD labels)".into(),
+        };
+        let deploy = format!(
+            "{}/{}",
+            deploy_keys().filter(|k| v.label(k) == Some("true")).count(),
+            deploy_keys().filter(|k| v.label(k).is_some()).count()
+        );
+        // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
+        // scheduler puts it.
+        let mut pods: Vec<&Pod> = on_node(snapshot, &name)
+            .filter(|p| is_daemon_pod(p))
+            .collect();
+        pods.sort_by_key(|p| operand_of(p).to_owned());
+        let ready = pods.iter().filter(|p| pod_state(p) == "Ready").count();
+        let mut operands = format!("{ready}/{}", pods.len());
+        for p in pods.iter().filter(|p| pod_state(p) != "Ready") {
+            let _ = write!(operands, " {}:{}", operand_of(p), pod_state(p));
+        }
+        let taints: Vec<String> = taints(node).iter().map(taint_text).collect();
+        rows.push(vec![
+            name.clone(),
+            gpu,
+            deploy,
+            operands,
+            snapshot.validator_state(&name).0,
+            quantity(node, GPU_RESOURCE).unwrap_or_else(|| "0".into()),
+            memory.as_deref().map_or("-".into(), |m| {
+                quantity(node, m).unwrap_or_else(|| "0".into())
+            }),
+            if taints.is_empty() {
+                "-".into()
+            } else {
+                taints.join(",")
+            },
+        ]);
+    }
+    columns(&rows)
+}
+
+/// Left-aligned columns two spaces apart, without trailing blanks.
+fn columns(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
+            let _ = write!(line, "{cell:<width$}  ");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn no_gpu_node(what: &str) -> Finding {
+    Finding {
+        check: NO_GPU_NODE,
+        problem: format!("no GPU node{what}"),
+        fix: "kubectl get nodes -L feature.node.kubernetes.io/pci-10de.present,nvidia.com/gpu.present,nvidia.com/gpu.product  (NFD labels GPU nodes; the operator then marks them)".into(),
+    }
+}
+
+/// Faults of the operand pods on `node`: a crash-looping driver, a validator that is not
+/// ready, any other operand pod that is not ready.
+fn operand_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let k = snapshot.kubectl();
+    let name = node.name_any();
+    let mut pods: Vec<&Pod> = on_node(snapshot, &name).collect();
+    pods.sort_by_key(|p| (operand_of(p).to_owned(), p.name_any()));
+    for pod in &pods {
+        if operand_of(pod) == DRIVER && pod_state(pod) == "CrashLoopBackOff" {
+            out.push(Finding {
+                check: DRIVER_CRASH_LOOP,
+                problem: format!(
+                    "driver pod {} on {name} is crash-looping (often a kernel the driver does not build for)",
+                    pod.name_any()
+                ),
+                fix: format!(
+                    "{k} logs {} -c {} --previous",
+                    pod.name_any(),
+                    first_container(pod)
+                ),
+            });
+        }
+    }
+    match snapshot.validator_state(&name) {
+        (state, _) if state == "Ready" => {}
+        (state, pod) => out.push(Finding {
+            check: VALIDATOR_NOT_READY,
+            problem: format!("validator on {name} is {state}: GPU workloads wait for it"),
+            fix: match pod {
+                Some(p) => format!(
+                    "{k} describe pod {0}; {k} logs {0} --all-containers",
+                    p.name_any()
+                ),
+                None => format!(
+                    "kubectl get node {name} -L nvidia.com/gpu.deploy.operator-validator  (it must be true)"
+                ),
+            },
+        }),
+    }
+    for pod in &pods {
+        let (operand, state) = (operand_of(pod), pod_state(pod));
+        if state != "Ready"
+            && operand != VALIDATOR
+            && !(operand == DRIVER && state == "CrashLoopBackOff")
+        {
+            out.push(Finding {
+                check: OPERAND_NOT_READY,
+                problem: format!("{operand} pod {} on {name} is {state}", pod.name_any()),
+                fix: format!("{k} describe pod {}", pod.name_any()),
+            });
+        }
+    }
+    out
+}
+
+/// The fault of a GPU node that advertises none of `resource`.
+fn allocatable_finding(snapshot: &Snapshot, node: &Node, resource: &str) -> Option<Finding> {
+    let name = node.name_any();
+    let k = snapshot.kubectl();
+    let empty = if resource == GPU_RESOURCE {
+        // With the mixed MIG strategy the GPUs are advertised as MIG devices instead.
+        !has_some(node, GPU_RESOURCE) && mig_resources(node).is_empty()
+    } else {
+        !has_some(node, resource)
+    };
+    let fix = if resource == GPU_RESOURCE || resource.starts_with(MIG_RESOURCE_PREFIX) {
+        format!(
+            "{k} get pods -o wide -l app.kubernetes.io/name=device-plugin --field-selector spec.nodeName={name}; {k} logs -l app=nvidia-device-plugin-daemonset --all-containers  (the device plugin advertises GPUs)"
+        )
+    } else {
+        format!(
+            "kubectl get node {name} -o jsonpath='{{.status.allocatable}}'; kubectl get clusterpolicy {} -o jsonpath='{{.spec.gpuMemoryResource}}'",
+            snapshot.policy_name()
+        )
+    };
+    empty.then(|| Finding {
+        check: ALLOCATABLE_ZERO,
+        problem: format!("{name} has no allocatable {resource}"),
+        fix,
+    })
+}
+
+fn runtime_class_finding(snapshot: &Snapshot, name: &str, whose: &str) -> Option<Finding> {
+    (!snapshot.runtime_classes.iter().any(|r| r == name)).then(|| Finding {
+        check: RUNTIME_CLASS_MISSING,
+        problem: format!("RuntimeClass {name} ({whose}) does not exist"),
+        fix: format!(
+            "kubectl get runtimeclass; kubectl get clusterpolicy {} -o jsonpath='{{.status.conditions}}'  (the operator creates {} once the toolkit is deployed)",
+            snapshot.policy_name(),
+            snapshot.runtime_class()
+        ),
+    })
+}
+
+/// Faults of the whole cluster (the table's companion).
+pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if snapshot.policy.is_none() {
+        out.push(Finding {
+            check: NO_POLICY,
+            problem: "no ClusterPolicy: the operator deploys nothing".into(),
+            fix: "kubectl get clusterpolicies; helm install gpu-operator charts/gpu-operator -n gpu-operator --create-namespace".into(),
+        });
+    }
+    let nodes = snapshot.gpu_nodes();
+    if nodes.is_empty() {
+        out.push(no_gpu_node(" in the cluster"));
+        return out;
+    }
+    for node in &nodes {
+        out.extend(operand_findings(snapshot, node));
+        out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
+    }
+    out.extend(runtime_class_finding(
+        snapshot,
+        &snapshot.runtime_class(),
+        "the operand and GPU workload runtime",
+    ));
+    out
+}
+
+/// The extended resources `pod` requests that the GPU operator stack provides.
+fn gpu_requests(pod: &Pod, memory: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
+        .map(|(k, _)| k.clone())
+        .filter(|k| {
+            k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX) || Some(k.as_str()) == memory
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn selects(pod: &Pod, node: &Node) -> bool {
+    let selector = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.clone())
+        .unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Why `pod` is Pending or failing, in the order of the checklist.
+pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let memory = snapshot.memory_resource();
+    let requests = gpu_requests(pod, memory.as_deref());
+    let pod_name = pod.name_any();
+    let namespace = pod.namespace().unwrap_or_else(|| "default".into());
+
+    // 1. A GPU node exists (among those the pod's nodeSelector allows).
+    let candidates: Vec<&Node> = snapshot
+        .gpu_nodes()
+        .into_iter()
+        .filter(|n| selects(pod, n))
+        .collect();
+    if candidates.is_empty() {
+        out.push(no_gpu_node(if snapshot.gpu_nodes().is_empty() {
+            " in the cluster"
+        } else {
+            " matches the pod's nodeSelector"
+        }));
+    }
+    // 2. The pod tolerates the GPU nodes' taints.
+    let blocked: Vec<(&Node, Vec<Taint>)> = candidates
+        .iter()
+        .map(|n| (*n, untolerated(pod, n)))
+        .filter(|(_, t)| !t.is_empty())
+        .collect();
+    if !candidates.is_empty() && blocked.len() == candidates.len() {
+        let mut taints: Vec<Taint> = blocked.iter().flat_map(|(_, t)| t.clone()).collect();
+        taints.sort_by_key(taint_text);
+        taints.dedup_by_key(|t| taint_text(t));
+        let texts: Vec<String> = taints.iter().map(taint_text).collect();
+        let tolerations: Vec<String> = taints
+            .iter()
+            .map(|t| format!("{{key: {}, operator: Exists, effect: {}}}", t.key, t.effect))
+            .collect();
+        out.push(Finding {
+            check: MISSING_TOLERATION,
+            problem: format!(
+                "pod {pod_name} does not tolerate the GPU nodes' taints {}",
+                texts.join(", ")
+            ),
+            fix: format!(
+                "add to the pod spec: tolerations: [{}]",
+                tolerations.join(", ")
+            ),
+        });
+    }
+    let schedulable: Vec<&Node> = candidates
+        .iter()
+        .copied()
+        .filter(|n| untolerated(pod, n).is_empty())
+        .collect();
+    let considered = if schedulable.is_empty() {
+        &candidates
+    } else {
+        &schedulable
+    };
+    // 3. Allocatable is not 0 for what the pod requests.
+    for resource in &requests {
+        let findings: Vec<Finding> = considered
+            .iter()
+            .filter_map(|n| allocatable_finding(snapshot, n, resource))
+            .collect();
+        if !considered.is_empty() && findings.len() == considered.len() {
+            out.extend(findings);
+        }
+    }
+    // 4 and 5. The validator is Running; the driver is not crash-looping.
+    let node_faults: Vec<Finding> = considered
+        .iter()
+        .flat_map(|n| operand_findings(snapshot, n))
+        .collect();
+    for check in [VALIDATOR_NOT_READY, DRIVER_CRASH_LOOP] {
+        out.extend(node_faults.iter().filter(|f| f.check == check).cloned());
+    }
+    // 6. The MIG strategy matches the resource name.
+    let strategy = snapshot.mig_strategy();
+    for resource in requests
+        .iter()
+        .filter(|r| r.starts_with(MIG_RESOURCE_PREFIX))
+    {
+        if strategy != MigStrategy::Mixed {
+            out.push(Finding {
+                check: MIG_STRATEGY_MISMATCH,
+                problem: format!("pod {pod_name} requests {resource}, which only the mixed MIG strategy advertises (the strategy is {})", strategy_name(strategy)),
+                fix: format!("kubectl patch clusterpolicy {} --type merge -p '{{\"spec\":{{\"mig\":{{\"strategy\":\"mixed\"}}}}}}'  (or request nvidia.com/gpu, which the single strategy advertises)", snapshot.policy_name()),
+            });
+        }
+    }
+    if strategy == MigStrategy::Mixed
+        && requests.iter().any(|r| r == GPU_RESOURCE)
+        && !considered.is_empty()
+        && considered
+            .iter()
+            .all(|n| !has_some(n, GPU_RESOURCE) && !mig_resources(n).is_empty())
+    {
+        out.push(Finding {
+            check: MIG_STRATEGY_MISMATCH,
+            problem: format!("pod {pod_name} requests nvidia.com/gpu but the mixed MIG strategy advertises these nodes' GPUs as {}", mig_resources(considered[0]).join(", ")),
+            fix: "request one of those MIG resources instead of nvidia.com/gpu".into(),
+        });
+    }
+    // 7. The RuntimeClass exists.
+    if let Some(name) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref())
+    {
+        out.extend(runtime_class_finding(
+            snapshot,
+            name,
+            &format!("named by pod {pod_name}"),
+        ));
+    } else if !requests.is_empty() {
+        out.extend(runtime_class_finding(
+            snapshot,
+            &snapshot.runtime_class(),
+            "the GPU runtime",
+        ));
+    }
+    // 8. What the scheduler says.
+    if out.is_empty()
+        && let Some(message) = unschedulable(pod)
+    {
+        out.push(Finding {
+            check: UNSCHEDULABLE,
+            problem: format!("the scheduler says: {message}"),
+            fix: format!("kubectl -n {namespace} describe pod {pod_name}"),
+        });
+    }
+    out
+}
+
+fn strategy_name(s: MigStrategy) -> &'static str {
+    match s {
+        MigStrategy::None => "none",
+        MigStrategy::Single => "single",
+        MigStrategy::Mixed => "mixed",
+    }
+}
+
+/// The scheduler's message for a pod it could not place.
+fn unschedulable(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message.clone())
+}
+
+/// The findings as text: one block per finding.
+pub fn findings_text(findings: &[Finding]) -> String {
+    let mut out = String::new();
+    if findings.is_empty() {
+        out.push_str("No faults found.\n");
+    }
+    for f in findings {
+        let _ = writeln!(out, "FAULT {}: {}\n  fix: {}", f.check, f.problem, f.fix);
+    }
+    out
+}
+
+async fn client(args: &DoctorArgs) -> anyhow::Result<Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// The active policy: the oldest (the operator's rule), or none when the CRD is not served.
+async fn active_policy(client: &Client) -> anyhow::Result<Option<ClusterPolicy>> {
+    match Api::<ClusterPolicy>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items.into_iter().min_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        })),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e).context("listing ClusterPolicies"),
+    }
+}
+
+async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot> {
+    let policy = active_policy(client).await?;
+    let operator_namespace = args
+        .operator_namespace
+        .clone()
+        .or_else(|| policy.as_ref()?.status.as_ref()?.namespace.clone())
+        .unwrap_or_else(|| "gpu-operator".into());
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?
+        .items;
+    let operand_pods = Api::<Pod>::namespaced(client.clone(), &operator_namespace)
+        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
+        .await
+        .with_context(|| format!("listing operand pods in {operator_namespace}"))?
+        .items;
+    let runtime_classes = Api::<RuntimeClass>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing RuntimeClasses")?
+        .items
+        .into_iter()
+        .map(|r| r.name_any())
+        .collect();
+    Ok(Snapshot {
+        nodes,
+        operand_pods,
+        runtime_classes,
+        policy,
+        operator_namespace,
+    })
+}
+
+/// Runs the doctor; an error (non-zero exit) when it finds a fault.
+pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (text, findings) = runtime.block_on(async {
+        let client = client(args).await?;
+        let snapshot = snapshot(&client, args).await?;
+        Ok::<_, anyhow::Error>(match &args.pod {
+            None => {
+                let findings = cluster_findings(&snapshot);
+                (node_table(&snapshot), findings)
+            }
+            Some(name) => {
+                let pod = Api::<Pod>::namespaced(client.clone(), &args.namespace)
+                    .get(name)
+                    .await
+                    .with_context(|| format!("reading pod {}/{name}", args.namespace))?;
+                let header = format!("pod {}/{name}: {}\n", args.namespace, pod_state(&pod));
+                let findings = pod_findings(&snapshot, &pod);
+                (header, findings)
+            }
+        })
+    })?;
+    write!(out, "{text}\n{}", findings_text(&findings)).context("writing the report")?;
+    anyhow::ensure!(
+        findings.is_empty(),
+        "doctor found {} fault(s)",
+        findings.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "doctor_tests.rs"]
+mod tests;

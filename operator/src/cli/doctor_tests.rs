@@ -1,0 +1,379 @@
+//! The doctor's diagnosis on hand-made snapshots: one healthy cluster (its table is a golden
+//! file) and each fault of the checklist made from it by one change.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateWaiting, ContainerStatus, NodeSpec, NodeStatus,
+    PodCondition, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+use serde_json::json;
+
+use super::*;
+
+fn node(name: &str, product: &str, count: u32, gpus: u32, taint: bool) -> Node {
+    let labels = [
+        ("kubernetes.io/hostname", name.to_string()),
+        ("nvidia.com/gpu.present", "true".into()),
+        ("feature.node.kubernetes.io/pci-10de.present", "true".into()),
+        ("nvidia.com/gpu.product", product.into()),
+        ("nvidia.com/gpu.count", count.to_string()),
+        ("nvidia.com/gpu.deploy.driver", "true".into()),
+        ("nvidia.com/gpu.deploy.operator-validator", "true".into()),
+        ("nvidia.com/gpu.deploy.device-plugin", "true".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let allocatable = [("nvidia.com/gpu".to_string(), Quantity(gpus.to_string()))].into();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: taint.then(|| {
+                vec![Taint {
+                    key: "nvidia.com/gpu".into(),
+                    value: Some("present".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]
+            }),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            allocatable: Some(allocatable),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+fn cpu_node() -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some("cpu-0".into()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+fn operand_pod(operand: &str, node: &str, waiting: Option<&str>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("{operand}-{node}")),
+            namespace: Some("gpu-operator".into()),
+            labels: Some(
+                [
+                    ("app.kubernetes.io/name".to_string(), operand.to_string()),
+                    (
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "gpu-operator".to_string(),
+                    ),
+                ]
+                .into(),
+            ),
+            owner_references: Some(vec![
+                serde_json::from_value(json!({
+                    "apiVersion": "apps/v1", "kind": "DaemonSet", "name": operand, "uid": "1"
+                }))
+                .unwrap(),
+            ]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: format!("{operand}-ctr"),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if waiting.is_some() { "False" } else { "True" }.into(),
+                ..PodCondition::default()
+            }]),
+            container_statuses: waiting.map(|reason| {
+                vec![ContainerStatus {
+                    name: format!("{operand}-ctr"),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some(reason.into()),
+                            message: None,
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    ..ContainerStatus::default()
+                }]
+            }),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+fn policy(spec: serde_json::Value) -> ClusterPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"}, "spec": spec
+    }))
+    .unwrap()
+}
+
+/// Two GPU nodes (one tainted) with every operand ready, GPUs advertised, the RuntimeClass.
+fn healthy() -> Snapshot {
+    let nodes = vec![
+        node("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 8, 8, false),
+        node("gpu-t4-0", "Tesla-T4", 1, 1, true),
+        cpu_node(),
+    ];
+    let operand_pods = ["gpu-a100-0", "gpu-t4-0"]
+        .into_iter()
+        .flat_map(|n| {
+            ["driver", "operator-validator", "device-plugin"]
+                .into_iter()
+                .map(move |o| operand_pod(o, n, None))
+        })
+        .collect();
+    Snapshot {
+        nodes,
+        operand_pods,
+        runtime_classes: vec!["nvidia".into()],
+        policy: Some(policy(json!({}))),
+        operator_namespace: "gpu-operator".into(),
+    }
+}
+
+fn workload(spec: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "infer", "namespace": "default"},
+        "spec": spec
+    }))
+    .unwrap()
+}
+
+fn gpu_pod(extra: serde_json::Value) -> Pod {
+    let mut spec = json!({
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    workload(spec)
+}
+
+fn checks(findings: &[Finding]) -> Vec<&'static str> {
+    findings.iter().map(|f| f.check).collect()
+}
+
+#[test]
+fn a_healthy_cluster_has_no_findings_and_its_table_matches_the_golden_file() {
+    let snapshot = healthy();
+    assert_eq!(cluster_findings(&snapshot), []);
+    assert_eq!(pod_findings(&snapshot, &gpu_pod(json!({}))), []);
+    let table = node_table(&snapshot);
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/cli/testdata/doctor-healthy.txt"
+    );
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(path, &table).unwrap();
+    }
+    let golden = std::fs::read_to_string(path).unwrap();
+    assert_eq!(table, golden, "regenerate with UPDATE_GOLDEN=1 and review");
+}
+
+#[test]
+fn no_gpu_node_is_a_fault_of_the_cluster_and_of_a_pod_selecting_none() {
+    let mut snapshot = healthy();
+    snapshot.nodes = vec![cpu_node()];
+    assert_eq!(checks(&cluster_findings(&snapshot)), [NO_GPU_NODE]);
+    let pod = gpu_pod(json!({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}}));
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(checks(&findings), [NO_GPU_NODE]);
+    assert!(findings[0].problem.contains("nodeSelector"));
+}
+
+#[test]
+fn a_pod_without_the_toleration_is_told_which_to_add() {
+    let pod = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(checks(&findings), [MISSING_TOLERATION]);
+    assert!(
+        findings[0]
+            .problem
+            .contains("nvidia.com/gpu=present:NoSchedule")
+    );
+    assert!(
+        findings[0]
+            .fix
+            .contains("{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}")
+    );
+    // A toleration of another key does not help; one of this key does.
+    let other = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(
+        checks(&pod_findings(&healthy(), &other)),
+        [MISSING_TOLERATION]
+    );
+    let tolerating = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}],
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(pod_findings(&healthy(), &tolerating), []);
+    // An untainted GPU node is left to it: no fault.
+    let anywhere = workload(json!({"containers": [{"name": "c"}]}));
+    assert_eq!(pod_findings(&healthy(), &anywhere), []);
+}
+
+#[test]
+fn allocatable_zero_points_at_the_device_plugin() {
+    let mut snapshot = healthy();
+    snapshot.nodes[1].status.as_mut().unwrap().allocatable = Some(Default::default());
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [ALLOCATABLE_ZERO]);
+    assert!(
+        findings[0]
+            .problem
+            .contains("gpu-t4-0 has no allocatable nvidia.com/gpu")
+    );
+    assert!(findings[0].fix.contains("device-plugin"));
+    let pod = gpu_pod(json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"}}));
+    assert_eq!(checks(&pod_findings(&snapshot, &pod)), [ALLOCATABLE_ZERO]);
+    // Another node still has GPUs: a pod that may go anywhere is not stuck on this.
+    assert_eq!(pod_findings(&snapshot, &gpu_pod(json!({}))), []);
+}
+
+#[test]
+fn a_crash_looping_validator_and_driver_are_named_with_their_logs_command() {
+    let mut snapshot = healthy();
+    for pod in &mut snapshot.operand_pods {
+        let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+        let operand = operand_of(pod).to_owned();
+        if node == "gpu-t4-0" && (operand == "operator-validator" || operand == "driver") {
+            *pod = operand_pod(&operand, &node, Some("CrashLoopBackOff"));
+        }
+    }
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [DRIVER_CRASH_LOOP, VALIDATOR_NOT_READY]);
+    assert!(
+        findings[0]
+            .fix
+            .contains("logs driver-gpu-t4-0 -c driver-ctr --previous")
+    );
+    assert!(findings[1].problem.contains("gpu-t4-0 is CrashLoopBackOff"));
+    let pod = gpu_pod(json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"}}));
+    assert_eq!(
+        checks(&pod_findings(&snapshot, &pod)),
+        [VALIDATOR_NOT_READY, DRIVER_CRASH_LOOP]
+    );
+    // A missing validator is a fault too.
+    let mut snapshot = healthy();
+    snapshot
+        .operand_pods
+        .retain(|p| operand_of(p) != "operator-validator");
+    assert_eq!(
+        checks(&cluster_findings(&snapshot)),
+        [VALIDATOR_NOT_READY, VALIDATOR_NOT_READY]
+    );
+}
+
+#[test]
+fn a_mig_resource_under_the_single_strategy_is_a_mismatch() {
+    let pod = workload(json!({
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}]
+    }));
+    let findings = pod_findings(&healthy(), &pod);
+    assert!(
+        checks(&findings).contains(&MIG_STRATEGY_MISMATCH),
+        "{findings:?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.fix.contains("\"strategy\":\"mixed\""))
+    );
+    // With the mixed strategy and nodes advertising the profile: no mismatch.
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy(json!({"mig": {"strategy": "mixed"}})));
+    for n in &mut snapshot.nodes {
+        if let Some(a) = n.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
+            a.insert("nvidia.com/mig-1g.5gb".into(), Quantity("7".into()));
+        }
+    }
+    assert_eq!(pod_findings(&snapshot, &pod), []);
+}
+
+#[test]
+fn a_missing_runtime_class_is_named() {
+    let mut snapshot = healthy();
+    snapshot.runtime_classes.clear();
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [RUNTIME_CLASS_MISSING]);
+    assert!(findings[0].problem.contains("RuntimeClass nvidia"));
+    let pod = gpu_pod(json!({"runtimeClassName": "nvidia-cdi"}));
+    assert_eq!(
+        checks(&pod_findings(&healthy(), &pod)),
+        [RUNTIME_CLASS_MISSING]
+    );
+}
+
+#[test]
+fn the_table_shows_a_failing_operand_and_the_memory_resource() {
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy(
+        json!({"gpuMemoryResource": {"enabled": true, "name": "example.com/vram"}}),
+    ));
+    snapshot.operand_pods[2] = operand_pod("device-plugin", "gpu-a100-0", Some("ImagePullBackOff"));
+    snapshot.nodes[0]
+        .status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert("example.com/vram".into(), Quantity("320".into()));
+    let table = node_table(&snapshot);
+    assert!(
+        table.lines().next().unwrap().contains("example.com/vram"),
+        "{table}"
+    );
+    assert!(
+        table.contains("2/3 device-plugin:ImagePullBackOff"),
+        "{table}"
+    );
+    assert!(table.contains("  320  "), "{table}");
+    assert_eq!(checks(&cluster_findings(&snapshot)), [OPERAND_NOT_READY]);
+}
+
+#[test]
+fn a_pod_with_nothing_else_wrong_gets_the_schedulers_message() {
+    let mut pod = gpu_pod(json!({}));
+    pod.status = Some(PodStatus {
+        phase: Some("Pending".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.".into()),
+            ..PodCondition::default()
+        }]),
+        ..PodStatus::default()
+    });
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(checks(&findings), [UNSCHEDULABLE]);
+    assert!(findings[0].problem.contains("0/3 nodes are available"));
+}

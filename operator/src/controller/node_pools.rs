@@ -1,0 +1,209 @@
+//! GPU node pools and the GPU memory resource (IO): for each node whose record says it was not
+//! brought to the current want (`node_pools::needs_work`, from the metadata cache, no request),
+//! the node is read in full and patched: its status first (the memory resource in capacity
+//! and allocatable, only when it differs), then labels, taints and the record in one merge
+//! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+
+use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
+use crate::node_pools::{
+    PRIORITY_CLASS_LABEL, Record, desired, desired_priority_classes, needs_work, object_patch,
+    priority_class_object, priority_class_plan, record_annotation, status_patch,
+};
+use crate::nodes::NodeView;
+
+/// How soon to look again at a node whose patch met a newer version.
+const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+/// Nodes read and patched at once.
+const CONCURRENCY: usize = 16;
+
+/// The `resourceVersion` each node had when we last wrote it: until the cache shows a newer
+/// one, our write has not arrived and repeating it would be a needless request.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    at_version: BTreeMap<String, Option<String>>,
+}
+
+/// What happened on one node.
+enum Outcome {
+    Unchanged,
+    Written,
+    Conflict,
+}
+
+async fn bring(
+    api: &Api<Node>,
+    name: &str,
+    spec: &ClusterPolicySpec,
+    view: &NodeView,
+) -> Result<Outcome, kube::Error> {
+    let want = desired(spec, view);
+    let Some(mut node) = api.get_opt(name).await? else {
+        return Ok(Outcome::Unchanged);
+    };
+    let annotation = record_annotation(node.metadata.annotations.as_ref());
+    let record = Record::parse(annotation.as_deref()).unwrap_or_default();
+    let mut wrote = false;
+    if let Some(patch) = status_patch(&node, &record, &want) {
+        node = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        wrote = true;
+    }
+    let (patch, conflicts) = object_patch(&node, &record, &want);
+    if !conflicts.is_empty() {
+        tracing::warn!(node = %name, keys = ?conflicts, "node pool: someone else holds these labels or taints with other values; left alone");
+    }
+    if let Some(patch) = patch {
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => wrote = true,
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Outcome::Conflict),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(if wrote {
+        Outcome::Written
+    } else {
+        Outcome::Unchanged
+    })
+}
+
+/// Brings every node to what `spec.nodePools` and `spec.gpuMemoryResource` want. Returns when
+/// to look again after a conflict, if one happened.
+pub async fn reconcile_nodes(
+    client: &Client,
+    nodes: &[NodeView],
+    spec: &ClusterPolicySpec,
+    attempts: &Mutex<Attempts>,
+) -> Result<Option<Instant>, kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut work = Vec::new();
+    if let Ok(mut a) = attempts.lock() {
+        for node in nodes {
+            if !needs_work(node, &desired(spec, node)) {
+                a.at_version.remove(&node.name);
+                continue;
+            }
+            if a.at_version.get(&node.name) == Some(&node.resource_version) {
+                continue;
+            }
+            a.at_version
+                .insert(node.name.clone(), node.resource_version.clone());
+            work.push(node);
+        }
+    }
+    let results: Vec<_> = futures::stream::iter(work.into_iter().map(|node| {
+        let api = api.clone();
+        async move { (node, bring(&api, &node.name, spec, node).await) }
+    }))
+    .buffer_unordered(CONCURRENCY)
+    .collect()
+    .await;
+    let mut retry = None;
+    let mut failure = None;
+    for (node, result) in results {
+        match result {
+            Ok(Outcome::Written) => tracing::info!(node = %node.name, "node pool: node updated"),
+            Ok(Outcome::Unchanged) => {}
+            Ok(Outcome::Conflict) => {
+                if let Ok(mut a) = attempts.lock() {
+                    a.at_version.remove(&node.name);
+                }
+                retry = Some(Instant::now() + CONFLICT_RETRY);
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                if let Ok(mut a) = attempts.lock() {
+                    a.at_version.remove(&node.name);
+                }
+                retry = Some(Instant::now() + CONFLICT_RETRY);
+            }
+            Err(e) => {
+                if let Ok(mut a) = attempts.lock() {
+                    a.at_version.remove(&node.name);
+                }
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(retry),
+    }
+}
+
+/// The PriorityClasses last brought to the cluster; `None` until the first pass has listed
+/// them. While the policy asks for the same set, no request is made.
+pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
+
+/// Creates, recreates, updates and deletes the operator's PriorityClasses so that they are
+/// what `policy`'s `nodePools.priorityClasses` lists. A name taken by a PriorityClass someone
+/// else created is reported and left alone.
+pub async fn reconcile_priority_classes(
+    client: &Client,
+    policy: &ClusterPolicy,
+    done: &PriorityClassesDone,
+) -> Result<(), kube::Error> {
+    let want = desired_priority_classes(&policy.spec);
+    if done.lock().is_ok_and(|d| d.as_ref() == Some(&want)) {
+        return Ok(());
+    }
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    let ours = api
+        .list(&ListParams::default().labels(&format!(
+            "{PRIORITY_CLASS_LABEL},{MANAGED_BY_LABEL}={MANAGER}"
+        )))
+        .await?
+        .items;
+    let plan = priority_class_plan(&ours, &want);
+    let owner = policy.controller_owner_ref(&());
+    for name in plan
+        .delete
+        .iter()
+        .chain(plan.recreate.iter().map(|pc| &pc.name))
+    {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(priority_class = %name, "node pool: PriorityClass deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for pc in plan.create.iter().chain(&plan.recreate) {
+        match api
+            .create(
+                &PostParams::default(),
+                &priority_class_object(pc, owner.clone()),
+            )
+            .await
+        {
+            Ok(_) => tracing::info!(priority_class = %pc.name, "node pool: PriorityClass created"),
+            Err(kube::Error::Api(e)) if e.code == 409 => tracing::warn!(
+                priority_class = %pc.name,
+                "node pool: a PriorityClass of this name exists and was not created by the operator; left alone"
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+    for pc in &plan.update {
+        let patch = serde_json::json!({ "description": pc.description });
+        api.patch(&pc.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    if let Ok(mut d) = done.lock() {
+        *d = Some(want);
+    }
+    Ok(())
+}

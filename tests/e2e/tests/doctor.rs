@@ -1,0 +1,266 @@
+//! `gpu-operator doctor` against the harness (docs/doctor.md): each fault the harness can make
+//! is named with its fix and makes the exit code non-zero; a healthy cluster exits 0 and its
+//! table equals `testdata/doctor-healthy.txt` (regenerate with `UPDATE_GOLDEN=1`). It runs as
+//! the user (the admin kubeconfig), as the operator (its ServiceAccount's kubeconfig), and as
+//! the kubectl plugin `kubectl gpu doctor` (a `kubectl-gpu` link on PATH).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::chaos::CrashLoop;
+use e2e::cluster::unique_name;
+use e2e::session::{self, Setup, TIMEOUT};
+use e2e::wait;
+use gpu_operator::api::State;
+use gpu_operator::cli::doctor::{
+    ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION, NO_GPU_NODE,
+    RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
+};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// What one doctor run printed and how it exited.
+struct Report {
+    ok: bool,
+    stdout: String,
+}
+
+impl Report {
+    fn assert_fault(&self, check: &str, mentions: &str) {
+        let line = format!("FAULT {check}: ");
+        assert!(
+            !self.ok
+                && self
+                    .stdout
+                    .lines()
+                    .any(|l| l.starts_with(&line) && l.contains(mentions)),
+            "expected {check} mentioning {mentions}, exit ok={}:\n{}",
+            self.ok,
+            self.stdout
+        );
+        // Every finding carries its fix on the next line.
+        let fixes = self
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("  fix: "))
+            .count();
+        let faults = self
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("FAULT "))
+            .count();
+        assert_eq!(fixes, faults, "{}", self.stdout);
+    }
+}
+
+fn run(mut command: Command, args: &[&str]) -> Report {
+    let output = command.args(args).output().unwrap();
+    Report {
+        ok: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+    }
+}
+
+/// The doctor with the user's (admin) kubeconfig from the environment.
+fn doctor(args: &[&str]) -> Report {
+    let mut command = Command::new(e2e::operator::binary().unwrap());
+    command.arg("doctor");
+    run(command, args)
+}
+
+fn golden_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/doctor-healthy.txt")
+}
+
+/// Sets (or with `None` removes) `nvidia.com/gpu` in every GPU node's status, as the device
+/// plugin would advertise it (kwok has no device plugin).
+async fn advertise_gpus(admin: &Client, on: bool) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for node in nodes
+        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await
+        .unwrap()
+        .items
+    {
+        let count = node.labels().get("nvidia.com/gpu.count").cloned();
+        let value = if on { json!(count) } else { json!(null) };
+        let patch = json!({"status": {"capacity": {"nvidia.com/gpu": value}, "allocatable": {"nvidia.com/gpu": value}}});
+        nodes
+            .patch_status(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+async fn pod(admin: &Client, namespace: &str, name: &str, spec: serde_json::Value) {
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+fn gpu_container(resource: &str) -> serde_json::Value {
+    json!([{"name": "c", "image": "cuda", "resources": {"limits": {resource: "1"}}}])
+}
+
+fn tolerate_all() -> serde_json::Value {
+    json!([{"operator": "Exists"}])
+}
+
+async fn until_healthy(setup: &Setup) -> Report {
+    wait::until(TIMEOUT, "doctor exits 0", || async {
+        let report = doctor(&[]);
+        Ok(if report.ok {
+            Ok(report)
+        } else {
+            Err(report.stdout)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()))
+}
+
+#[tokio::test]
+async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
+    let mut setup = session::start(json!({}), &[]).await;
+    let admin = setup.admin.clone();
+    // A failed run may have left the GPUs advertised.
+    advertise_gpus(&admin, false).await;
+    setup.await_state(State::Ready, "policy ready").await;
+    let namespace = unique_name("doctor");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // Allocatable 0: kwok has no device plugin until we play it.
+    doctor(&[]).assert_fault(
+        ALLOCATABLE_ZERO,
+        "gpu-t4-0 has no allocatable nvidia.com/gpu",
+    );
+    pod(
+        &admin,
+        &namespace,
+        "needs-gpu",
+        json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
+    doctor(&["needs-gpu", "-n", &namespace]).assert_fault(ALLOCATABLE_ZERO, "gpu-t4-0");
+
+    // Healthy: exit 0, the golden table, the same from the operator's kubeconfig and as a
+    // kubectl plugin.
+    advertise_gpus(&admin, true).await;
+    let healthy = until_healthy(&setup).await;
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(golden_path(), &healthy.stdout).unwrap();
+    }
+    assert_eq!(
+        healthy.stdout,
+        std::fs::read_to_string(golden_path()).unwrap()
+    );
+    let kubeconfig = setup.identity.kubeconfig.display().to_string();
+    let as_operator = doctor(&["--kubeconfig", &kubeconfig]);
+    assert!(as_operator.ok, "{}", as_operator.stdout);
+    assert_eq!(as_operator.stdout, healthy.stdout);
+    let plugins = std::env::temp_dir().join(unique_name("kubectl-plugins"));
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::os::unix::fs::symlink(
+        e2e::operator::binary().unwrap(),
+        plugins.join("kubectl-gpu"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut kubectl = e2e::kubectl();
+    kubectl.env("PATH", path);
+    let plugin = run(kubectl, &["gpu", "doctor"]);
+    assert!(plugin.ok, "{}", plugin.stdout);
+    assert_eq!(plugin.stdout, healthy.stdout);
+    std::fs::remove_dir_all(&plugins).unwrap();
+
+    // No GPU node for the pod's selector; a missing toleration; a MIG resource the strategy
+    // does not advertise.
+    pod(
+        &admin,
+        &namespace,
+        "b200",
+        json!({
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
+    doctor(&["b200", "-n", &namespace]).assert_fault(NO_GPU_NODE, "nodeSelector");
+    pod(
+        &admin,
+        &namespace,
+        "untolerated",
+        json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-tainted-t4-0"},
+        "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
+    doctor(&["untolerated", "-n", &namespace])
+        .assert_fault(MISSING_TOLERATION, "nvidia.com/gpu=present:NoSchedule");
+    pod(
+        &admin,
+        &namespace,
+        "mig",
+        json!({
+        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/mig-1g.5gb")}),
+    )
+    .await;
+    doctor(&["mig", "-n", &namespace]).assert_fault(MIG_STRATEGY_MISMATCH, "nvidia.com/mig-1g.5gb");
+
+    // The validator crash-loops (and then the driver) on one node.
+    let on_t4 = json!({"nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+                       "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")});
+    pod(&admin, &namespace, "on-t4", on_t4).await;
+    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-operator-validator")
+        .await
+        .unwrap();
+    doctor(&[]).assert_fault(VALIDATOR_NOT_READY, "gpu-t4-0 is CrashLoopBackOff");
+    doctor(&["on-t4", "-n", &namespace]).assert_fault(VALIDATOR_NOT_READY, "gpu-t4-0");
+    crash.recover().await.unwrap();
+    let crash = CrashLoop::start(&admin, "gpu-t4-0", "nvidia-driver-daemonset")
+        .await
+        .unwrap();
+    doctor(&[]).assert_fault(DRIVER_CRASH_LOOP, "on gpu-t4-0 is crash-looping");
+    crash.recover().await.unwrap();
+
+    // The RuntimeClass gone (operator stopped, so it is not put back at once).
+    setup.operator.terminate(Duration::from_secs(20)).unwrap();
+    Api::<RuntimeClass>::all(admin.clone())
+        .delete("nvidia", &DeleteParams::default())
+        .await
+        .unwrap();
+    doctor(&[]).assert_fault(RUNTIME_CLASS_MISSING, "RuntimeClass nvidia");
+    setup.start_operator_again().await;
+    until_healthy(&setup).await;
+
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+    advertise_gpus(&admin, false).await;
+    setup.teardown().await;
+}
