@@ -462,7 +462,10 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
                 step.actions
                     .push(Action::Annotate(REQUESTED_ANNOTATION, None));
             }
-            if node.unschedulable {
+            // A node retried after a failure is cordoned by us, not by its owner: what was
+            // recorded at its first attempt stands.
+            let failed_before = node.annotations.contains_key(FAILURE_ANNOTATION);
+            if node.unschedulable && !failed_before {
                 step.actions.push(Action::Annotate(
                     INITIAL_UNSCHEDULABLE_ANNOTATION,
                     Some("true".to_owned()),

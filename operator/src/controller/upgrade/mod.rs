@@ -37,6 +37,8 @@ use crate::operands::{driver, validator};
 /// `app.kubernetes.io/component` of the driver DaemonSets and their pods.
 const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
 const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+/// How long one eviction request may take before the pass moves on.
+const EVICTION_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the upgrade stage did in one pass.
 #[derive(Debug, Default)]
@@ -432,11 +434,17 @@ async fn run_step(
                 for key in pods {
                     let (ns, pod) = key.split_once('/').unwrap_or_default();
                     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-                    match api.evict(pod, &EvictParams::default()).await {
-                        Ok(_) => tracing::info!(node = %name, pod = %key, "evicted for the driver upgrade"),
-                        // 429: a PodDisruptionBudget forbids it now; 404: gone already.
-                        Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => {}
-                        Err(e) => return Err(e),
+                    // The client retries a 429 (a PodDisruptionBudget refusing) with backoff
+                    // for ever: one answer is all a pass needs, the next pass asks again.
+                    let evicted =
+                        tokio::time::timeout(EVICTION_WAIT, api.evict(pod, &EvictParams::default()))
+                            .await;
+                    match evicted {
+                        Ok(Ok(_)) => tracing::info!(node = %name, pod = %key, "evicted for the driver upgrade"),
+                        // Refused for now (429, or still retrying), or gone already (404).
+                        Err(_) => {}
+                        Ok(Err(kube::Error::Api(e))) if e.code == 429 || e.code == 404 => {}
+                        Ok(Err(e)) => return Err(e),
                     }
                 }
             }
