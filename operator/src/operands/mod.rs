@@ -7,6 +7,7 @@ pub mod dcgm;
 pub mod dcgm_exporter;
 pub mod device_plugin;
 pub mod driver;
+pub mod driver_os;
 pub mod gfd;
 pub mod mig_manager;
 pub mod mps;
@@ -84,6 +85,7 @@ pub fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -
 pub fn report(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Option<String> {
     match operand {
         Operand::MigManager => mig_manager::report(facts),
+        Operand::Driver => driver_os::report(facts),
         _ => {
             let _ = spec;
             None
