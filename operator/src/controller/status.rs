@@ -369,9 +369,10 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         readiness.message =
                             format!("invalid configuration: {problem}; {}", readiness.message);
                     }
-                    if let Some(upgrade) = inputs.driver_upgrade.filter(|_| {
-                        operand == Operand::Driver && is_daemonset
-                    }) {
+                    if let Some(upgrade) = inputs
+                        .driver_upgrade
+                        .filter(|_| operand == Operand::Driver && is_daemonset)
+                    {
                         readiness
                             .message
                             .push_str(&format!("; driver upgrade: {}", upgrade.line()));
@@ -644,8 +645,7 @@ mod tests {
         assert_eq!(c.observed_generation, Some(4));
         assert!(c.message.contains("spec.gds is accepted"), "{}", c.message);
         assert!(
-            c.message
-                .contains("; spec.driver.livenessProbe"),
+            c.message.contains("; spec.driver.livenessProbe"),
             "{}",
             c.message
         );

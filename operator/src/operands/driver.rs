@@ -253,7 +253,9 @@ fn render_os(
     let spec = &policy.spec;
     let default_driver = DriverSpec::default();
     let driver = spec.driver.as_ref().unwrap_or(&default_driver);
-    if !spec.is_enabled(Component::Driver) || driver.uses_nvidia_driver_crd() {
+    // `useNvidiaDriverCRD` does not switch it off: NVIDIADriver resources are not supported
+    // yet (the field is reported as not acted on), and no GPU node may lose its driver.
+    if !spec.is_enabled(Component::Driver) {
         return None;
     }
     let rdma = driver.rdma_enabled();

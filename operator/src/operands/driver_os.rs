@@ -54,7 +54,10 @@ pub struct OsPool {
 pub fn pools(gpu_nodes: &[NodeView]) -> (Vec<OsPool>, Vec<(String, String)>) {
     let mut pools: BTreeMap<String, OsPool> = BTreeMap::new();
     let mut unknown = Vec::new();
-    for node in gpu_nodes.iter().filter(|n| n.is_gpu_node() || n.has_nfd_gpu()) {
+    for node in gpu_nodes
+        .iter()
+        .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
+    {
         let (Some(id), Some(version), Some(tag)) =
             (node.label(OS_ID), node.label(OS_VERSION_ID), os_tag(node))
         else {
@@ -184,7 +187,10 @@ mod tests {
             node("g", None),
         ];
         let (pools, unknown) = pools(&nodes);
-        let tags: Vec<(&str, usize)> = pools.iter().map(|p| (p.tag.as_str(), p.nodes.len())).collect();
+        let tags: Vec<(&str, usize)> = pools
+            .iter()
+            .map(|p| (p.tag.as_str(), p.nodes.len()))
+            .collect();
         assert_eq!(tags, [("rhel9", 2), ("ubuntu22.04", 2), ("ubuntu24.04", 1)]);
         assert_eq!(
             pools[0].selector,
@@ -208,10 +214,19 @@ mod tests {
             node("a", Some(("ubuntu", "24.04"))),
             node("b", Some(("ubuntu", "22.04"))),
         ];
-        assert_eq!(primary_os(&nodes, Some("ubuntu22.04")).as_deref(), Some("ubuntu22.04"));
+        assert_eq!(
+            primary_os(&nodes, Some("ubuntu22.04")).as_deref(),
+            Some("ubuntu22.04")
+        );
         assert_eq!(primary_os(&nodes, None).as_deref(), Some("ubuntu24.04"));
-        assert_eq!(primary_os(&nodes, Some("rhel9")).as_deref(), Some("ubuntu24.04"));
-        assert_eq!(primary_os(&[node("f", Some(("flatcar", "3975")))], None).as_deref(), Some("flatcar3975"));
+        assert_eq!(
+            primary_os(&nodes, Some("rhel9")).as_deref(),
+            Some("ubuntu24.04")
+        );
+        assert_eq!(
+            primary_os(&[node("f", Some(("flatcar", "3975")))], None).as_deref(),
+            Some("flatcar3975")
+        );
         assert_eq!(primary_os(&[], None), None);
         assert_eq!(
             image_os_suffix("nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"),

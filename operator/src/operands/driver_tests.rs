@@ -121,7 +121,7 @@ fn driver_probe_overrides_rdma_sidecar_and_digest_changes_with_driver_settings()
 }
 
 #[test]
-fn driver_is_invalid_without_os_and_absent_with_the_nvidia_driver_crd() {
+fn driver_is_invalid_without_os_and_stays_with_the_unsupported_nvidia_driver_crd() {
     let s = state(
         "{}",
         &ClusterFacts {
@@ -130,8 +130,17 @@ fn driver_is_invalid_without_os_and_absent_with_the_nvidia_driver_crd() {
         },
     );
     assert!(matches!(&s.operands[2].outcome, Outcome::Invalid(m) if m.contains("OS suffix")));
+    // NVIDIADriver resources are not supported: the policy's driver stays, and the field is
+    // named as not acted on.
     let s = state("{driver: {useNvidiaDriverCRD: true}}", &facts());
-    assert!(matches!(s.operands[2].outcome, Outcome::Disabled));
+    assert!(matches!(s.operands[2].outcome, Outcome::Rendered(_)));
+    let spec: crate::api::ClusterPolicySpec =
+        serde_yaml_ng::from_str("{driver: {useNvidiaDriverCRD: true}}").unwrap();
+    assert!(
+        spec.unsupported_fields()
+            .iter()
+            .any(|u| u.path == "spec.driver.useNvidiaDriverCRD")
+    );
 }
 
 /// GPU nodes reporting `(name, Some((ID, VERSION_ID)))` through NFD, for mixed-OS fleets.
@@ -146,7 +155,10 @@ fn fleet(nodes: &[(&str, Option<(&str, &str)>)], primary: &str) -> ClusterFacts 
             .into();
             if let Some((id, version)) = os {
                 labels.insert(crate::nodes::OS_ID.to_owned(), (*id).to_owned());
-                labels.insert(crate::nodes::OS_VERSION_ID.to_owned(), (*version).to_owned());
+                labels.insert(
+                    crate::nodes::OS_VERSION_ID.to_owned(),
+                    (*version).to_owned(),
+                );
             }
             crate::nodes::NodeView::from_labels(name, None, &labels)
         })
@@ -161,7 +173,10 @@ fn fleet(nodes: &[(&str, Option<(&str, &str)>)], primary: &str) -> ClusterFacts 
 #[test]
 fn one_os_keeps_one_daemonset_without_an_os_selector() {
     let f = fleet(
-        &[("a", Some(("ubuntu", "22.04"))), ("b", Some(("ubuntu", "22.04")))],
+        &[
+            ("a", Some(("ubuntu", "22.04"))),
+            ("b", Some(("ubuntu", "22.04"))),
+        ],
         "ubuntu22.04",
     );
     let objects = objects("{}", &f, Operand::Driver);
@@ -188,7 +203,10 @@ fn ubuntu_22_04_and_24_04_nodes_get_one_driver_daemonset_each_with_the_matching_
         .collect();
     assert_eq!(
         by_name.keys().collect::<Vec<_>>(),
-        ["nvidia-driver-daemonset", "nvidia-driver-daemonset-ubuntu24.04"]
+        [
+            "nvidia-driver-daemonset",
+            "nvidia-driver-daemonset-ubuntu24.04"
+        ]
     );
     for (name, version) in [
         ("nvidia-driver-daemonset", "22.04"),
@@ -197,7 +215,10 @@ fn ubuntu_22_04_and_24_04_nodes_get_one_driver_daemonset_each_with_the_matching_
         let ds = by_name[name];
         let p = pod(ds);
         let image = container(&p, "nvidia-driver-ctr").image.unwrap();
-        assert_eq!(image, format!("nvcr.io/nvidia/driver:595.91.07-ubuntu{version}"));
+        assert_eq!(
+            image,
+            format!("nvcr.io/nvidia/driver:595.91.07-ubuntu{version}")
+        );
         let selector = p.node_selector.unwrap();
         assert_eq!(selector[crate::nodes::OS_ID], "ubuntu");
         assert_eq!(selector[crate::nodes::OS_VERSION_ID], version);
@@ -206,17 +227,32 @@ fn ubuntu_22_04_and_24_04_nodes_get_one_driver_daemonset_each_with_the_matching_
         let spec = ds.spec.as_ref().unwrap();
         assert_eq!(spec.selector.match_labels.as_ref().unwrap()["app"], name);
         assert_eq!(
-            spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()["app"],
+            spec.template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()["app"],
             name
         );
         assert_eq!(
-            spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()
-                ["app.kubernetes.io/component"],
+            spec.template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()["app.kubernetes.io/component"],
             "nvidia-driver"
         );
     }
     let s = state("{}", &f);
-    assert!(!s.operands.iter().any(|o| matches!(o.outcome, Outcome::Invalid(_))));
+    assert!(
+        !s.operands
+            .iter()
+            .any(|o| matches!(o.outcome, Outcome::Invalid(_)))
+    );
 }
 
 #[test]

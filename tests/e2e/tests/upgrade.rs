@@ -59,11 +59,18 @@ async fn start_on_generated_rbac(spec: serde_json::Value) -> (Setup, String) {
     let namespaces = Api::<Namespace>::all(admin.clone());
     let left = ListParams::default().labels(&format!("{WORKLOADS}=true"));
     for ns in namespaces.list(&left).await.unwrap().items {
-        let _ = namespaces.delete(&ns.name_any(), &DeleteParams::default()).await;
+        let _ = namespaces
+            .delete(&ns.name_any(), &DeleteParams::default())
+            .await;
     }
-    wait::until_none_left(&namespaces, &left, session::TIMEOUT, "old workload namespaces gone")
-        .await
-        .unwrap();
+    wait::until_none_left(
+        &namespaces,
+        &left,
+        session::TIMEOUT,
+        "old workload namespaces gone",
+    )
+    .await
+    .unwrap();
     let role_name = unique_name("gpu-operator-upgrade");
     let mut role = gpu_operator::render::rbac::operator_cluster_role();
     role.metadata = kube::api::ObjectMeta {
@@ -90,7 +97,13 @@ async fn start_on_generated_rbac(spec: serde_json::Value) -> (Setup, String) {
 }
 
 /// Asks the API server whether the operator's identity may `verb` `resource`.
-async fn allowed(admin: &Client, user: &str, verb: &str, resource: &str, sub: Option<&str>) -> bool {
+async fn allowed(
+    admin: &Client,
+    user: &str,
+    verb: &str,
+    resource: &str,
+    sub: Option<&str>,
+) -> bool {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_owned()),
@@ -123,16 +136,20 @@ async fn node_states(admin: &Client) -> BTreeMap<String, (String, bool)> {
         .into_iter()
         .map(|n| {
             let state = n.labels().get(STATE).cloned().unwrap_or_default();
-            let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+            let cordoned = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
             (n.name_any(), (state, cordoned))
         })
         .collect()
 }
 
-/// The driver pod of each node, by node.
+/// The driver pod of each node (of any driver DaemonSet), by node.
 async fn driver_pods(admin: &Client, namespace: &str) -> BTreeMap<String, Pod> {
     Api::<Pod>::namespaced(admin.clone(), namespace)
-        .list(&ListParams::default().labels(&format!("app={DRIVER}")))
+        .list(&ListParams::default().labels("app.kubernetes.io/component=nvidia-driver"))
         .await
         .unwrap()
         .items
@@ -183,10 +200,9 @@ fn workload(ns: &str, name: &str, node: &str, gpu: bool, runtime_class: bool, ap
 const WORKLOADS: &str = "gpu-operator.test/upgrade-workloads";
 
 async fn ensure_namespace(admin: &Client, name: &str) {
-    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(
-        json!({"metadata": {"name": name, "labels": {WORKLOADS: "true"}}}),
-    )
-    .unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {WORKLOADS: "true"}}}))
+            .unwrap();
     match Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .create(&PostParams::default(), &ns)
         .await
@@ -218,7 +234,9 @@ async fn await_states(
                     state != "upgrade-failed"
                 } else if done.contains(*node) {
                     state != "upgrade-done"
-                        || !pods.get(*node).is_some_and(|p| image(p).contains(image_tag))
+                        || !pods
+                            .get(*node)
+                            .is_some_and(|p| image(p).contains(image_tag))
                 } else {
                     false
                 }
@@ -237,7 +255,10 @@ async fn await_states(
 
 /// Samples the nodes while the rollout runs: the most nodes seen at once that were cordoned by
 /// the upgrade or between states (`exempt`: a node cordoned beforehand).
-fn sample_concurrency(admin: Client, exempt: String) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
+fn sample_concurrency(
+    admin: Client,
+    exempt: String,
+) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
     let most = Arc::new(Mutex::new(0usize));
     let seen = most.clone();
     let task = tokio::spawn(async move {
@@ -274,9 +295,13 @@ async fn clean_nodes(admin: &Client) {
             "metadata": {"labels": {STATE: null}, "annotations": annotations},
             "spec": {"unschedulable": null}
         });
-        api.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
+        api.patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
     }
 }
 
@@ -314,12 +339,20 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
         })
         .collect();
     nodes::create(&admin, &fleet).await.unwrap();
-    s.await_state(State::Ready, "policy ready on 12 GPU nodes").await;
+    s.await_state(State::Ready, "policy ready on 12 GPU nodes")
+        .await;
     let before = driver_pods(&admin, &s.identity.namespace).await;
     assert_eq!(before.len(), 12, "{:?}", before.keys());
     // Upgrades on: every node is looked at and found current.
     let all: BTreeSet<String> = before.keys().cloned().collect();
-    await_states(&s, &all, &BTreeSet::new(), "595.91.07", "every node upgrade-done before the bump").await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done before the bump",
+    )
+    .await;
 
     // The chart's identity may do what an upgrade does.
     let user = s.identity.username();
@@ -374,7 +407,14 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
     let mut done = all.clone();
     done.remove("upg-t4-2");
     let failed = BTreeSet::from(["upg-t4-2".to_owned()]);
-    await_states(&s, &done, &failed, "600.10.01", "11 nodes upgraded, the PDB's node failed").await;
+    await_states(
+        &s,
+        &done,
+        &failed,
+        "600.10.01",
+        "11 nodes upgraded, the PDB's node failed",
+    )
+    .await;
 
     // The PDB held its node until the drain timeout, and status names it.
     let message = session::ready_message(&admin, &s.policy).await.unwrap();
@@ -384,19 +424,38 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
             && message.contains(&format!("{ml}/guarded")),
         "{message}"
     );
-    assert!(pods.get("guarded").await.is_ok(), "the PDB's pod was not evicted");
+    assert!(
+        pods.get("guarded").await.is_ok(),
+        "the PDB's pod was not evicted"
+    );
     let events = audit.of_user_since(mark, &user).unwrap();
     let evictions = |pod: &str| {
         events
             .iter()
             .filter(|e| e.resource() == "pods/eviction" && e.name() == Some(pod))
-            .map(|e| (e.received(), e.response_status.as_ref().and_then(|s| s.code)))
+            .map(|e| {
+                (
+                    e.received(),
+                    e.response_status.as_ref().and_then(|s| s.code),
+                )
+            })
             .collect::<Vec<_>>()
     };
     let guarded = evictions("guarded");
-    assert!(guarded.iter().all(|(_, code)| *code == Some(429)), "{guarded:?}");
-    let span = guarded.last().unwrap().0.duration_since(guarded[0].0).unwrap();
-    assert!(span >= Duration::from_secs(4), "evictions retried for {span:?} only");
+    assert!(
+        guarded.iter().all(|(_, code)| *code == Some(429)),
+        "{guarded:?}"
+    );
+    let span = guarded
+        .last()
+        .unwrap()
+        .0
+        .duration_since(guarded[0].0)
+        .unwrap();
+    assert!(
+        span >= Duration::from_secs(4),
+        "evictions retried for {span:?} only"
+    );
     assert!(
         !events.iter().any(|e| e.verb == "delete"
             && e.name() == before.get("upg-t4-2").map(|p| p.name_any()).as_deref()),
@@ -407,18 +466,26 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
     // pod was deleted.
     for (pod, node) in [("gpu-job", "upg-t4-0"), ("rc-job", "upg-t4-1")] {
         let evicted = evictions(pod);
-        let ok = evicted.iter().find(|(_, code)| *code == Some(201)).unwrap_or_else(|| panic!("{pod} not evicted: {evicted:?}"));
+        let ok = evicted
+            .iter()
+            .find(|(_, code)| *code == Some(201))
+            .unwrap_or_else(|| panic!("{pod} not evicted: {evicted:?}"));
         let old_driver = before[node].name_any();
         let deleted = events
             .iter()
             .find(|e| e.verb == "delete" && e.resource() == "pods" && e.name() == Some(&old_driver))
             .unwrap_or_else(|| panic!("driver pod {old_driver} of {node} not deleted"));
-        assert!(ok.0 < deleted.received(), "{pod} evicted after the driver pod restarted");
+        assert!(
+            ok.0 < deleted.received(),
+            "{pod} evicted after the driver pod restarted"
+        );
         assert!(pods.get_opt(pod).await.unwrap().is_none());
     }
 
     // Fixing the PDB's node: the budget removed and the node's upgrade retried.
-    pdbs.delete("guarded", &DeleteParams::default()).await.unwrap();
+    pdbs.delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
     Api::<Node>::all(admin.clone())
         .patch(
             "upg-t4-2",
@@ -427,24 +494,57 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
         )
         .await
         .unwrap();
-    await_states(&s, &all, &BTreeSet::new(), "600.10.01", "all 12 nodes upgraded").await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.01",
+        "all 12 nodes upgraded",
+    )
+    .await;
     sampler.abort();
     let most = *most.lock().unwrap();
     assert!(most <= 3, "{most} nodes cordoned or between states at once");
-    assert!(most >= 2, "the sampler saw only {most} at once: parallelism not exercised");
+    assert!(
+        most >= 2,
+        "the sampler saw only {most} at once: parallelism not exercised"
+    );
 
     let states = node_states(&admin).await;
-    assert!(states["upg-t4-3"].1, "a node cordoned beforehand stays cordoned");
-    let cordoned: Vec<&String> = states.iter().filter(|(n, (_, c))| *c && *n != "upg-t4-3").map(|(n, _)| n).collect();
+    assert!(
+        states["upg-t4-3"].1,
+        "a node cordoned beforehand stays cordoned"
+    );
+    let cordoned: Vec<&String> = states
+        .iter()
+        .filter(|(n, (_, c))| *c && *n != "upg-t4-3")
+        .map(|(n, _)| n)
+        .collect();
     assert!(cordoned.is_empty(), "left cordoned: {cordoned:?}");
     let after = driver_pods(&admin, &s.identity.namespace).await;
     for (node, pod) in &after {
-        assert!(image(pod).ends_with("600.10.01-ubuntu22.04"), "{node}: {}", image(pod));
-        assert_ne!(pod.name_any(), before[node].name_any(), "{node}: driver pod not replaced");
+        assert!(
+            image(pod).ends_with("600.10.01-ubuntu22.04"),
+            "{node}: {}",
+            image(pod)
+        );
+        assert_ne!(
+            pod.name_any(),
+            before[node].name_any(),
+            "{node}: driver pod not replaced"
+        );
     }
-    let metrics = e2e::operator::scrape_metrics(s.operator.metrics_port).await.unwrap();
-    assert!(metrics.contains("gpu_operator_nodes_upgrades_done 12"), "{metrics}");
-    assert!(metrics.contains("gpu_operator_driver_auto_upgrade_enabled 1"), "{metrics}");
+    let metrics = e2e::operator::scrape_metrics(s.operator.metrics_port)
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("gpu_operator_nodes_upgrades_done 12"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpu_operator_driver_auto_upgrade_enabled 1"),
+        "{metrics}"
+    );
     teardown(s, &role, &extra).await;
     let _ = Api::<Namespace>::all(admin.clone())
         .delete(&ml, &DeleteParams::default())
@@ -461,7 +561,14 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
     s.await_state(State::Ready, "policy ready").await;
     let before = driver_pods(&admin, &s.identity.namespace).await;
     let all: BTreeSet<String> = before.keys().cloned().collect();
-    await_states(&s, &all, &BTreeSet::new(), "595.91.07", "every node upgrade-done before the bump").await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done before the bump",
+    )
+    .await;
     // The first node by name upgrades first; its validator will crash-loop on the new driver.
     let broken = all.iter().next().unwrap().clone();
     let chaos = CrashLoop::start(&admin, &broken, "nvidia-operator-validator")
@@ -470,7 +577,14 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
 
     s.patch_policy(bump()).await;
     let failed = BTreeSet::from([broken.clone()]);
-    await_states(&s, &BTreeSet::new(), &failed, "600.10.01", "the broken node failed").await;
+    await_states(
+        &s,
+        &BTreeSet::new(),
+        &failed,
+        "600.10.01",
+        "the broken node failed",
+    )
+    .await;
     // maxUnavailable 1 is spent on the failed (still cordoned) node: nothing else starts.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let states = node_states(&admin).await;
@@ -480,8 +594,13 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
         .filter(|(n, (state, _))| **n != broken && state != "upgrade-required")
         .map(|(n, (state, _))| format!("{n}={state}"))
         .collect();
-    assert!(moved.is_empty(), "the rollout went on past maxUnavailable: {moved:?}");
-    let policy = s.await_state(State::NotReady, "failed upgrade reported").await;
+    assert!(
+        moved.is_empty(),
+        "the rollout went on past maxUnavailable: {moved:?}"
+    );
+    let policy = s
+        .await_state(State::NotReady, "failed upgrade reported")
+        .await;
     let message = session::ready_condition(&policy).unwrap().message.clone();
     assert!(
         message.contains(&format!("1 failed: {broken}: validator pod"))
@@ -491,9 +610,111 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
 
     // Fixed: the validator recovers, the node is released and the rollout resumes.
     chaos.recover().await.unwrap();
-    await_states(&s, &all, &BTreeSet::new(), "600.10.01", "rollout resumed and finished").await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.01",
+        "rollout resumed and finished",
+    )
+    .await;
     let states = node_states(&admin).await;
     assert!(states.values().all(|(_, cordoned)| !cordoned), "{states:?}");
     s.await_state(State::Ready, "ready after the upgrade").await;
     teardown(s, &role, &[]).await;
+}
+
+#[tokio::test]
+async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_unknown_os_is_reported()
+ {
+    let (s, role) = start_on_generated_rbac(json!({})).await;
+    let admin = s.admin.clone();
+    s.await_state(State::Ready, "policy ready on the Ubuntu 22.04 fleet")
+        .await;
+    let ns = s.identity.namespace.clone();
+    let before = driver_pods(&admin, &ns).await;
+    assert_eq!(before.len(), 6);
+
+    let noble: Vec<String> = (0..2).map(|i| format!("noble-t4-{i}")).collect();
+    let fleet: Vec<_> = noble
+        .iter()
+        .map(|n| session::ephemeral_gpu_node(n, GpuModel::T4).os("ubuntu", "24.04"))
+        .collect();
+    nodes::create(&admin, &fleet).await.unwrap();
+    let daemonsets = s.daemonsets();
+    let second_name = format!("{DRIVER}-ubuntu24.04");
+    wait::until(
+        session::TIMEOUT,
+        "a driver DaemonSet per OS, pods available",
+        || {
+            let (daemonsets, second_name) = (daemonsets.clone(), second_name.clone());
+            async move {
+                let mut seen = Vec::new();
+                for (name, want) in [(DRIVER.to_owned(), 6), (second_name, 2)] {
+                    let status = daemonsets.get_opt(&name).await?.and_then(|d| d.status);
+                    let (desired, available) = status
+                        .map(|s| (s.desired_number_scheduled, s.number_available.unwrap_or(0)))
+                        .unwrap_or((-1, -1));
+                    if desired != want || available != want {
+                        seen.push(format!("{name}: {desired} desired, {available} available"));
+                    }
+                }
+                Ok(if seen.is_empty() {
+                    Ok(())
+                } else {
+                    Err(seen.join("; "))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let main = daemonsets.get(DRIVER).await.unwrap();
+    let second = daemonsets.get(&second_name).await.unwrap();
+    for (ds, count, version) in [(&main, 6, "22.04"), (&second, 2, "24.04")] {
+        assert_eq!(ds.status.as_ref().unwrap().desired_number_scheduled, count);
+        let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(
+            pod.node_selector.as_ref().unwrap()["feature.node.kubernetes.io/system-os_release.VERSION_ID"],
+            version
+        );
+    }
+    let after = driver_pods(&admin, &ns).await;
+    for node in &noble {
+        assert!(
+            image(&after[node]).ends_with("-ubuntu24.04"),
+            "{node}: {}",
+            image(&after[node])
+        );
+    }
+    for (node, pod) in &before {
+        assert!(image(&after[node]).ends_with("-ubuntu22.04"));
+        // OnDelete: the existing nodes' driver pods were not restarted by the split.
+        assert_eq!(
+            after[node].name_any(),
+            pod.name_any(),
+            "{node}'s driver pod restarted"
+        );
+    }
+
+    // A GPU node of an OS without a driver image gets none, and status names it.
+    let odd = "flatcar-t4-0".to_owned();
+    nodes::create(
+        &admin,
+        &[session::ephemeral_gpu_node(&odd, GpuModel::T4).os("flatcar", "3975.2.0")],
+    )
+    .await
+    .unwrap();
+    let policy = s.await_state(State::NotReady, "unknown OS reported").await;
+    let message = session::ready_condition(&policy).unwrap().message.clone();
+    assert!(
+        message.contains("get no driver pod: flatcar-t4-0 (flatcar3975.2.0)"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!driver_pods(&admin, &ns).await.contains_key(&odd));
+
+    let mut extra = noble.clone();
+    extra.push(odd);
+    teardown(s, &role, &extra).await;
 }

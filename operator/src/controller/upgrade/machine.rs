@@ -387,7 +387,8 @@ fn released(node: &NodeFacts, now: i64) -> Step {
     } else {
         moving(node, UpgradeState::UncordonRequired, now)
     };
-    step.actions.push(Action::Annotate(FAILURE_ANNOTATION, None));
+    step.actions
+        .push(Action::Annotate(FAILURE_ANNOTATION, None));
     step
 }
 
@@ -415,7 +416,13 @@ enum Removed {
     Failed(String),
 }
 
-fn remove(pods: &[PodFacts], removal: &Removal, since: Option<i64>, now: i64, what: &str) -> Removed {
+fn remove(
+    pods: &[PodFacts],
+    removal: &Removal,
+    since: Option<i64>,
+    now: i64,
+    what: &str,
+) -> Removed {
     if pods.is_empty() {
         return Removed::Done;
     }

@@ -66,7 +66,11 @@ fn defaults_and_max_unavailable_follow_nvidia() {
     assert_eq!(p.max_unavailable, 3, "25% of 12");
     assert_eq!(p.pod_deletion.timeout, Some(Duration::from_secs(300)));
     assert!(p.drain.is_none());
-    assert_eq!(max_unavailable(Some(&IntOrString::String("10%".into())), 12), 2, "rounded up");
+    assert_eq!(
+        max_unavailable(Some(&IntOrString::String("10%".into())), 12),
+        2,
+        "rounded up"
+    );
     assert_eq!(max_unavailable(Some(&IntOrString::Int(4)), 12), 4);
     let p = policy(
         "{drain: {enable: true, timeoutSeconds: 0, podSelector: 'a=b'}, waitForCompletion: {podSelector: 'job=x', timeoutSeconds: 30}}",
@@ -99,7 +103,8 @@ fn a_current_driver_is_done_and_an_old_one_requires_an_upgrade_remembering_a_pri
         Some("true".into())
     )));
     // A failed node retried (its label removed) is cordoned by the operator: not recorded.
-    n.annotations.insert(FAILURE_ANNOTATION.into(), "drain timed out".into());
+    n.annotations
+        .insert(FAILURE_ANNOTATION.into(), "drain timed out".into());
     n.state = None;
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::UpgradeRequired));
@@ -109,10 +114,14 @@ fn a_current_driver_is_done_and_an_old_one_requires_an_upgrade_remembering_a_pri
     // A user's request upgrades a node whose driver is current.
     n.driver = driver(true, true);
     n.unschedulable = false;
-    n.annotations.insert(REQUESTED_ANNOTATION.into(), "true".into());
+    n.annotations
+        .insert(REQUESTED_ANNOTATION.into(), "true".into());
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::UpgradeRequired));
-    assert!(s.actions.contains(&Action::Annotate(REQUESTED_ANNOTATION, None)));
+    assert!(
+        s.actions
+            .contains(&Action::Annotate(REQUESTED_ANNOTATION, None))
+    );
 }
 
 #[test]
@@ -130,7 +139,11 @@ fn slots_are_the_parallel_limit_less_in_progress_and_failed_within_max_unavailab
     assert_eq!(started, ["n0", "n1", "n2"], "first by name");
     nodes[0].state = Some(UpgradeState::DrainRequired);
     nodes[1].state = Some(UpgradeState::Failed);
-    assert_eq!(upgrades_available(&nodes, &p), 1, "a failed node holds its slot");
+    assert_eq!(
+        upgrades_available(&nodes, &p),
+        1,
+        "a failed node holds its slot"
+    );
     // A node cordoned by someone else counts against maxUnavailable.
     let p = policy("{maxParallelUpgrades: 3, maxUnavailable: 2}", 6);
     nodes[5].unschedulable = true;
@@ -156,7 +169,10 @@ fn skipped_nodes_never_start() {
 
 #[test]
 fn cordon_then_wait_for_jobs_until_they_finish_or_time_out() {
-    let p = policy("{waitForCompletion: {podSelector: 'job=train', timeoutSeconds: 60}}", 1);
+    let p = policy(
+        "{waitForCompletion: {podSelector: 'job=train', timeoutSeconds: 60}}",
+        1,
+    );
     let n = node("a", UpgradeState::CordonRequired);
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::WaitForJobsRequired));
@@ -169,11 +185,15 @@ fn cordon_then_wait_for_jobs_until_they_finish_or_time_out() {
     let mut n = node("a", UpgradeState::WaitForJobsRequired);
     n.unschedulable = true;
     n.jobs_running = 1;
-    n.annotations
-        .insert(WAIT_FOR_JOBS_SINCE_ANNOTATION.into(), (NOW - 59).to_string());
+    n.annotations.insert(
+        WAIT_FOR_JOBS_SINCE_ANNOTATION.into(),
+        (NOW - 59).to_string(),
+    );
     assert_eq!(step(&n, &p, false, NOW).next, None, "job still running");
-    n.annotations
-        .insert(WAIT_FOR_JOBS_SINCE_ANNOTATION.into(), (NOW - 60).to_string());
+    n.annotations.insert(
+        WAIT_FOR_JOBS_SINCE_ANNOTATION.into(),
+        (NOW - 60).to_string(),
+    );
     assert_eq!(
         step(&n, &p, false, NOW).next,
         Some(UpgradeState::PodDeletionRequired),
@@ -191,7 +211,13 @@ fn cordon_then_wait_for_jobs_until_they_finish_or_time_out() {
 fn gpu_pods_are_evicted_before_the_driver_restarts_and_blockers_fail_or_fall_back_to_drain() {
     let p = policy("{}", 1);
     let mut n = node("a", UpgradeState::PodDeletionRequired);
-    n.gpu_pods = vec![pod("train-0"), PodFacts { terminating: true, ..pod("train-1") }];
+    n.gpu_pods = vec![
+        pod("train-0"),
+        PodFacts {
+            terminating: true,
+            ..pod("train-1")
+        },
+    ];
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, None);
     assert_eq!(s.actions, [Action::Evict(vec!["ml/train-0".into()])]);
@@ -203,7 +229,10 @@ fn gpu_pods_are_evicted_before_the_driver_restarts_and_blockers_fail_or_fall_bac
     );
 
     // An unmanaged pod without force: failed (drain off) or handed to the drain (drain on).
-    n.gpu_pods = vec![PodFacts { managed: false, ..pod("bare") }];
+    n.gpu_pods = vec![PodFacts {
+        managed: false,
+        ..pod("bare")
+    }];
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::Failed));
     assert!(s.failure.unwrap().contains("ml/bare is not managed"));
@@ -217,8 +246,16 @@ fn gpu_pods_are_evicted_before_the_driver_restarts_and_blockers_fail_or_fall_bac
         step(&n, &force, false, NOW).actions,
         [Action::Evict(vec!["ml/bare".into()])]
     );
-    n.gpu_pods = vec![PodFacts { empty_dir: true, ..pod("scratch") }];
-    assert!(step(&n, &p, false, NOW).failure.unwrap().contains("emptyDir"));
+    n.gpu_pods = vec![PodFacts {
+        empty_dir: true,
+        ..pod("scratch")
+    }];
+    assert!(
+        step(&n, &p, false, NOW)
+            .failure
+            .unwrap()
+            .contains("emptyDir")
+    );
     let empty_dir = policy("{podDeletion: {deleteEmptyDir: true}}", 1);
     assert_eq!(step(&n, &empty_dir, false, NOW).next, None);
 }
@@ -240,7 +277,10 @@ fn a_drain_held_by_a_pdb_fails_the_node_at_its_timeout_naming_the_pod() {
     let reason = s.failure.unwrap();
     assert!(reason.contains("drain timed out after 10s"), "{reason}");
     assert!(reason.contains("ml/guarded"), "{reason}");
-    assert!(s.actions.contains(&Action::Annotate(FAILURE_ANNOTATION, Some(reason))));
+    assert!(
+        s.actions
+            .contains(&Action::Annotate(FAILURE_ANNOTATION, Some(reason)))
+    );
     n.drain_pods.clear();
     assert_eq!(
         step(&n, &p, false, NOW).next,
@@ -305,15 +345,11 @@ fn validation_needs_a_validator_started_after_the_new_driver_and_ready() {
     assert_eq!(s.next, Some(UpgradeState::UncordonRequired));
     // No validator yet: wait, until NVIDIA's 600 s are over.
     n.validator = None;
-    n.annotations.insert(
-        VALIDATION_SINCE_ANNOTATION.into(),
-        (NOW - 599).to_string(),
-    );
+    n.annotations
+        .insert(VALIDATION_SINCE_ANNOTATION.into(), (NOW - 599).to_string());
     assert_eq!(step(&n, &p, false, NOW).next, None);
-    n.annotations.insert(
-        VALIDATION_SINCE_ANNOTATION.into(),
-        (NOW - 600).to_string(),
-    );
+    n.annotations
+        .insert(VALIDATION_SINCE_ANNOTATION.into(), (NOW - 600).to_string());
     assert_eq!(step(&n, &p, false, NOW).next, Some(UpgradeState::Failed));
     // Without a validator DaemonSet the driver's readiness is the validation.
     n.validator_expected = false;
@@ -335,7 +371,10 @@ fn a_node_cordoned_before_its_upgrade_stays_cordoned_and_others_are_uncordoned()
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::Done));
     assert!(!s.actions.contains(&Action::Uncordon));
-    assert!(s.actions.contains(&Action::Annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, None)));
+    assert!(
+        s.actions
+            .contains(&Action::Annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, None))
+    );
 
     let mut n = node("b", UpgradeState::UncordonRequired);
     n.unschedulable = true;
@@ -360,7 +399,10 @@ fn a_failed_node_resumes_once_its_driver_and_validator_are_ready() {
     n.validator.as_mut().unwrap().failing = false;
     let s = step(&n, &p, false, NOW);
     assert_eq!(s.next, Some(UpgradeState::UncordonRequired));
-    assert!(s.actions.contains(&Action::Annotate(FAILURE_ANNOTATION, None)));
+    assert!(
+        s.actions
+            .contains(&Action::Annotate(FAILURE_ANNOTATION, None))
+    );
 }
 
 #[test]

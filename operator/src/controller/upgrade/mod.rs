@@ -74,7 +74,6 @@ pub fn enabled(spec: &ClusterPolicySpec) -> bool {
         return false;
     };
     spec.is_enabled(Component::Driver)
-        && !driver.uses_nvidia_driver_crd()
         && driver
             .upgrade_policy
             .as_ref()
@@ -109,7 +108,9 @@ pub async fn reconcile(
     let drivers: Vec<&DaemonSet> = daemon_sets
         .values()
         .filter(|d| {
-            d.labels().get(crate::operands::common::COMPONENT_LABEL).map(String::as_str)
+            d.labels()
+                .get(crate::operands::common::COMPONENT_LABEL)
+                .map(String::as_str)
                 == Some(driver::COMPONENT)
         })
         .collect();
@@ -436,11 +437,15 @@ async fn run_step(
                     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
                     // The client retries a 429 (a PodDisruptionBudget refusing) with backoff
                     // for ever: one answer is all a pass needs, the next pass asks again.
-                    let evicted =
-                        tokio::time::timeout(EVICTION_WAIT, api.evict(pod, &EvictParams::default()))
-                            .await;
+                    let evicted = tokio::time::timeout(
+                        EVICTION_WAIT,
+                        api.evict(pod, &EvictParams::default()),
+                    )
+                    .await;
                     match evicted {
-                        Ok(Ok(_)) => tracing::info!(node = %name, pod = %key, "evicted for the driver upgrade"),
+                        Ok(Ok(_)) => {
+                            tracing::info!(node = %name, pod = %key, "evicted for the driver upgrade")
+                        }
                         // Refused for now (429, or still retrying), or gone already (404).
                         Err(_) => {}
                         Ok(Err(kube::Error::Api(e))) if e.code == 429 || e.code == 404 => {}
@@ -458,7 +463,13 @@ async fn run_step(
             }
             Action::Annotate(key, value) => {
                 let value = value.as_ref().map_or(Value::Null, |v| json!(v));
-                if facts.annotations.get(*key).map(|v| json!(v)).unwrap_or(Value::Null) != value {
+                if facts
+                    .annotations
+                    .get(*key)
+                    .map(|v| json!(v))
+                    .unwrap_or(Value::Null)
+                    != value
+                {
                     annotations.insert((*key).to_owned(), value);
                 }
             }
@@ -531,7 +542,8 @@ async fn clear_labels(client: &Client, nodes: &[NodeView]) {
             .iter()
             .map(|k| ((*k).to_owned(), Value::Null))
             .collect();
-        let patch = json!({"metadata": {"labels": {STATE_LABEL: null}, "annotations": annotations}});
+        let patch =
+            json!({"metadata": {"labels": {STATE_LABEL: null}, "annotations": annotations}});
         if let Err(e) = api
             .patch(&node.name, &PatchParams::default(), &Patch::Merge(patch))
             .await

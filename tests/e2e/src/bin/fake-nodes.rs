@@ -25,7 +25,9 @@ async fn main() -> Result<()> {
             }
             "--undiscovered" => undiscovered = true,
             "--os" => {
-                let value = args.next().context("--os needs ID:VERSION, e.g. ubuntu:24.04")?;
+                let value = args
+                    .next()
+                    .context("--os needs ID:VERSION, e.g. ubuntu:24.04")?;
                 let (id, version) = value
                     .split_once(':')
                     .context("--os needs ID:VERSION, e.g. ubuntu:24.04")?;
@@ -65,7 +67,13 @@ async fn main() -> Result<()> {
     if let Some((id, version)) = os {
         fleet = fleet
             .into_iter()
-            .map(|n| if n.gpu.is_some() { n.os(&id, &version) } else { n })
+            .map(|n| {
+                if n.gpu.is_some() {
+                    n.os(&id, &version)
+                } else {
+                    n
+                }
+            })
             .collect();
     }
     let started = std::time::Instant::now();
