@@ -412,10 +412,10 @@ async fn run_step(
     let nodes: Api<Node> = Api::all(client.clone());
     let name = node.name_any();
     let mut annotations = serde_json::Map::new();
-    if !facts
+    if facts
         .annotations
         .get(machine::ENABLED_ANNOTATION)
-        .is_some_and(|v| v == "true")
+        .is_none_or(|v| v != "true")
     {
         annotations.insert(machine::ENABLED_ANNOTATION.to_owned(), json!("true"));
     }

@@ -1,8 +1,8 @@
 //! `fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--os ID:VERSION]
-//! [--delete]`: creates N fake GPU nodes (a T4 / A100 / H100 mix) plus M CPU-only nodes (default
-//! 1) on the harness in `KUBECONFIG`, without NFD's and GFD's labels with `--undiscovered` (for
-//! real NFD to find), reporting another OS than Ubuntu 22.04 with `--os` (e.g. `ubuntu:24.04`),
-//! or deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
+//! [--delete]`: creates N fake GPU nodes (a T4 / A100 / H100 mix) plus M CPU-only nodes (one by
+//! default) on the harness in `KUBECONFIG`, without NFD's and GFD's labels with `--undiscovered`
+//! (for real NFD to find), reporting another OS than Ubuntu 22.04 with `--os` (for example
+//! `ubuntu:24.04`), or deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
 
 use anyhow::{Context, Result, bail};
 use e2e::nodes;
