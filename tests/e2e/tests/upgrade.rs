@@ -705,12 +705,24 @@ async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_u
     )
     .await
     .unwrap();
-    let policy = s.await_state(State::NotReady, "unknown OS reported").await;
-    let message = session::ready_condition(&policy).unwrap().message.clone();
-    assert!(
-        message.contains("get no driver pod: flatcar-t4-0 (flatcar3975.2.0)"),
-        "{message}"
-    );
+    let want = "get no driver pod: flatcar-t4-0 (flatcar3975.2.0)";
+    wait::until(session::TIMEOUT, "unknown OS reported", || {
+        let (admin, policy) = (admin.clone(), s.policy.clone());
+        async move {
+            let p = session::policies(&admin).get(&policy).await?;
+            let message = session::ready_condition(&p)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            let not_ready = p.status.as_ref().map(|s| s.state) == Some(State::NotReady);
+            Ok(if not_ready && message.contains(want) {
+                Ok(())
+            } else {
+                Err(message)
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!driver_pods(&admin, &ns).await.contains_key(&odd));
 
