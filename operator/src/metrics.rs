@@ -18,6 +18,16 @@ struct ErrorLabels {
     reason: String,
 }
 
+/// Nodes per driver upgrade state, in the order of NVIDIA's `nodes_upgrades_*` gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpgradeCounts {
+    pub in_progress: usize,
+    pub done: usize,
+    pub failed: usize,
+    pub available: usize,
+    pub pending: usize,
+}
+
 /// `gpu_operator_reconciliation_status` as NVIDIA's operator defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReconciliationStatus {
@@ -41,8 +51,8 @@ struct NvidiaCompatible {
     reconciliation_failed: Counter,
     has_nfd_labels: Gauge,
     driver_auto_upgrade_enabled: Gauge,
-    /// `nodes_upgrades_{in_progress,done,failed,available,pending}`: driver upgrades are not
-    /// managed by this operator yet, so these stay 0 (no node is upgrading through it).
+    /// `nodes_upgrades_{in_progress,done,failed,available,pending}`: GPU nodes per driver upgrade
+    /// state (controller::upgrade), 0 while automatic upgrades are off.
     upgrades: [Gauge; 5],
     /// `openshift_driver_toolkit_{enabled,nfd_too_old,imagestream_missing,rhcos_tags_missing,
     /// imagestream_broken}`.
@@ -83,7 +93,7 @@ impl NvidiaCompatible {
         );
         registry.register(
             "driver_auto_upgrade_enabled",
-            "1 if driver auto upgrade is enabled 0 if not (this operator does not upgrade drivers automatically yet: always 0)",
+            "1 if driver auto upgrade is enabled 0 if not",
             self.driver_auto_upgrade_enabled.clone(),
         );
         let upgrades = [
@@ -96,7 +106,7 @@ impl NvidiaCompatible {
         for ((name, what), gauge) in upgrades.into_iter().zip(&self.upgrades) {
             registry.register(
                 format!("nodes_upgrades_{name}"),
-                format!("Number of nodes {what} (driver upgrades are not managed by this operator yet: always 0)"),
+                format!("Number of nodes {what}"),
                 gauge.clone(),
             );
         }
@@ -235,6 +245,24 @@ impl Metrics {
             .has_nfd_labels
             .set(i64::from(nfd_labelled_nodes > 0));
         self.nvidia.driver_toolkit[0].set(if toolkit_requested { -1 } else { 0 });
+    }
+
+    /// Driver upgrades: whether they are on, and the nodes per state (all 0 when off).
+    pub fn observe_upgrades(&self, enabled: bool, summary: &UpgradeCounts) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.nvidia
+            .driver_auto_upgrade_enabled
+            .set(i64::from(enabled));
+        let values = [
+            summary.in_progress,
+            summary.done,
+            summary.failed,
+            summary.available,
+            summary.pending,
+        ];
+        for (gauge, value) in self.nvidia.upgrades.iter().zip(values) {
+            gauge.set(count(value));
+        }
     }
 
     /// The text exposition format.

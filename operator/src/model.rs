@@ -309,18 +309,13 @@ impl Operand {
     }
 
     /// Whether the operand has objects to render under this policy and these facts (its switch,
-    /// plus: no RuntimeClasses with the NRI plugin, no driver when NVIDIADriver resources manage
-    /// it, no NFD where NFD already runs).
+    /// plus: no RuntimeClasses with the NRI plugin, no NFD where NFD already runs). The driver
+    /// stays on with `useNvidiaDriverCRD`: NVIDIADriver resources are not supported yet, and
+    /// switching the policy's driver off for them would leave GPU nodes without one.
     pub fn is_enabled(self, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
         match self {
             Operand::RuntimeClasses => !nri_enabled(spec),
-            Operand::Driver => {
-                spec.is_enabled(Component::Driver)
-                    && !spec
-                        .driver
-                        .as_ref()
-                        .is_some_and(|d| d.uses_nvidia_driver_crd())
-            }
+            Operand::Driver => spec.is_enabled(Component::Driver),
             Operand::Nfd => spec.is_enabled(Component::Nfd) && !facts.nfd_running,
             // A GPUCluster's, not a ClusterPolicy's.
             Operand::DraDriver | Operand::DraDeviceClasses => false,

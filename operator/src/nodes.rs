@@ -30,6 +30,10 @@ pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VE
 pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
 pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
+/// The driver upgrade state machine's label and its opt-out (controller::upgrade): a change
+/// wakes the reconcile, and switching upgrades off clears the label where it is.
+pub const DRIVER_UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+pub const DRIVER_UPGRADE_SKIP: &str = "nvidia.com/gpu-driver-upgrade.skip";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
@@ -102,6 +106,8 @@ fn is_read_label(key: &str) -> bool {
             DEVICE_PLUGIN_CONFIG,
             MIG_CONFIG,
             MIG_CONFIG_STATE,
+            DRIVER_UPGRADE_STATE,
+            DRIVER_UPGRADE_SKIP,
         ]
         .contains(&key)
 }

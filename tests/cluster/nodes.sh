@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates N fake GPU nodes (a T4 / A100 / H100 mix with NFD and GFD labels, capacity, nodeInfo)
 # plus one CPU-only node on the running harness; `--taint` adds nvidia.com/gpu=present:NoSchedule,
-# `--undiscovered` leaves out NFD's and GFD's labels (for real NFD to find the GPUs).
-#   nodes.sh N [--taint] [--prefix NAME] [--cpu-nodes M] [--undiscovered]
+# `--undiscovered` leaves out NFD's and GFD's labels (for real NFD to find the GPUs), `--os
+# ubuntu:24.04` makes the GPU nodes report another OS than Ubuntu 22.04 (NFD's os_release labels).
+#   nodes.sh N [--taint] [--prefix NAME] [--cpu-nodes M] [--undiscovered] [--os ID:VERSION]
 #   nodes.sh --delete          removes every fake node
 # The node shapes live in tests/e2e/src/nodes.rs, shared with the Rust tests.
 set -euo pipefail

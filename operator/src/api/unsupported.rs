@@ -4,7 +4,7 @@
 //!
 //! Two kinds of entries: an enabled section whose operand this operator does not deploy
 //! (`spec.gds`), and a field inside an acted-on part of the policy that no render or controller
-//! code reads (`spec.driver.upgradePolicy.autoUpgrade`). A field counts only when it asks for
+//! code reads (`spec.driver.livenessProbe`). A field counts only when it asks for
 //! something: `false`, empty values and the CRD's own default ask for nothing, so a policy that
 //! only holds server-side defaults reports nothing.
 
@@ -56,8 +56,9 @@ pub const NOT_ACTED_ON: [(&str, &str); 15] = [
         "the driver container keeps its built-in readiness probe",
     ),
     (
-        "spec.driver.upgradePolicy",
-        "automatic driver upgrades are not performed; driver pods are replaced by deleting them",
+        "spec.driver.useNvidiaDriverCRD",
+        "NVIDIADriver resources are not supported yet; the ClusterPolicy's driver settings keep \
+         deploying the driver on every GPU node",
     ),
     (
         "spec.dcgm.hostPort",
@@ -84,7 +85,7 @@ pub const NOT_ACTED_ON: [(&str, &str); 15] = [
 /// One field or section that the policy sets and this operator does not act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unsupported {
-    /// Field path, such as `spec.driver.upgradePolicy.autoUpgrade` or `spec.gds`.
+    /// Field path, such as `spec.driver.livenessProbe` or `spec.gds`.
     pub path: String,
     /// Why it has no effect.
     pub why: &'static str,
@@ -219,8 +220,6 @@ mod tests {
                 "spec.operator.metrics.serviceMonitor.interval",
                 "spec.psp.enabled",
                 "spec.driver.livenessProbe.periodSeconds",
-                "spec.driver.upgradePolicy.autoUpgrade",
-                "spec.driver.upgradePolicy.drain.enable",
                 "spec.dcgm.hostPort",
                 "spec.validator.vfioPCI.env",
             ]

@@ -401,6 +401,7 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
         explained: &BTreeSet::new(),
         previous: None,
         now,
+        driver_upgrade: None,
     });
     let status = GpuClusterStatus {
         state: match computed.state {

@@ -32,6 +32,7 @@ mod plan_tests;
 mod resolve;
 pub mod status;
 pub mod stores;
+pub mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -82,6 +83,8 @@ pub enum Error {
     },
     #[error(transparent)]
     NfdCrds(#[from] nfd_crds::Error),
+    #[error("driver upgrades: {0}")]
+    Upgrade(#[source] kube::Error),
     #[error("labelling nodes: {0}")]
     Labels(#[source] kube::Error),
     #[error("labelling namespace {namespace} for privileged pods (Pod Security): {source}")]
@@ -111,6 +114,7 @@ impl Error {
             Error::Status { .. } => "StatusFailed",
             Error::Labels(_) => "LabelFailed",
             Error::NfdCrds(_) => "NfdCrdsFailed",
+            Error::Upgrade(_) => "UpgradeFailed",
             Error::Namespace { .. } => "NamespaceLabelFailed",
         }
     }
@@ -296,6 +300,7 @@ async fn report_failure(
         unsettled: &[],
         labels_in_flight: 0,
         explained: &BTreeSet::new(),
+        driver_upgrade: None,
         previous: policy.status.as_ref(),
         now,
     });
@@ -347,6 +352,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
     }
     let applied = apply(policy, ctx, &desired).await?;
     let observed = observe::observe(&ctx.client, &ctx.stores).await;
+    let upgrades = upgrade_drivers(policy, ctx, &observed, &labelled.nodes).await?;
     let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &labelled.nodes);
     let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
     let notes: Vec<String> = validated
@@ -381,18 +387,52 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         unsettled: &applied.unsettled(),
         labels_in_flight: labelled.in_flight,
         explained: &explained,
+        driver_upgrade: upgrades.summary.as_ref(),
         previous: policy.status.as_ref(),
         now,
     });
     report_status(policy, ctx, &status, &labelled.nodes).await?;
-    Ok(requeue(
+    let again = requeue(
         ctx,
         &status,
         &desired,
         &applied,
         &labelled,
         mismatched.len() > explained.len(),
-    ))
+    );
+    // A node between upgrade states moves on as soon as the cluster shows its last step.
+    let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
+    Ok(again.into_iter().chain(upgrading).min())
+}
+
+/// How soon a pass looks again while a driver upgrade is under way (evictions and pod
+/// restarts show in no watch of ours).
+const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
+
+/// Upgrade stage: the driver upgrade state machine (controller::upgrade), and its gauges. With
+/// NVIDIA's operator live, or the policy being deleted, it changes nothing.
+async fn upgrade_drivers(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    observed: &observe::Observed,
+    nodes: &[crate::nodes::NodeView],
+) -> Result<upgrade::Report, Error> {
+    if ctx.resolver.discovered.nvidia_operator.is_some() || !still_in_force(ctx, policy) {
+        return Ok(upgrade::Report::default());
+    }
+    let report = upgrade::reconcile(
+        &ctx.client,
+        &ctx.settings.namespace,
+        &policy.spec,
+        &observed.daemon_sets,
+        nodes,
+        &ctx.recorder,
+    )
+    .await
+    .map_err(Error::Upgrade)?;
+    ctx.metrics
+        .observe_upgrades(upgrade::enabled(&policy.spec), &report.counts());
+    Ok(report)
 }
 
 /// What the label stage did: the nodes as the pass sees them, and what is still in flight.

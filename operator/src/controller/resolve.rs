@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::stores::Stores;
 use crate::api::{ClusterPolicy, Component};
 use crate::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
-use crate::nodes::{NodeView, OS_ID, OS_VERSION_ID};
+use crate::nodes::NodeView;
 use crate::operands::device_plugin;
 
 /// Optional APIs and coexistence facts found at start-up (decision 14).
@@ -292,7 +292,23 @@ impl Resolver {
             namespace: self.namespace.clone(),
             owner: owner_reference(policy),
             runtime,
-            os_tag: os_tag(&gpu_nodes),
+            os_tag: {
+                // The OS the live driver DaemonSet runs stays the primary one (driver_os).
+                let live = stores
+                    .daemon_sets
+                    .get(&ObjectRef::new(crate::operands::driver::NAME).within(&self.namespace))
+                    .and_then(|ds| {
+                        let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
+                        let main = pod
+                            .containers
+                            .iter()
+                            .find(|c| c.name == crate::operands::driver::MAIN_CONTAINER)?;
+                        crate::operands::driver_os::image_os_suffix(main.image.as_deref()?)
+                            .map(str::to_owned)
+                    });
+                let owned: Vec<NodeView> = gpu_nodes.iter().map(|n| (*n).clone()).collect();
+                crate::operands::driver_os::primary_os(&owned, live.as_deref())
+            },
             openshift: self.discovered.openshift,
             service_monitor_api: self.discovered.service_monitor,
             nfd_running: nfd_running.is_some(),
@@ -380,21 +396,6 @@ fn parse_runtime(version: &str) -> Runtime {
     }
 }
 
-/// `<ID><VERSION_ID>` of the first GPU node (by name) with NFD's OS labels; RHEL-like
-/// distributions keep only the major version, as NVIDIA's driver images are tagged.
-fn os_tag(gpu_nodes: &[&NodeView]) -> Option<String> {
-    gpu_nodes.iter().find_map(|n| {
-        let id = n.label(OS_ID)?;
-        let version = n.label(OS_VERSION_ID)?;
-        let version = if matches!(id, "rhel" | "rocky" | "ol") {
-            version.split('.').next().unwrap_or(version)
-        } else {
-            version
-        };
-        Some(format!("{id}{version}"))
-    })
-}
-
 /// Controller owner reference to the policy, so deleting it garbage-collects every operand.
 pub fn owner_reference(policy: &ClusterPolicy) -> Option<OwnerReference> {
     let mut reference = policy.controller_owner_ref(&())?;
@@ -412,6 +413,7 @@ pub fn image_env_from_process() -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nodes::{OS_ID, OS_VERSION_ID};
 
     fn view(name: &str, id: &str, version: &str) -> NodeView {
         let labels = [
@@ -424,15 +426,16 @@ mod tests {
 
     #[test]
     fn os_tag_keeps_full_version_except_for_rhel_family() {
+        use crate::operands::driver_os::primary_os;
         assert_eq!(
-            os_tag(&[&view("a", "ubuntu", "22.04")]).as_deref(),
+            primary_os(&[view("a", "ubuntu", "22.04")], None).as_deref(),
             Some("ubuntu22.04")
         );
         assert_eq!(
-            os_tag(&[&view("a", "rhel", "9.4")]).as_deref(),
+            primary_os(&[view("a", "rhel", "9.4")], None).as_deref(),
             Some("rhel9")
         );
-        assert_eq!(os_tag(&[]), None);
+        assert_eq!(primary_os(&[], None), None);
     }
 
     #[test]

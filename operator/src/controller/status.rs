@@ -65,6 +65,9 @@ pub struct StatusInputs<'a> {
     /// DaemonSets whose pod count has differed from their labelled nodes for a while: only
     /// these are told what usually causes it (see [`label_mismatches`]).
     pub explained: &'a std::collections::BTreeSet<String>,
+    /// Driver upgrade progress while automatic upgrades are on: shown on the driver's
+    /// components; a failed node makes the driver not ready.
+    pub driver_upgrade: Option<&'a super::upgrade::machine::Summary>,
     pub previous: Option<&'a ClusterPolicyStatus>,
     pub now: Time,
 }
@@ -366,6 +369,15 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         readiness.message =
                             format!("invalid configuration: {problem}; {}", readiness.message);
                     }
+                    if let Some(upgrade) = inputs
+                        .driver_upgrade
+                        .filter(|_| operand == Operand::Driver && is_daemonset)
+                    {
+                        readiness
+                            .message
+                            .push_str(&format!("; driver upgrade: {}", upgrade.line()));
+                        readiness.ready &= upgrade.failed.is_empty();
+                    }
                     enabled_workloads += 1;
                     if readiness.ready {
                         ready_workloads += 1;
@@ -621,8 +633,8 @@ mod tests {
             "spec.gds is accepted but not acted on by this operator (enabled, but this operator \
              does not deploy it)"
                 .to_owned(),
-            "spec.driver.upgradePolicy.autoUpgrade is accepted but not acted on by this \
-             operator (automatic driver upgrades are not performed)"
+            "spec.driver.livenessProbe is accepted but not acted on by this \
+             operator (the driver container keeps its built-in liveness probe)"
                 .to_owned(),
         ];
         let c = unsupported_condition(&lines, Some(4), None, &now).unwrap();
@@ -633,8 +645,7 @@ mod tests {
         assert_eq!(c.observed_generation, Some(4));
         assert!(c.message.contains("spec.gds is accepted"), "{}", c.message);
         assert!(
-            c.message
-                .contains("; spec.driver.upgradePolicy.autoUpgrade"),
+            c.message.contains("; spec.driver.livenessProbe"),
             "{}",
             c.message
         );

@@ -20,7 +20,7 @@ use super::common::{
     self, COMPONENT_LABEL, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env,
     env_field, host_path_volume, merge_user_env, mount, rule, set_env,
 };
-use super::openshift;
+use super::{driver_os, openshift};
 use crate::api::{
     ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, ImageKind, KernelModuleType,
 };
@@ -172,14 +172,92 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
         .collect()
 }
 
+/// The driver's objects: one DaemonSet for a fleet of one OS, else one per OS of the GPU nodes
+/// (operands::driver_os), each with its OS's image tag and an OS node selector.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let image = common::image(policy, ImageKind::Driver);
+    let mut objects = render_os(policy, facts, image.clone())?;
+    let Some(pools) = driver_os::split(facts) else {
+        return Some(objects);
+    };
+    let primary = facts.os_tag.clone().unwrap_or_default();
+    let mut daemon_sets = Vec::new();
+    for pool in &pools {
+        let mut ds = if pool.tag == primary {
+            objects.daemon_sets.first()?.clone()
+        } else {
+            let pool_facts = ClusterFacts {
+                os_tag: Some(pool.tag.clone()),
+                ..facts.clone()
+            };
+            let image = match image.strip_suffix(&format!("-{primary}")) {
+                Some(reference) => format!("{reference}-{}", pool.tag),
+                // A digest pins one image for every OS.
+                None => image.clone(),
+            };
+            render_os(policy, &pool_facts, image)?
+                .daemon_sets
+                .into_iter()
+                .next()?
+        };
+        let rename = (pool.tag != primary).then(|| format!("{NAME}-{}", pool.tag));
+        select_os(&mut ds, pool, rename);
+        daemon_sets.push(ds);
+    }
+    objects.daemon_sets = daemon_sets;
+    Some(objects)
+}
+
+/// Limits a driver DaemonSet to one OS's nodes, under its own name (and `app` label, which its
+/// selector uses) when it is not the primary one.
+fn select_os(
+    ds: &mut k8s_openapi::api::apps::v1::DaemonSet,
+    pool: &driver_os::OsPool,
+    rename: Option<String>,
+) {
+    let Some(spec) = ds.spec.as_mut() else {
+        return;
+    };
+    if let Some(pod) = spec.template.spec.as_mut() {
+        let selector = pod.node_selector.get_or_insert_with(BTreeMap::new);
+        for (key, value) in &pool.selector {
+            selector.insert(key.clone(), value.clone());
+        }
+    }
+    let Some(name) = rename else {
+        return;
+    };
+    let set_app = |labels: &mut Option<BTreeMap<String, String>>| {
+        labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(common::APP_LABEL.to_owned(), name.clone());
+    };
+    set_app(&mut spec.selector.match_labels);
+    set_app(
+        &mut spec
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .labels,
+    );
+    set_app(&mut ds.metadata.labels);
+    ds.metadata.name = Some(name);
+}
+
+/// The driver's objects for the GPU nodes of `facts.os_tag`, with driver image `image`.
+fn render_os(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    image: String,
+) -> Option<OperandObjects> {
     let spec = &policy.spec;
     let default_driver = DriverSpec::default();
     let driver = spec.driver.as_ref().unwrap_or(&default_driver);
-    if !spec.is_enabled(Component::Driver) || driver.uses_nvidia_driver_crd() {
+    // `useNvidiaDriverCRD` does not switch it off: NVIDIADriver resources are not supported
+    // yet (the field is reported as not acted on), and no GPU node may lose its driver.
+    if !spec.is_enabled(Component::Driver) {
         return None;
     }
-    let image = common::image(policy, ImageKind::Driver);
     let rdma = driver.rdma_enabled();
     let host_mofed = driver.rdma.as_ref().is_some_and(|r| r.uses_host_mofed());
     let os = facts.os_tag.as_deref().map(os_id).unwrap_or_default();

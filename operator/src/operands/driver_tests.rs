@@ -121,7 +121,7 @@ fn driver_probe_overrides_rdma_sidecar_and_digest_changes_with_driver_settings()
 }
 
 #[test]
-fn driver_is_invalid_without_os_and_absent_with_the_nvidia_driver_crd() {
+fn driver_is_invalid_without_os_and_stays_with_the_unsupported_nvidia_driver_crd() {
     let s = state(
         "{}",
         &ClusterFacts {
@@ -130,6 +130,149 @@ fn driver_is_invalid_without_os_and_absent_with_the_nvidia_driver_crd() {
         },
     );
     assert!(matches!(&s.operands[2].outcome, Outcome::Invalid(m) if m.contains("OS suffix")));
+    // NVIDIADriver resources are not supported: the policy's driver stays, and the field is
+    // named as not acted on.
     let s = state("{driver: {useNvidiaDriverCRD: true}}", &facts());
-    assert!(matches!(s.operands[2].outcome, Outcome::Disabled));
+    assert!(matches!(s.operands[2].outcome, Outcome::Rendered(_)));
+    let spec: crate::api::ClusterPolicySpec =
+        serde_yaml_ng::from_str("{driver: {useNvidiaDriverCRD: true}}").unwrap();
+    assert!(
+        spec.unsupported_fields()
+            .iter()
+            .any(|u| u.path == "spec.driver.useNvidiaDriverCRD")
+    );
+}
+
+/// GPU nodes reporting `(name, Some((ID, VERSION_ID)))` through NFD, for mixed-OS fleets.
+fn fleet(nodes: &[(&str, Option<(&str, &str)>)], primary: &str) -> ClusterFacts {
+    let gpu_nodes = nodes
+        .iter()
+        .map(|(name, os)| {
+            let mut labels: BTreeMap<String, String> = [(
+                "feature.node.kubernetes.io/pci-10de.present".to_owned(),
+                "true".to_owned(),
+            )]
+            .into();
+            if let Some((id, version)) = os {
+                labels.insert(crate::nodes::OS_ID.to_owned(), (*id).to_owned());
+                labels.insert(
+                    crate::nodes::OS_VERSION_ID.to_owned(),
+                    (*version).to_owned(),
+                );
+            }
+            crate::nodes::NodeView::from_labels(name, None, &labels)
+        })
+        .collect();
+    ClusterFacts {
+        os_tag: Some(primary.to_owned()),
+        gpu_nodes,
+        ..facts()
+    }
+}
+
+#[test]
+fn one_os_keeps_one_daemonset_without_an_os_selector() {
+    let f = fleet(
+        &[
+            ("a", Some(("ubuntu", "22.04"))),
+            ("b", Some(("ubuntu", "22.04"))),
+        ],
+        "ubuntu22.04",
+    );
+    let objects = objects("{}", &f, Operand::Driver);
+    assert_eq!(objects.daemon_sets.len(), 1);
+    let p = pod(&objects.daemon_sets[0]);
+    assert!(!p.node_selector.unwrap().contains_key(crate::nodes::OS_ID));
+}
+
+#[test]
+fn ubuntu_22_04_and_24_04_nodes_get_one_driver_daemonset_each_with_the_matching_tag() {
+    let f = fleet(
+        &[
+            ("a", Some(("ubuntu", "22.04"))),
+            ("b", Some(("ubuntu", "24.04"))),
+            ("c", Some(("ubuntu", "24.04"))),
+        ],
+        "ubuntu22.04",
+    );
+    let objects = objects("{}", &f, Operand::Driver);
+    let by_name: BTreeMap<String, &DaemonSet> = objects
+        .daemon_sets
+        .iter()
+        .map(|d| (d.metadata.name.clone().unwrap(), d))
+        .collect();
+    assert_eq!(
+        by_name.keys().collect::<Vec<_>>(),
+        [
+            "nvidia-driver-daemonset",
+            "nvidia-driver-daemonset-ubuntu24.04"
+        ]
+    );
+    for (name, version) in [
+        ("nvidia-driver-daemonset", "22.04"),
+        ("nvidia-driver-daemonset-ubuntu24.04", "24.04"),
+    ] {
+        let ds = by_name[name];
+        let p = pod(ds);
+        let image = container(&p, "nvidia-driver-ctr").image.unwrap();
+        assert_eq!(
+            image,
+            format!("nvcr.io/nvidia/driver:595.91.07-ubuntu{version}")
+        );
+        let selector = p.node_selector.unwrap();
+        assert_eq!(selector[crate::nodes::OS_ID], "ubuntu");
+        assert_eq!(selector[crate::nodes::OS_VERSION_ID], version);
+        assert_eq!(selector["nvidia.com/gpu.deploy.driver"], "true");
+        // Its own selector and app label, so the two DaemonSets never claim each other's pods.
+        let spec = ds.spec.as_ref().unwrap();
+        assert_eq!(spec.selector.match_labels.as_ref().unwrap()["app"], name);
+        assert_eq!(
+            spec.template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()["app"],
+            name
+        );
+        assert_eq!(
+            spec.template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()["app.kubernetes.io/component"],
+            "nvidia-driver"
+        );
+    }
+    let s = state("{}", &f);
+    assert!(
+        !s.operands
+            .iter()
+            .any(|o| matches!(o.outcome, Outcome::Invalid(_)))
+    );
+}
+
+#[test]
+fn nodes_of_an_unknown_os_get_no_driver_daemonset_and_are_reported() {
+    let f = fleet(
+        &[
+            ("a", Some(("ubuntu", "22.04"))),
+            ("f", Some(("flatcar", "3975"))),
+            ("g", None),
+        ],
+        "ubuntu22.04",
+    );
+    let objects = objects("{}", &f, Operand::Driver);
+    assert_eq!(objects.daemon_sets.len(), 1);
+    let selector = pod(&objects.daemon_sets[0]).node_selector.unwrap();
+    assert_eq!(selector[crate::nodes::OS_VERSION_ID], "22.04");
+    let p = policy_with("{}", &f);
+    let reported = &p.reported[&Operand::Driver];
+    assert!(
+        reported.contains("get no driver pod: f (flatcar3975), g (no NFD OS labels)"),
+        "{reported}"
+    );
 }

@@ -8,6 +8,7 @@ pub mod dcgm_exporter;
 pub mod device_plugin;
 pub mod dra_driver;
 pub mod driver;
+pub mod driver_os;
 pub mod gfd;
 pub mod mig_manager;
 pub mod mps;
@@ -91,6 +92,7 @@ pub fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -
 pub fn report(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Option<String> {
     match operand {
         Operand::MigManager => mig_manager::report(facts),
+        Operand::Driver => driver_os::report(facts),
         _ => {
             let _ = spec;
             None

@@ -243,9 +243,8 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
             json!({"driver": {"readinessProbe": {"periodSeconds": 7}}}),
         ),
         (
-            "spec.driver.upgradePolicy",
-            json!({"driver": {"upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 3,
-                "drain": {"enable": true}}}}),
+            "spec.driver.useNvidiaDriverCRD",
+            json!({"driver": {"useNvidiaDriverCRD": true}}),
         ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (

@@ -26,10 +26,6 @@ fn disabled_operands_render_nothing_and_report_disabled() {
         ("{migManager: {enabled: false}}", vec![Operand::MigManager]),
         ("{nfd: {enabled: false}}", vec![Operand::Nfd]),
         (
-            "{driver: {useNvidiaDriverCRD: true}}",
-            vec![Operand::Driver],
-        ),
-        (
             "{cdi: {enabled: true, nriPluginEnabled: true}}",
             vec![Operand::RuntimeClasses],
         ),

@@ -165,8 +165,11 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["securitycontextconstraints"],
             &CRUD,
         ),
-        // Diagnostics of unavailable operand pods, on demand.
-        rule(&[""], &["pods"], &["get", "list"]),
+        // Diagnostics of unavailable operand pods, on demand; driver upgrades delete the old
+        // driver and validator pods and read the pods of the nodes they drain.
+        rule(&[""], &["pods"], &["get", "list", "delete"]),
+        // Driver upgrades evict GPU pods through the Eviction API (PDBs respected).
+        rule(&[""], &["pods/eviction"], &["create"]),
         // PSA labels on the operator's namespace.
         rule(&[""], &["namespaces"], &["get", "patch"]),
         rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),

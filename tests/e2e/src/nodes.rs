@@ -227,6 +227,13 @@ impl FakeNode {
             .map(|m| (m.pci_device_id(), format!("0x{}00", m.facts().pci_class)))
     }
 
+    /// Reports another OS through NFD's `system-os_release.ID` and `VERSION_ID` (and the
+    /// node's `osImage`).
+    pub fn os(mut self, id: &str, version: &str) -> Self {
+        self.os = (id.to_owned(), version.to_owned());
+        self
+    }
+
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.extra_labels.insert(key.into(), value.into());
         self

@@ -1,7 +1,8 @@
-//! `fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--delete]`: creates N
-//! fake GPU nodes (a T4 / A100 / H100 mix) plus M CPU-only nodes (default 1) on the harness in
-//! `KUBECONFIG`, without NFD's and GFD's labels with `--undiscovered` (for real NFD to find), or
-//! deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
+//! `fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--os ID:VERSION]
+//! [--delete]`: creates N fake GPU nodes (a T4 / A100 / H100 mix) plus M CPU-only nodes (one by
+//! default) on the harness in `KUBECONFIG`, without NFD's and GFD's labels with `--undiscovered`
+//! (for real NFD to find), reporting another OS than Ubuntu 22.04 with `--os` (for example
+//! `ubuntu:24.04`), or deletes every fake node with `--delete`. Used by tests/cluster/nodes.sh.
 
 use anyhow::{Context, Result, bail};
 use e2e::nodes;
@@ -14,6 +15,7 @@ async fn main() -> Result<()> {
     let (mut count, mut prefix, mut taint, mut cpu_nodes, mut delete) =
         (None, "gpu-node".to_string(), false, 1, false);
     let mut undiscovered = false;
+    let mut os: Option<(String, String)> = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--prefix" => prefix = args.next().context("--prefix needs a value")?,
@@ -22,10 +24,19 @@ async fn main() -> Result<()> {
                 cpu_nodes = args.next().context("--cpu-nodes needs a value")?.parse()?
             }
             "--undiscovered" => undiscovered = true,
+            "--os" => {
+                let value = args
+                    .next()
+                    .context("--os needs ID:VERSION, e.g. ubuntu:24.04")?;
+                let (id, version) = value
+                    .split_once(':')
+                    .context("--os needs ID:VERSION, e.g. ubuntu:24.04")?;
+                os = Some((id.to_owned(), version.to_owned()));
+            }
             "--delete" => delete = true,
             n if count.is_none() && n.parse::<usize>().is_ok() => count = n.parse().ok(),
             other => bail!(
-                "unknown argument {other}; usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] | --delete"
+                "unknown argument {other}; usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--os ID:VERSION] | --delete"
             ),
         }
     }
@@ -47,11 +58,23 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     let count = count.context(
-        "usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] | --delete",
+        "usage: fake-nodes N [--prefix P] [--taint] [--cpu-nodes M] [--undiscovered] [--os ID:VERSION] | --delete",
     )?;
     let mut fleet = nodes::fleet(&prefix, count, cpu_nodes, taint);
     if undiscovered {
         fleet = fleet.into_iter().map(|n| n.undiscovered()).collect();
+    }
+    if let Some((id, version)) = os {
+        fleet = fleet
+            .into_iter()
+            .map(|n| {
+                if n.gpu.is_some() {
+                    n.os(&id, &version)
+                } else {
+                    n
+                }
+            })
+            .collect();
     }
     let started = std::time::Instant::now();
     nodes::create(&client, &fleet).await?;

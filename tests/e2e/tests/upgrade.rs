@@ -1,0 +1,732 @@
+//! Driver upgrades on the harness (docs/driver-upgrades.md): NVIDIA's per-node state machine
+//! rolling a driver version bump over the fleet, with real evictions, PodDisruptionBudgets and
+//! DaemonSet pod replacement. The operator runs on its generated ClusterRole, so every API call
+//! an upgrade makes is proven allowed to the chart's identity.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use e2e::audit::AuditLog;
+use e2e::chaos::CrashLoop;
+use e2e::cluster::unique_name;
+use e2e::nodes::{self, GpuModel};
+use e2e::operator::{Operator, OperatorIdentity};
+use e2e::session::{self, Setup};
+use e2e::wait;
+use gpu_operator::api::State;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+const DRIVER: &str = "nvidia-driver-daemonset";
+const ROLLOUT: Duration = Duration::from_secs(240);
+/// States a node holds a parallel slot in (NVIDIA's "in progress", failed included).
+const BETWEEN: [&str; 8] = [
+    "cordon-required",
+    "wait-for-jobs-required",
+    "pod-deletion-required",
+    "drain-required",
+    "pod-restart-required",
+    "validation-required",
+    "uncordon-required",
+    "upgrade-failed",
+];
+
+/// The driver version bump (repository, image and version go together).
+fn bump() -> serde_json::Value {
+    json!({"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "600.10.01"}}})
+}
+
+/// A session whose operator runs on the generated ClusterRole (not cluster-admin).
+async fn start_on_generated_rbac(spec: serde_json::Value) -> (Setup, String) {
+    let admin = e2e::client().await.unwrap();
+    e2e::crd::install_cluster_policy_crd(&admin, "e2e-upgrade-test")
+        .await
+        .unwrap();
+    session::remove_leftovers(&admin).await;
+    clean_nodes(&admin).await;
+    // Workloads a failed run left (their pods would come back on nodes of the same name).
+    let namespaces = Api::<Namespace>::all(admin.clone());
+    let left = ListParams::default().labels(&format!("{WORKLOADS}=true"));
+    for ns in namespaces.list(&left).await.unwrap().items {
+        let _ = namespaces
+            .delete(&ns.name_any(), &DeleteParams::default())
+            .await;
+    }
+    wait::until_none_left(
+        &namespaces,
+        &left,
+        session::TIMEOUT,
+        "old workload namespaces gone",
+    )
+    .await
+    .unwrap();
+    let role_name = unique_name("gpu-operator-upgrade");
+    let mut role = gpu_operator::render::rbac::operator_cluster_role();
+    role.metadata = kube::api::ObjectMeta {
+        name: Some(role_name.clone()),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let identity = OperatorIdentity::create(&admin, &role_name).await.unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
+    let policy = unique_name("cluster-policy");
+    session::create_policy(&admin, &policy, spec).await;
+    (
+        Setup {
+            admin,
+            identity,
+            operator,
+            policy,
+        },
+        role_name,
+    )
+}
+
+/// Asks the API server whether the operator's identity may `verb` `resource`.
+async fn allowed(
+    admin: &Client,
+    user: &str,
+    verb: &str,
+    resource: &str,
+    sub: Option<&str>,
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource: sub.map(str::to_owned),
+                namespace: Some("ml".to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// Every GPU node's upgrade state label and cordon.
+async fn node_states(admin: &Client) -> BTreeMap<String, (String, bool)> {
+    Api::<Node>::all(admin.clone())
+        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| {
+            let state = n.labels().get(STATE).cloned().unwrap_or_default();
+            let cordoned = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            (n.name_any(), (state, cordoned))
+        })
+        .collect()
+}
+
+/// The driver pod of each node (of any driver DaemonSet), by node.
+async fn driver_pods(admin: &Client, namespace: &str) -> BTreeMap<String, Pod> {
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=nvidia-driver"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+        .collect()
+}
+
+fn image(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == "nvidia-driver-ctr"))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+async fn cordon(admin: &Client, node: &str, on: bool) {
+    Api::<Node>::all(admin.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// A bare pod pinned to `node` (kwok runs it).
+fn workload(ns: &str, name: &str, node: &str, gpu: bool, runtime_class: bool, app: &str) -> Pod {
+    let mut container = json!({"name": "work", "image": "registry.example/train:1"});
+    if gpu {
+        container["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    }
+    let mut spec = json!({"nodeName": node, "containers": [container]});
+    if runtime_class {
+        spec["runtimeClassName"] = json!("nvidia");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+        "spec": spec
+    }))
+    .unwrap()
+}
+
+/// Label of the workload namespaces these tests make (removed again by the next test).
+const WORKLOADS: &str = "gpu-operator.test/upgrade-workloads";
+
+async fn ensure_namespace(admin: &Client, name: &str) {
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {WORKLOADS: "true"}}}))
+            .unwrap();
+    match Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating namespace {name}: {e}"),
+    }
+}
+
+/// Waits until every GPU node is `upgrade-done` with a driver pod on the current image (or,
+/// for the nodes in `failed`, `upgrade-failed`).
+async fn await_states(
+    s: &Setup,
+    done: &BTreeSet<String>,
+    failed: &BTreeSet<String>,
+    image_tag: &str,
+    what: &str,
+) {
+    let admin = &s.admin;
+    let ns = &s.identity.namespace;
+    wait::until(ROLLOUT, what, || async move {
+        let states = node_states(admin).await;
+        let pods = driver_pods(admin, ns).await;
+        let wrong: Vec<String> = states
+            .iter()
+            .filter(|(node, (state, _))| {
+                if failed.contains(*node) {
+                    state != "upgrade-failed"
+                } else if done.contains(*node) {
+                    state != "upgrade-done"
+                        || !pods
+                            .get(*node)
+                            .is_some_and(|p| image(p).contains(image_tag))
+                } else {
+                    false
+                }
+            })
+            .map(|(node, (state, _))| format!("{node}={state}"))
+            .collect();
+        Ok(if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join(", "))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+}
+
+/// Samples the nodes while the rollout runs: the most nodes seen at once that were cordoned by
+/// the upgrade or between states (`exempt`: a node cordoned beforehand).
+fn sample_concurrency(
+    admin: Client,
+    exempt: String,
+) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
+    let most = Arc::new(Mutex::new(0usize));
+    let seen = most.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let busy = node_states(&admin)
+                .await
+                .iter()
+                .filter(|(node, (state, cordoned))| {
+                    **node != exempt && (*cordoned || BETWEEN.contains(&state.as_str()))
+                })
+                .count();
+            {
+                let mut m = seen.lock().unwrap();
+                *m = (*m).max(busy);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    (most, task)
+}
+
+/// Removes what the upgrade left on the standard fleet (labels, annotations, cordons), so the
+/// next test starts from plain nodes.
+async fn clean_nodes(admin: &Client) {
+    let api = Api::<Node>::all(admin.clone());
+    for node in api.list(&ListParams::default()).await.unwrap().items {
+        let annotations: serde_json::Map<String, serde_json::Value> = node
+            .annotations()
+            .keys()
+            .filter(|k| k.contains("driver-upgrade"))
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let patch = json!({
+            "metadata": {"labels": {STATE: null}, "annotations": annotations},
+            "spec": {"unschedulable": null}
+        });
+        api.patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn teardown(s: Setup, role: &str, extra_nodes: &[String]) {
+    let admin = s.admin.clone();
+    s.teardown().await;
+    nodes::delete(&admin, extra_nodes).await.unwrap();
+    clean_nodes(&admin).await;
+    Api::<ClusterRole>::all(admin.clone())
+        .delete(role, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+use k8s_openapi::api::core::v1::Namespace;
+
+#[tokio::test]
+async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_pods_and_honouring_a_pdb()
+ {
+    let spec = json!({"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 3, "maxUnavailable": "50%",
+        "podDeletion": {"force": true, "timeoutSeconds": 60},
+        "drain": {"enable": true, "force": true, "timeoutSeconds": 6}
+    }}});
+    let (s, role) = start_on_generated_rbac(spec).await;
+    let admin = s.admin.clone();
+    // The standard fleet's 6 GPU nodes and 6 more: 12.
+    let extra: Vec<String> = (0..6).map(|i| format!("upg-t4-{i}")).collect();
+    let fleet: Vec<_> = extra
+        .iter()
+        .map(|n| {
+            let mut node = session::ephemeral_gpu_node(n, GpuModel::T4);
+            node.advertise_gpus = true;
+            node
+        })
+        .collect();
+    nodes::create(&admin, &fleet).await.unwrap();
+    s.await_state(State::Ready, "policy ready on 12 GPU nodes")
+        .await;
+    let before = driver_pods(&admin, &s.identity.namespace).await;
+    assert_eq!(before.len(), 12, "{:?}", before.keys());
+    // Upgrades on: every node is looked at and found current.
+    let all: BTreeSet<String> = before.keys().cloned().collect();
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done before the bump",
+    )
+    .await;
+
+    // The chart's identity may do what an upgrade does.
+    let user = s.identity.username();
+    assert!(allowed(&admin, &user, "create", "pods", Some("eviction")).await);
+    assert!(allowed(&admin, &user, "delete", "pods", None).await);
+
+    // Workloads: a GPU-requesting pod, a RuntimeClass-only pod, a pod a PDB protects, and a
+    // node cordoned by someone else.
+    let ml = unique_name("ml");
+    ensure_namespace(&admin, &ml).await;
+    let pods = Api::<Pod>::namespaced(admin.clone(), &ml);
+    for pod in [
+        workload(&ml, "gpu-job", "upg-t4-0", true, false, "gpu-job"),
+        workload(&ml, "rc-job", "upg-t4-1", false, true, "rc-job"),
+        workload(&ml, "guarded", "upg-t4-2", false, false, "guarded"),
+    ] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "guarded", "namespace": ml},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .unwrap();
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ml);
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    wait::until(session::TIMEOUT, "PDB observed, workloads running", || {
+        let (pdbs, pods) = (pdbs.clone(), pods.clone());
+        async move {
+            let status = pdbs.get("guarded").await?.status;
+            let running = pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            Ok(match status {
+                Some(st) if st.current_healthy == Some(1) && running == 3 => Ok(()),
+                other => Err(format!("{other:?}, {running} running")),
+            })
+        }
+    })
+    .await
+    .unwrap();
+    cordon(&admin, "upg-t4-3", true).await;
+
+    // The bump.
+    let audit = AuditLog::from_env().unwrap();
+    let mark = audit.mark().unwrap();
+    let (most, sampler) = sample_concurrency(admin.clone(), "upg-t4-3".to_owned());
+    s.patch_policy(bump()).await;
+    let mut done = all.clone();
+    done.remove("upg-t4-2");
+    let failed = BTreeSet::from(["upg-t4-2".to_owned()]);
+    await_states(
+        &s,
+        &done,
+        &failed,
+        "600.10.01",
+        "11 nodes upgraded, the PDB's node failed",
+    )
+    .await;
+
+    // The PDB held its node until the drain timeout, and status names it.
+    let message = session::ready_message(&admin, &s.policy).await.unwrap();
+    assert!(
+        message.contains("11 of 12 nodes upgraded")
+            && message.contains("1 failed: upg-t4-2: drain timed out after 6s")
+            && message.contains(&format!("{ml}/guarded")),
+        "{message}"
+    );
+    assert!(
+        pods.get("guarded").await.is_ok(),
+        "the PDB's pod was not evicted"
+    );
+    let events = audit.of_user_since(mark, &user).unwrap();
+    let evictions = |pod: &str| {
+        events
+            .iter()
+            .filter(|e| e.resource() == "pods/eviction" && e.name() == Some(pod))
+            .map(|e| {
+                (
+                    e.received(),
+                    e.response_status.as_ref().and_then(|s| s.code),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let guarded = evictions("guarded");
+    assert!(
+        guarded.iter().all(|(_, code)| *code == Some(429)),
+        "{guarded:?}"
+    );
+    let span = guarded
+        .last()
+        .unwrap()
+        .0
+        .duration_since(guarded[0].0)
+        .unwrap();
+    assert!(
+        span >= Duration::from_secs(4),
+        "evictions retried for {span:?} only"
+    );
+    assert!(
+        !events.iter().any(|e| e.verb == "delete"
+            && e.name() == before.get("upg-t4-2").map(|p| p.name_any()).as_deref()),
+        "the held node's driver pod must not be restarted"
+    );
+
+    // GPU pods (by resource and by RuntimeClass alone) were evicted before their node's driver
+    // pod was deleted.
+    for (pod, node) in [("gpu-job", "upg-t4-0"), ("rc-job", "upg-t4-1")] {
+        let evicted = evictions(pod);
+        let ok = evicted
+            .iter()
+            .find(|(_, code)| *code == Some(201))
+            .unwrap_or_else(|| panic!("{pod} not evicted: {evicted:?}"));
+        let old_driver = before[node].name_any();
+        let deleted = events
+            .iter()
+            .find(|e| e.verb == "delete" && e.resource() == "pods" && e.name() == Some(&old_driver))
+            .unwrap_or_else(|| panic!("driver pod {old_driver} of {node} not deleted"));
+        assert!(
+            ok.0 < deleted.received(),
+            "{pod} evicted after the driver pod restarted"
+        );
+        assert!(pods.get_opt(pod).await.unwrap().is_none());
+    }
+
+    // Fixing the PDB's node: the budget removed and the node's upgrade retried.
+    pdbs.delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Node>::all(admin.clone())
+        .patch(
+            "upg-t4-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {STATE: null}}})),
+        )
+        .await
+        .unwrap();
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.01",
+        "all 12 nodes upgraded",
+    )
+    .await;
+    sampler.abort();
+    let most = *most.lock().unwrap();
+    assert!(most <= 3, "{most} nodes cordoned or between states at once");
+    assert!(
+        most >= 2,
+        "the sampler saw only {most} at once: parallelism not exercised"
+    );
+
+    let states = node_states(&admin).await;
+    assert!(
+        states["upg-t4-3"].1,
+        "a node cordoned beforehand stays cordoned"
+    );
+    let cordoned: Vec<&String> = states
+        .iter()
+        .filter(|(n, (_, c))| *c && *n != "upg-t4-3")
+        .map(|(n, _)| n)
+        .collect();
+    assert!(cordoned.is_empty(), "left cordoned: {cordoned:?}");
+    let after = driver_pods(&admin, &s.identity.namespace).await;
+    for (node, pod) in &after {
+        assert!(
+            image(pod).ends_with("600.10.01-ubuntu22.04"),
+            "{node}: {}",
+            image(pod)
+        );
+        assert_ne!(
+            pod.name_any(),
+            before[node].name_any(),
+            "{node}: driver pod not replaced"
+        );
+    }
+    let metrics = e2e::operator::scrape_metrics(s.operator.metrics_port)
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("gpu_operator_nodes_upgrades_done 12"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpu_operator_driver_auto_upgrade_enabled 1"),
+        "{metrics}"
+    );
+    teardown(s, &role, &extra).await;
+    let _ = Api::<Namespace>::all(admin.clone())
+        .delete(&ml, &DeleteParams::default())
+        .await;
+}
+
+#[tokio::test]
+async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout_until_fixed() {
+    let spec = json!({"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 2, "maxUnavailable": 1
+    }}});
+    let (s, role) = start_on_generated_rbac(spec).await;
+    let admin = s.admin.clone();
+    s.await_state(State::Ready, "policy ready").await;
+    let before = driver_pods(&admin, &s.identity.namespace).await;
+    let all: BTreeSet<String> = before.keys().cloned().collect();
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done before the bump",
+    )
+    .await;
+    // The first node by name upgrades first; its validator will crash-loop on the new driver.
+    let broken = all.iter().next().unwrap().clone();
+    let chaos = CrashLoop::start(&admin, &broken, "nvidia-operator-validator")
+        .await
+        .unwrap();
+
+    s.patch_policy(bump()).await;
+    let failed = BTreeSet::from([broken.clone()]);
+    await_states(
+        &s,
+        &BTreeSet::new(),
+        &failed,
+        "600.10.01",
+        "the broken node failed",
+    )
+    .await;
+    // maxUnavailable 1 is spent on the failed (still cordoned) node: nothing else starts.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let states = node_states(&admin).await;
+    assert!(states[&broken].1, "a failed node stays cordoned");
+    let moved: Vec<String> = states
+        .iter()
+        .filter(|(n, (state, _))| **n != broken && state != "upgrade-required")
+        .map(|(n, (state, _))| format!("{n}={state}"))
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "the rollout went on past maxUnavailable: {moved:?}"
+    );
+    let policy = s
+        .await_state(State::NotReady, "failed upgrade reported")
+        .await;
+    let message = session::ready_condition(&policy).unwrap().message.clone();
+    assert!(
+        message.contains(&format!("1 failed: {broken}: validator pod"))
+            && message.contains("failing on the new driver"),
+        "{message}"
+    );
+
+    // Fixed: the validator recovers, the node is released and the rollout resumes.
+    chaos.recover().await.unwrap();
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.01",
+        "rollout resumed and finished",
+    )
+    .await;
+    let states = node_states(&admin).await;
+    assert!(states.values().all(|(_, cordoned)| !cordoned), "{states:?}");
+    s.await_state(State::Ready, "ready after the upgrade").await;
+    teardown(s, &role, &[]).await;
+}
+
+#[tokio::test]
+async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_unknown_os_is_reported()
+ {
+    let (s, role) = start_on_generated_rbac(json!({})).await;
+    let admin = s.admin.clone();
+    s.await_state(State::Ready, "policy ready on the Ubuntu 22.04 fleet")
+        .await;
+    let ns = s.identity.namespace.clone();
+    let before = driver_pods(&admin, &ns).await;
+    assert_eq!(before.len(), 6);
+
+    let noble: Vec<String> = (0..2).map(|i| format!("noble-t4-{i}")).collect();
+    let fleet: Vec<_> = noble
+        .iter()
+        .map(|n| session::ephemeral_gpu_node(n, GpuModel::T4).os("ubuntu", "24.04"))
+        .collect();
+    nodes::create(&admin, &fleet).await.unwrap();
+    let daemonsets = s.daemonsets();
+    let second_name = format!("{DRIVER}-ubuntu24.04");
+    wait::until(
+        session::TIMEOUT,
+        "a driver DaemonSet per OS, pods available",
+        || {
+            let (daemonsets, second_name) = (daemonsets.clone(), second_name.clone());
+            async move {
+                let mut seen = Vec::new();
+                for (name, want) in [(DRIVER.to_owned(), 6), (second_name, 2)] {
+                    let status = daemonsets.get_opt(&name).await?.and_then(|d| d.status);
+                    let (desired, available) = status
+                        .map(|s| (s.desired_number_scheduled, s.number_available.unwrap_or(0)))
+                        .unwrap_or((-1, -1));
+                    if desired != want || available != want {
+                        seen.push(format!("{name}: {desired} desired, {available} available"));
+                    }
+                }
+                Ok(if seen.is_empty() {
+                    Ok(())
+                } else {
+                    Err(seen.join("; "))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let main = daemonsets.get(DRIVER).await.unwrap();
+    let second = daemonsets.get(&second_name).await.unwrap();
+    for (ds, count, version) in [(&main, 6, "22.04"), (&second, 2, "24.04")] {
+        assert_eq!(ds.status.as_ref().unwrap().desired_number_scheduled, count);
+        let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(
+            pod.node_selector.as_ref().unwrap()["feature.node.kubernetes.io/system-os_release.VERSION_ID"],
+            version
+        );
+    }
+    let after = driver_pods(&admin, &ns).await;
+    for node in &noble {
+        assert!(
+            image(&after[node]).ends_with("-ubuntu24.04"),
+            "{node}: {}",
+            image(&after[node])
+        );
+    }
+    for (node, pod) in &before {
+        assert!(image(&after[node]).ends_with("-ubuntu22.04"));
+        // OnDelete: the existing nodes' driver pods were not restarted by the split.
+        assert_eq!(
+            after[node].name_any(),
+            pod.name_any(),
+            "{node}'s driver pod restarted"
+        );
+    }
+
+    // A GPU node of an OS without a driver image gets none, and status names it.
+    let odd = "flatcar-t4-0".to_owned();
+    nodes::create(
+        &admin,
+        &[session::ephemeral_gpu_node(&odd, GpuModel::T4).os("flatcar", "3975.2.0")],
+    )
+    .await
+    .unwrap();
+    let want = "get no driver pod: flatcar-t4-0 (flatcar3975.2.0)";
+    wait::until(session::TIMEOUT, "unknown OS reported", || {
+        let (admin, policy) = (admin.clone(), s.policy.clone());
+        async move {
+            let p = session::policies(&admin).get(&policy).await?;
+            let message = session::ready_condition(&p)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            let not_ready = p.status.as_ref().map(|s| s.state) == Some(State::NotReady);
+            Ok(if not_ready && message.contains(want) {
+                Ok(())
+            } else {
+                Err(message)
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!driver_pods(&admin, &ns).await.contains_key(&odd));
+
+    let mut extra = noble.clone();
+    extra.push(odd);
+    teardown(s, &role, &extra).await;
+}
