@@ -24,6 +24,40 @@ pub const STAND_IN_LABEL: &str = "gpu-operator.test/dra-stand-in";
 /// Driver version every stand-in GPU reports.
 pub const DRIVER_VERSION: &str = "580.95.5";
 
+/// Waits until the GPUCluster reports `want` for its current generation; returns the message of
+/// its `Ready` condition.
+pub async fn await_state(
+    client: &Client,
+    want: gpu_operator::api::GpuClusterState,
+    timeout: Duration,
+    what: &str,
+) -> Result<String> {
+    let api: Api<gpu_operator::api::GPUCluster> = Api::all(client.clone());
+    wait::until(timeout, what, || {
+        let api = api.clone();
+        async move {
+            let cluster = api.get(gpu_operator::api::GPU_CLUSTER_NAME).await?;
+            let status = cluster.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .cloned();
+            let current = ready
+                .as_ref()
+                .and_then(|r| r.observed_generation)
+                .is_some_and(|g| Some(g) >= cluster.metadata.generation);
+            Ok(if status.state == want && current {
+                Ok(ready.map(|r| r.message).unwrap_or_default())
+            } else {
+                Err(format!("{status:?}"))
+            })
+        }
+    })
+    .await
+}
+
 /// Installs the GPUCluster CRD from the operator's types and waits until it is established.
 pub async fn install_gpu_cluster_crd(client: &Client) -> Result<()> {
     let crd = gpu_operator::api::gpu_cluster_crd::crd();

@@ -81,31 +81,9 @@ impl Dra {
 
     /// Waits until the GPUCluster reports `want` for its generation; returns its Ready message.
     async fn await_state(&self, want: GpuClusterState, what: &str) -> String {
-        let api = clusters(&self.admin);
-        wait::until(TIMEOUT, what, || {
-            let api = api.clone();
-            async move {
-                let c = api.get(GPU_CLUSTER_NAME).await?;
-                let status = c.status.clone().unwrap_or_default();
-                let ready = status
-                    .conditions
-                    .iter()
-                    .flatten()
-                    .find(|c| c.type_ == "Ready")
-                    .cloned();
-                let current = ready
-                    .as_ref()
-                    .and_then(|r| r.observed_generation)
-                    .is_some_and(|g| Some(g) >= c.metadata.generation);
-                Ok(if status.state == want && current {
-                    Ok(ready.map(|r| r.message).unwrap_or_default())
-                } else {
-                    Err(format!("{status:?}"))
-                })
-            }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
+        dra::await_state(&self.admin, want, TIMEOUT, what)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", self.operator.log_text()))
     }
 
     async fn stop(mut self) {

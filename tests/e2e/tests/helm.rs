@@ -30,7 +30,10 @@ use e2e::tools::repo_root;
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
 use gpu_operator::api::image::ImageKind;
-use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec, SandboxMode, State};
+use gpu_operator::api::{
+    ClusterPolicy, ClusterPolicySpec, GPU_CLUSTER_NAME, GPUCluster, GpuClusterState, SandboxMode,
+    State,
+};
 use gpu_operator::crd_upgrade::{CRD_VERSION_ANNOTATION, OPERATOR_VERSION};
 use gpu_operator::model::config_hash;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -38,7 +41,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAcco
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta,
+    PostParams,
+};
 use kube::runtime::wait::conditions;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -1258,6 +1264,115 @@ async fn helm_install_without_an_operator_image_fails_early_naming_the_value_and
         "{expected} not in:\n{manifest}"
     );
 
+    Api::<Namespace>::all(admin.clone())
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// The DRA stack from the chart, as NVIDIA's values name it: `gpuCluster.deployCR=true` with
+/// `clusterPolicy.deployCR=false` creates the GPUCluster and no ClusterPolicy; the operator, on
+/// the chart's RBAC alone, deploys NVIDIA's DRA driver (kubelet plugin, controller,
+/// DeviceClasses) and the GPUCluster reaches ready, with no device plugin anywhere;
+/// `helm uninstall` takes the stack away.
+#[tokio::test]
+async fn helm_install_with_gpu_cluster_deploy_cr_and_no_cluster_policy_installs_the_dra_stack() {
+    let admin = e2e::client().await.unwrap();
+    remove_leftovers(&admin).await;
+    // Helm installs CRDs only where none exists; the one of the operator's types, as here, is
+    // the chart's copy (a unit test keeps them equal).
+    e2e::dra::install_gpu_cluster_crd(&admin).await.unwrap();
+    e2e::dra::remove_all(&admin).await.unwrap();
+    let clusters = Api::<GPUCluster>::all(admin.clone());
+    let _ = clusters
+        .delete(GPU_CLUSTER_NAME, &DeleteParams::default())
+        .await;
+    wait::until_none_left(
+        &clusters,
+        &ListParams::default(),
+        TIMEOUT,
+        "GPUCluster gone",
+    )
+    .await
+    .unwrap();
+    let namespace = release_namespace(&admin).await;
+
+    helm_release(
+        "install",
+        &namespace,
+        &strings(&[
+            "--set",
+            "gpuCluster.deployCR=true",
+            "--set",
+            "clusterPolicy.deployCR=false",
+        ]),
+    );
+    assert!(
+        policies(&admin).get_opt(POLICY).await.unwrap().is_none(),
+        "clusterPolicy.deployCR=false, yet the chart created a ClusterPolicy"
+    );
+    assert!(
+        clusters.get_opt(GPU_CLUSTER_NAME).await.unwrap().is_some(),
+        "gpuCluster.deployCR=true, yet the chart created no GPUCluster"
+    );
+
+    let (_identity, operator) = start_chart_operator(&admin, &namespace).await;
+    e2e::dra::await_state(&admin, GpuClusterState::Ready, TIMEOUT, "GPUCluster ready")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    let daemonsets = Api::<DaemonSet>::namespaced(admin.clone(), &namespace);
+    daemonsets
+        .get("nvidia-dra-driver-kubelet-plugin")
+        .await
+        .unwrap();
+    assert!(
+        daemonsets
+            .get_opt("nvidia-device-plugin-daemonset")
+            .await
+            .unwrap()
+            .is_none(),
+        "a device plugin beside the DRA driver"
+    );
+    Api::<Deployment>::namespaced(admin.clone(), &namespace)
+        .get("nvidia-dra-driver-controller")
+        .await
+        .unwrap();
+    let device_classes = Api::<DynamicObject>::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "resource.k8s.io",
+            "v1",
+            "DeviceClass",
+        )),
+    );
+    device_classes.get("gpu.nvidia.com").await.unwrap();
+
+    helm_ok(&strings(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        &namespace,
+        "--wait",
+    ]));
+    let dra_objects = ListParams::default()
+        .labels("nvidia.com/gpu-operator.operand in (dra-driver,dra-device-classes)");
+    wait::until_none_left(
+        &device_classes,
+        &dra_objects,
+        TIMEOUT,
+        "DeviceClasses collected",
+    )
+    .await
+    .unwrap();
+    wait::until_none_left(
+        &daemonsets,
+        &dra_objects,
+        TIMEOUT,
+        "DRA DaemonSet collected",
+    )
+    .await
+    .unwrap();
+    stop(operator);
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())
         .await
