@@ -27,6 +27,8 @@ mod nfd;
 mod node_pools;
 #[cfg(test)]
 mod nvidia_compat_tests;
+mod nvidia_driver;
+pub mod nvidia_driver_crd;
 mod operands;
 mod platform;
 mod sandbox;
@@ -52,6 +54,10 @@ pub use gpu_cluster::{
     GpuClusterHostPaths, GpuClusterSpec, GpuClusterState, GpuClusterStatus,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
+pub use nvidia_driver::{
+    DEFAULT_DRIVER_IMAGE, NVIDIADriver, NvidiaDriverLicensingConfig, NvidiaDriverSpec,
+    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType,
+};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
 pub use node_pools::{
     DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
