@@ -54,14 +54,14 @@ pub use gpu_cluster::{
     GpuClusterHostPaths, GpuClusterSpec, GpuClusterState, GpuClusterStatus,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
-pub use nvidia_driver::{
-    DEFAULT_DRIVER_IMAGE, NVIDIADriver, NvidiaDriverLicensingConfig, NvidiaDriverSpec,
-    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType,
-};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
 pub use node_pools::{
     DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
     NodePoolTaint, NodePoolsSpec, PoolPriorityClass, PreemptionPolicy, TaintEffect,
+};
+pub use nvidia_driver::{
+    DEFAULT_DRIVER_IMAGE, NVIDIADriver, NvidiaDriverLicensingConfig, NvidiaDriverSpec,
+    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType,
 };
 pub use operands::{
     DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,

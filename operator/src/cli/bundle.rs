@@ -1282,20 +1282,25 @@ pub fn deployment_of_csv(csv: &Value) -> anyhow::Result<Deployment> {
 
 /// Reads a bundle folder's files that [`files`] writes (`None` for a missing one).
 pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
-    [CSV_FILE, CRD_FILE, GPU_CLUSTER_CRD_FILE, NVIDIA_DRIVER_CRD_FILE]
-        .into_iter()
-        .chain(NFD_CRD_FILES)
-        .chain([
-            ANNOTATIONS_FILE,
-            DOCKERFILE,
-            METRICS_SERVICE_FILE,
-            SERVICE_MONITOR_FILE,
-            PROMETHEUS_RULE_FILE,
-            PROMETHEUS_ROLE_FILE,
-            PROMETHEUS_ROLE_BINDING_FILE,
-        ])
-        .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
-        .collect()
+    [
+        CSV_FILE,
+        CRD_FILE,
+        GPU_CLUSTER_CRD_FILE,
+        NVIDIA_DRIVER_CRD_FILE,
+    ]
+    .into_iter()
+    .chain(NFD_CRD_FILES)
+    .chain([
+        ANNOTATIONS_FILE,
+        DOCKERFILE,
+        METRICS_SERVICE_FILE,
+        SERVICE_MONITOR_FILE,
+        PROMETHEUS_RULE_FILE,
+        PROMETHEUS_ROLE_FILE,
+        PROMETHEUS_ROLE_BINDING_FILE,
+    ])
+    .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
+    .collect()
 }
 
 #[cfg(test)]

@@ -110,9 +110,8 @@ impl From<nvidia_driver::Error> for Error {
     fn from(e: nvidia_driver::Error) -> Self {
         match e {
             nvidia_driver::Error::Apply(e) => Error::Apply(e),
-            nvidia_driver::Error::Select { source, .. } | nvidia_driver::Error::Labels { source, .. } => {
-                Error::Labels(source)
-            }
+            nvidia_driver::Error::Select { source, .. }
+            | nvidia_driver::Error::Labels { source, .. } => Error::Labels(source),
             nvidia_driver::Error::Status { name, source } => Error::Status { name, source },
         }
     }
@@ -723,11 +722,7 @@ async fn reconcile_nvidia_drivers(
     ctx: &Context,
     active: Option<&ClusterPolicy>,
 ) -> Result<Option<Duration>, Error> {
-    let last = ctx
-        .last_policy_pass
-        .lock()
-        .ok()
-        .and_then(|l| l.clone());
+    let last = ctx.last_policy_pass.lock().ok().and_then(|l| l.clone());
     let active = active.filter(|p| !is_deleting(p));
     let policy = match (active, &last) {
         (Some(p), Some(last)) if last.uid == p.metadata.uid => {

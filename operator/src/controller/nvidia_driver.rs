@@ -39,8 +39,7 @@ use super::plan::Ledger;
 use super::stores::Stores;
 use super::{apply, observe, status};
 use crate::api::{
-    ClusterPolicy, Component, ImageKind, NVIDIADriver, NvidiaDriverState, NvidiaDriverStatus,
-    State,
+    ClusterPolicy, Component, ImageKind, NVIDIADriver, NvidiaDriverState, NvidiaDriverStatus, State,
 };
 use crate::facts::{ClusterFacts, ConfigMapData};
 use crate::model::{Operand, ValidatedPolicy};
@@ -376,9 +375,13 @@ fn pool_facts(
 ) -> ClusterFacts {
     let (os_pools, _) = crate::operands::driver_os::pools(nodes);
     let as_driver = crate::api::DriverSpec {
-        repo_config: d.spec.repo_config.as_ref().map(|r| crate::api::DriverRepoConfigSpec {
-            config_map_name: r.name.clone(),
-        }),
+        repo_config: d
+            .spec
+            .repo_config
+            .as_ref()
+            .map(|r| crate::api::DriverRepoConfigSpec {
+                config_map_name: r.name.clone(),
+            }),
         cert_config: d.spec.cert_config.clone(),
         kernel_module_config: d.spec.kernel_module_config.clone(),
         ..Default::default()
@@ -568,7 +571,8 @@ async fn label_nodes(
         let Some(version) = node.resource_version.clone() else {
             continue;
         };
-        let patch = json!({"metadata": {"resourceVersion": version, "labels": {DRIVER_POOL: want}}});
+        let patch =
+            json!({"metadata": {"resourceVersion": version, "labels": {DRIVER_POOL: want}}});
         match api
             .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -254,7 +254,10 @@ fn affinity_allows(ds: &DaemonSet, node: &NodeView) -> bool {
         .and_then(|s| s.template.spec.as_ref())
         .and_then(|p| p.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
     else {
         return true;
     };

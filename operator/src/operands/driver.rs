@@ -318,11 +318,7 @@ pub fn app_label(name: &str) -> String {
 
 /// Limits a driver DaemonSet to one OS's nodes, under its own name (and `app` label, which its
 /// selector uses) when it is not the primary one.
-fn select_os(
-    ds: &mut DaemonSet,
-    pool: &driver_os::OsPool,
-    rename: Option<String>,
-) {
+fn select_os(ds: &mut DaemonSet, pool: &driver_os::OsPool, rename: Option<String>) {
     let Some(spec) = ds.spec.as_mut() else {
         return;
     };

@@ -72,7 +72,9 @@ pub fn daemon_set_name(name: &str, driver_type: NvidiaDriverType, os_tag: &str) 
 /// valid label value, else `true`.
 pub fn pool_label_value(name: &str) -> String {
     let valid = name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     if valid {
@@ -99,7 +101,12 @@ pub fn image(spec: &NvidiaDriverSpec) -> Result<String, String> {
                 .to_owned(),
         );
     };
-    if path.contains('@') || path.rsplit('/').next().is_some_and(|last| last.contains(':')) {
+    if path.contains('@')
+        || path
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
+    {
         return Err(format!(
             "spec.image: {path} already carries a tag or digest; put it in spec.version instead"
         ));
@@ -178,7 +185,9 @@ pub fn not_acted_on(spec: &NvidiaDriverSpec) -> Vec<String> {
         "enabled, but this operator does not deploy GPUDirect Storage",
     );
     add(
-        spec.gdrcopy.as_ref().is_some_and(|g| g.enabled == Some(true)),
+        spec.gdrcopy
+            .as_ref()
+            .is_some_and(|g| g.enabled == Some(true)),
         "spec.gdrcopy",
         "enabled, but this operator does not deploy GDRCopy",
     );
@@ -283,12 +292,11 @@ fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
                 secret_name: l.secret_name.clone(),
                 nls_enabled: l.nls_enabled,
             }),
-        virtual_topology: spec
-            .virtual_topology_config
-            .as_ref()
-            .map(|v| VirtualTopologyConfigSpec {
+        virtual_topology: spec.virtual_topology_config.as_ref().map(|v| {
+            VirtualTopologyConfigSpec {
                 config: v.name.clone(),
-            }),
+            }
+        }),
         kernel_module_config: spec.kernel_module_config.clone(),
         secret_env: spec.secret_env.clone(),
         host_network: policy.host_network,
@@ -303,7 +311,10 @@ fn pool_policy(policy: &ValidatedPolicy, pool: &ValidatedNvidiaDriver) -> Valida
     let own = policy.spec.driver.clone().unwrap_or_default();
     out.spec.driver = Some(driver_spec(&pool.spec, &own));
     let d = &pool.spec;
-    let daemonsets = out.spec.daemonsets.get_or_insert_with(DaemonsetsSpec::default);
+    let daemonsets = out
+        .spec
+        .daemonsets
+        .get_or_insert_with(DaemonsetsSpec::default);
     if let Some(tolerations) = d.tolerations.clone() {
         daemonsets.tolerations = Some(tolerations);
     }
@@ -323,8 +334,7 @@ fn pool_policy(policy: &ValidatedPolicy, pool: &ValidatedNvidiaDriver) -> Valida
         }
     }
     if let Some(manager) = &pool.manager_image {
-        out.images
-            .insert(ImageKind::DriverManager, manager.clone());
+        out.images.insert(ImageKind::DriverManager, manager.clone());
     }
     out
 }
@@ -349,10 +359,10 @@ pub fn render(
         else {
             continue;
         };
-        ds.metadata
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(OPERAND_LABEL.to_owned(), Operand::NvidiaDriver.name().to_owned());
+        ds.metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+            OPERAND_LABEL.to_owned(),
+            Operand::NvidiaDriver.name().to_owned(),
+        );
         if let Some(pod) = ds.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
             let node_selector = pod.node_selector.get_or_insert_with(BTreeMap::new);
             node_selector.extend(selector.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -462,7 +472,13 @@ mod tests {
         assert_eq!(labels[OPERAND_LABEL], "nvidia-driver");
         assert_eq!(labels["app.kubernetes.io/component"], "nvidia-driver");
         assert_eq!(
-            ds.spec.as_ref().unwrap().selector.match_labels.as_ref().unwrap()["app"],
+            ds.spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .match_labels
+                .as_ref()
+                .unwrap()["app"],
             "nvidia-gpu-driver-pool-a-ubuntu24.04"
         );
     }
@@ -509,11 +525,18 @@ mod tests {
 
     #[test]
     fn image_needs_a_version_and_joins_repository_image_and_digest() {
-        let spec = |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
-        assert!(image(&spec(serde_json::json!({}))).unwrap_err().contains("spec.version"));
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        assert!(
+            image(&spec(serde_json::json!({})))
+                .unwrap_err()
+                .contains("spec.version")
+        );
         assert_eq!(
-            image(&spec(serde_json::json!({"repository": "r.io/x/", "image": "driver", "version": "1"})))
-                .unwrap(),
+            image(&spec(
+                serde_json::json!({"repository": "r.io/x/", "image": "driver", "version": "1"})
+            ))
+            .unwrap(),
             "r.io/x/driver:1"
         );
         let digest = image(&spec(serde_json::json!({"version": "sha256:abc"}))).unwrap();

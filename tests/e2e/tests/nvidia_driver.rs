@@ -25,6 +25,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 const POOL_LABEL: &str = "nvidia.com/gpu-operator.nvidiadriver";
+const UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
 const TIMEOUT: Duration = Duration::from_secs(180);
 /// The longest a GPU node may be without a driver pod during a switch: the old pod's deletion,
 /// the scheduler binding the new one and kwok starting it, on a loaded machine (a pass takes
@@ -46,19 +47,32 @@ async fn remove_drivers(admin: &Client) {
         .unwrap();
 }
 
-/// Removes the pool label a failed run may have left on nodes.
-async fn clear_pool_labels(admin: &Client) {
+/// Removes what a failed run may have left on nodes: the pool label, the upgrade state and
+/// annotations, cordons.
+async fn clean_nodes(admin: &Client) {
     let api = Api::<Node>::all(admin.clone());
-    for node in api
-        .list_metadata(&ListParams::default().labels(POOL_LABEL))
-        .await
-        .unwrap()
-        .items
-    {
+    for node in api.list(&ListParams::default()).await.unwrap().items {
+        let upgrade: serde_json::Map<String, serde_json::Value> = node
+            .annotations()
+            .keys()
+            .filter(|k| k.contains("driver-upgrade"))
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let dirty = node.labels().contains_key(POOL_LABEL)
+            || node.labels().contains_key(UPGRADE_STATE)
+            || !upgrade.is_empty()
+            || node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if !dirty {
+            continue;
+        }
+        let patch = json!({
+            "metadata": {"labels": {POOL_LABEL: null, UPGRADE_STATE: null}, "annotations": upgrade},
+            "spec": {"unschedulable": null}
+        });
         api.patch(
             &node.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {POOL_LABEL: null}}})),
+            &Patch::Merge(patch),
         )
         .await
         .unwrap();
@@ -77,7 +91,7 @@ async fn start(spec: serde_json::Value) -> (Setup, String, Vec<String>) {
         .unwrap();
     session::remove_leftovers(&admin).await;
     remove_drivers(&admin).await;
-    clear_pool_labels(&admin).await;
+    clean_nodes(&admin).await;
     let pool_nodes = vec![
         session::ephemeral_gpu_node("nvd-a-0", GpuModel::T4).label("pool", "a"),
         session::ephemeral_gpu_node("nvd-a-1", GpuModel::T4).label("pool", "a"),
@@ -274,7 +288,12 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
     let ns = s.identity.namespace.clone();
     s.await_state(State::Ready, "policy ready with its own driver everywhere")
         .await;
-    await_drivers(&s, &BTreeMap::new(), "the policy's driver on every GPU node").await;
+    await_drivers(
+        &s,
+        &BTreeMap::new(),
+        "the policy's driver on every GPU node",
+    )
+    .await;
 
     // Not acted on while the policy does not ask for them.
     create_driver(&admin, "pool-a", "580.95.05", "a").await;
@@ -288,16 +307,43 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
     s.patch_policy(json!({"spec": {"driver": {"useNvidiaDriverCRD": true}}}))
         .await;
     let expect: BTreeMap<String, (&str, &str)> = [
-        ("nvd-a-0", ("nvidia-gpu-driver-pool-a-ubuntu22.04", "580.95.05-ubuntu22.04")),
-        ("nvd-a-1", ("nvidia-gpu-driver-pool-a-ubuntu22.04", "580.95.05-ubuntu22.04")),
-        ("nvd-b-0", ("nvidia-gpu-driver-pool-b-ubuntu22.04", "570.172.08-ubuntu22.04")),
-        ("nvd-b-1", ("nvidia-gpu-driver-pool-b-ubuntu24.04", "570.172.08-ubuntu24.04")),
+        (
+            "nvd-a-0",
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.05-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-a-1",
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.05-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-b-0",
+            (
+                "nvidia-gpu-driver-pool-b-ubuntu22.04",
+                "570.172.08-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-b-1",
+            (
+                "nvidia-gpu-driver-pool-b-ubuntu24.04",
+                "570.172.08-ubuntu24.04",
+            ),
+        ),
     ]
     .into_iter()
     .map(|(n, e)| (n.to_owned(), e))
     .collect();
     await_drivers(&s, &expect, "each pool's driver on its nodes").await;
-    println!("switch on: every node on its final driver after {:?}", on.elapsed());
+    println!(
+        "switch on: every node on its final driver after {:?}",
+        on.elapsed()
+    );
     for pool in ["pool-a", "pool-b"] {
         await_driver(&s, pool, NvidiaDriverState::Ready, "pool ready").await;
     }
@@ -318,20 +364,28 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
         ]
     );
     let dss = Api::<DaemonSet>::namespaced(admin.clone(), &ns);
-    let a = dss.get("nvidia-gpu-driver-pool-a-ubuntu22.04").await.unwrap();
+    let a = dss
+        .get("nvidia-gpu-driver-pool-a-ubuntu22.04")
+        .await
+        .unwrap();
     assert_eq!(a.owner_references()[0].kind, "NVIDIADriver");
-    s.await_state(State::Ready, "policy ready beside the pools").await;
+    s.await_state(State::Ready, "policy ready beside the pools")
+        .await;
     let note = wait::until(TIMEOUT, "policy status names the pools", || {
         let admin = admin.clone();
         let policy = s.policy.clone();
         async move {
             let p = session::policies(&admin).get(&policy).await?;
             let text = serde_json::to_string(&p.status)?;
-            Ok(if text.contains("4 GPU node(s) run the driver of an NVIDIADriver pool (pool-a: 2, pool-b: 2)") {
-                Ok(text)
-            } else {
-                Err(text)
-            })
+            Ok(
+                if text.contains(
+                    "4 GPU node(s) run the driver of an NVIDIADriver pool (pool-a: 2, pool-b: 2)",
+                ) {
+                    Ok(text)
+                } else {
+                    Err(text)
+                },
+            )
         }
     })
     .await
@@ -340,7 +394,13 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
 
     // Overlap: a younger pool selecting pool a's nodes is rejected, naming both; nothing new.
     create_driver(&admin, "pool-c", "590.1.1", "a").await;
-    let message = await_driver(&s, "pool-c", NvidiaDriverState::NotReady, "overlap rejected").await;
+    let message = await_driver(
+        &s,
+        "pool-c",
+        NvidiaDriverState::NotReady,
+        "overlap rejected",
+    )
+    .await;
     assert!(
         message.contains("NVIDIADriver pool-a already selects GPU node(s) nvd-a-0, nvd-a-1")
             && message.contains("NVIDIADriver pool-c is not applied"),
@@ -357,14 +417,107 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
         .delete("pool-c", &DeleteParams::default())
         .await
         .unwrap();
+    sampler.abort();
+    assert_gaps(
+        &gaps.lock().unwrap().clone(),
+        "switching useNvidiaDriverCRD on",
+    );
+
+    // The upgrade controller drives the pools' DaemonSets: pool-a's version bump reaches its
+    // nodes node by node (the policy's own DaemonSets changed template with the switch, so
+    // their nodes are upgraded too).
+    s.patch_policy(json!({"spec": {"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 10, "maxUnavailable": "100%"
+    }}}}))
+    .await;
+    drivers(&admin)
+        .patch(
+            "pool-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": "580.95.06"}})),
+        )
+        .await
+        .unwrap();
+    let mut bumped = expect.clone();
+    for node in ["nvd-a-0", "nvd-a-1"] {
+        bumped.insert(
+            node.to_owned(),
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.06-ubuntu22.04",
+            ),
+        );
+    }
+    await_drivers(&s, &bumped, "pool-a upgraded to 580.95.06").await;
+    wait::until(
+        TIMEOUT,
+        "every GPU node upgrade-done and uncordoned",
+        || {
+            let admin = admin.clone();
+            async move {
+                let wrong: Vec<String> = Api::<Node>::all(admin)
+                    .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+                    .await?
+                    .items
+                    .iter()
+                    .filter(|n| {
+                        n.labels().get(UPGRADE_STATE).map(String::as_str) != Some("upgrade-done")
+                            || n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                    })
+                    .map(|n| format!("{}={:?}", n.name_any(), n.labels().get(UPGRADE_STATE)))
+                    .collect();
+                Ok(if wrong.is_empty() {
+                    Ok(())
+                } else {
+                    Err(wrong.join(", "))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    s.patch_policy(json!({"spec": {"driver": {"upgradePolicy": {"autoUpgrade": false}}}}))
+        .await;
+    wait::until(TIMEOUT, "upgrade labels cleared", || {
+        let admin = admin.clone();
+        async move {
+            let n = Api::<Node>::all(admin)
+                .list_metadata(&ListParams::default().labels(UPGRADE_STATE))
+                .await?
+                .items
+                .len();
+            Ok(if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} left"))
+            })
+        }
+    })
+    .await
+    .unwrap();
 
     // Switched off: the pools let go, the policy's driver covers every GPU node again.
+    let (gaps, sampler) = sample_gaps(admin.clone(), ns.clone());
     let off = Instant::now();
     s.patch_policy(json!({"spec": {"driver": {"useNvidiaDriverCRD": false}}}))
         .await;
-    await_drivers(&s, &BTreeMap::new(), "the policy's driver back on every GPU node").await;
-    println!("switch off: every node on the policy's driver after {:?}", off.elapsed());
-    await_driver(&s, "pool-a", NvidiaDriverState::Disabled, "pool-a disabled again").await;
+    await_drivers(
+        &s,
+        &BTreeMap::new(),
+        "the policy's driver back on every GPU node",
+    )
+    .await;
+    println!(
+        "switch off: every node on the policy's driver after {:?}",
+        off.elapsed()
+    );
+    await_driver(
+        &s,
+        "pool-a",
+        NvidiaDriverState::Disabled,
+        "pool-a disabled again",
+    )
+    .await;
     wait::until(TIMEOUT, "pool DaemonSets pruned and labels removed", || {
         let (dss, admin) = (dss.clone(), admin.clone());
         async move {
@@ -391,11 +544,15 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
     .await
     .unwrap();
     sampler.abort();
-    assert_gaps(&gaps.lock().unwrap().clone(), "switching useNvidiaDriverCRD on and off");
+    assert_gaps(
+        &gaps.lock().unwrap().clone(),
+        "switching useNvidiaDriverCRD off",
+    );
 
     remove_drivers(&admin).await;
     s.teardown().await;
     nodes::delete(&admin, &pool_nodes).await.unwrap();
+    clean_nodes(&admin).await;
     Api::<ClusterRole>::all(admin.clone())
         .delete(&role, &DeleteParams::default())
         .await
