@@ -64,6 +64,7 @@ chart: ## regenerate the chart's copies of the CRD and of the operator's Cluster
 	mv charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml
 	cp crds/nfd-api-crds.yaml charts/gpu-operator/crds/nfd-api-crds.yaml
 	cp crds/nvidia.com_gpuclusters.yaml charts/gpu-operator/crds/nvidia.com_gpuclusters.yaml
+	cp crds/nvidia.com_nvidiadrivers.yaml charts/gpu-operator/crds/nvidia.com_nvidiadrivers.yaml
 	scripts/chart-clusterrole.sh $(CARGO_TARGET_DIR)/debug/gpu-operator > charts/gpu-operator/templates/clusterrole.yaml.new
 	mv charts/gpu-operator/templates/clusterrole.yaml.new charts/gpu-operator/templates/clusterrole.yaml
 

@@ -100,8 +100,11 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct CrdArgs {
     /// Print the GPUCluster (nvidia.com/v1alpha1) CRD instead of the ClusterPolicy one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nvidia_driver")]
     pub gpu_cluster: bool,
+    /// Print the NVIDIADriver (nvidia.com/v1alpha1) CRD instead of the ClusterPolicy one.
+    #[arg(long)]
+    pub nvidia_driver: bool,
 }
 
 /// Container runtime of the GPU nodes, as `render` takes it.
@@ -282,9 +285,15 @@ impl Cli {
                     .context("starting the async runtime")?;
                 runtime.block_on(crate::run::run(options))
             }
-            Command::Crd(CrdArgs { gpu_cluster }) => {
+            Command::Crd(CrdArgs {
+                gpu_cluster,
+                nvidia_driver,
+            }) => {
                 let yaml = if gpu_cluster {
                     api::gpu_cluster_crd::crd_yaml().context("serialising the GPUCluster CRD")?
+                } else if nvidia_driver {
+                    api::nvidia_driver_crd::crd_yaml()
+                        .context("serialising the NVIDIADriver CRD")?
                 } else {
                     api::crd::crd_yaml().context("serialising the ClusterPolicy CRD")?
                 };

@@ -219,6 +219,8 @@ pub enum Operand {
     DraDriver,
     /// A GPUCluster's attribute DeviceClasses (frozen alone when one is invalid).
     DraDeviceClasses,
+    /// The driver DaemonSets of one NVIDIADriver pool (never rendered by a ClusterPolicy).
+    NvidiaDriver,
 }
 
 impl Operand {
@@ -258,6 +260,7 @@ impl Operand {
             Operand::NodeStatusExporter => "node-status-exporter",
             Operand::DraDriver => "dra-driver",
             Operand::DraDeviceClasses => "dra-device-classes",
+            Operand::NvidiaDriver => "nvidia-driver",
         }
     }
 
@@ -265,7 +268,7 @@ impl Operand {
     /// `None` for operands that are not per-GPU-node DaemonSets.
     pub const fn deploy_label(self) -> Option<&'static str> {
         match self {
-            Operand::Driver => Some(nodes::DEPLOY_DRIVER),
+            Operand::Driver | Operand::NvidiaDriver => Some(nodes::DEPLOY_DRIVER),
             Operand::Toolkit => Some(nodes::DEPLOY_TOOLKIT),
             Operand::Validator => Some(nodes::DEPLOY_VALIDATOR),
             Operand::DevicePlugin | Operand::MpsControlDaemon => Some(nodes::DEPLOY_DEVICE_PLUGIN),
@@ -304,21 +307,21 @@ impl Operand {
             Operand::DcgmExporter => Some(Component::DcgmExporter),
             Operand::MigManager => Some(Component::MigManager),
             Operand::NodeStatusExporter => Some(Component::NodeStatusExporter),
-            Operand::DraDriver | Operand::DraDeviceClasses => None,
+            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => None,
         }
     }
 
     /// Whether the operand has objects to render under this policy and these facts (its switch,
     /// plus: no RuntimeClasses with the NRI plugin, no NFD where NFD already runs). The driver
-    /// stays on with `useNvidiaDriverCRD`: NVIDIADriver resources are not supported yet, and
-    /// switching the policy's driver off for them would leave GPU nodes without one.
+    /// stays on with `useNvidiaDriverCRD`: its render leaves the nodes NVIDIADriver pools run
+    /// on to them ([`crate::operands::driver::render`]), so no GPU node is left without one.
     pub fn is_enabled(self, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
         match self {
             Operand::RuntimeClasses => !nri_enabled(spec),
             Operand::Driver => spec.is_enabled(Component::Driver),
             Operand::Nfd => spec.is_enabled(Component::Nfd) && !facts.nfd_running,
-            // A GPUCluster's, not a ClusterPolicy's.
-            Operand::DraDriver | Operand::DraDeviceClasses => false,
+            // A GPUCluster's or an NVIDIADriver's, not a ClusterPolicy's.
+            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => false,
             other => other.component().is_some_and(|c| spec.is_enabled(c)),
         }
     }
@@ -355,7 +358,7 @@ impl Operand {
             Operand::DcgmExporter => vec![ImageKind::DcgmExporter, ImageKind::Validator],
             Operand::MigManager => vec![ImageKind::MigManager, ImageKind::Validator],
             Operand::NodeStatusExporter => vec![ImageKind::NodeStatusExporter],
-            Operand::DraDriver | Operand::DraDeviceClasses => vec![],
+            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => vec![],
         }
     }
 }

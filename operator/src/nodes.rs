@@ -34,6 +34,10 @@ pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
 /// wakes the reconcile, and switching upgrades off clears the label where it is.
 pub const DRIVER_UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
 pub const DRIVER_UPGRADE_SKIP: &str = "nvidia.com/gpu-driver-upgrade.skip";
+/// Our label on a GPU node an NVIDIADriver pool runs its driver on (value: the NVIDIADriver's
+/// name, or `true` when the name is no valid label value). The ClusterPolicy's own driver
+/// DaemonSets keep off nodes that carry it (operands::nvidia_driver).
+pub const DRIVER_POOL: &str = "nvidia.com/gpu-operator.nvidiadriver";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
@@ -91,7 +95,7 @@ pub fn nfd_annotated(annotations: Option<&BTreeMap<String, String>>) -> bool {
     annotations.is_some_and(|a| a.keys().any(|k| k.starts_with(NFD_ANNOTATION_PREFIX)))
 }
 
-fn is_read_label(key: &str) -> bool {
+pub fn is_read_label(key: &str) -> bool {
     NFD_GPU_LABELS.contains(&key)
         || key.starts_with("nvidia.com/gpu.deploy.")
         || [
@@ -108,6 +112,7 @@ fn is_read_label(key: &str) -> bool {
             MIG_CONFIG_STATE,
             DRIVER_UPGRADE_STATE,
             DRIVER_UPGRADE_SKIP,
+            DRIVER_POOL,
         ]
         .contains(&key)
 }

@@ -27,6 +27,8 @@ mod nfd;
 mod node_pools;
 #[cfg(test)]
 mod nvidia_compat_tests;
+mod nvidia_driver;
+pub mod nvidia_driver_crd;
 mod operands;
 mod platform;
 mod sandbox;
@@ -56,6 +58,10 @@ pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
 pub use node_pools::{
     DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
     NodePoolTaint, NodePoolsSpec, PoolPriorityClass, PreemptionPolicy, TaintEffect,
+};
+pub use nvidia_driver::{
+    DEFAULT_DRIVER_IMAGE, NVIDIADriver, NvidiaDriverLicensingConfig, NvidiaDriverSpec,
+    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType,
 };
 pub use operands::{
     DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,

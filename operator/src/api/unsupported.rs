@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 15] = [
+pub const NOT_ACTED_ON: [(&str, &str); 14] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -54,11 +54,6 @@ pub const NOT_ACTED_ON: [(&str, &str); 15] = [
     (
         "spec.driver.readinessProbe",
         "the driver container keeps its built-in readiness probe",
-    ),
-    (
-        "spec.driver.useNvidiaDriverCRD",
-        "NVIDIADriver resources are not supported yet; the ClusterPolicy's driver settings keep \
-         deploying the driver on every GPU node",
     ),
     (
         "spec.dcgm.hostPort",

@@ -57,6 +57,8 @@ pub const CSV_FILE: &str = "manifests/gpu-operator.clusterserviceversion.yaml";
 pub const CRD_FILE: &str = "manifests/nvidia.com_clusterpolicies.yaml";
 /// The GPUCluster CRD (docs/dra.md), owned by the CSV like the ClusterPolicy's.
 pub const GPU_CLUSTER_CRD_FILE: &str = "manifests/nvidia.com_gpuclusters.yaml";
+/// The NVIDIADriver CRD (docs/nvidiadriver.md), owned by the CSV like the ClusterPolicy's.
+pub const NVIDIA_DRIVER_CRD_FILE: &str = "manifests/nvidia.com_nvidiadrivers.yaml";
 /// NFD's CRDs, one file each (a bundle manifest holds one object), as `nfd_crds::NAMES` orders them.
 pub const NFD_CRD_FILES: [&str; 3] = [
     "manifests/nfd.k8s-sigs.io_nodefeaturegroups.yaml",
@@ -261,7 +263,7 @@ pub fn pinned_by_digest(image: &str, facts: &[DigestFact]) -> Result<String, Bun
 /// The examples of `examples/` offered as `alm-examples`, at least one per owned kind; the first
 /// policy is the console form's default. Policies that need ConfigMaps first or set unsupported
 /// sections are left out.
-const ALM_EXAMPLES: [(&str, &str); 7] = [
+const ALM_EXAMPLES: [(&str, &str); 8] = [
     (
         "examples/clusterpolicy-default.yaml",
         include_str!("../../../examples/clusterpolicy-default.yaml"),
@@ -277,6 +279,10 @@ const ALM_EXAMPLES: [(&str, &str); 7] = [
     (
         "examples/gpucluster.yaml",
         include_str!("../../../examples/gpucluster.yaml"),
+    ),
+    (
+        "examples/nvidiadriver.yaml",
+        include_str!("../../../examples/nvidiadriver.yaml"),
     ),
     (
         "examples/nfd/nodefeaturerule.yaml",
@@ -310,6 +316,8 @@ pub fn skip_range() -> String {
 }
 
 /// The GPUCluster's description in the console.
+/// The NVIDIADriver's description in the console.
+const NVIDIA_DRIVER_DESCRIPTION: &str = "A driver version and type per node pool: one driver DaemonSet per OS of the GPU nodes its nodeSelector selects, upgraded node by node; used while the ClusterPolicy sets driver.useNvidiaDriverCRD.";
 const GPU_CLUSTER_DESCRIPTION: &str = "NVIDIA's DRA driver instead of the device plugin: GPUs requested through ResourceClaims by attribute (product, memory, compute capability, MIG profile), and attribute DeviceClasses such as h100 or gpu-80gb.";
 
 /// NFD's kinds as owned CRDs of the CSV: (CRD name, kind, display name, description).
@@ -484,6 +492,10 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
         BundleFile {
             path: GPU_CLUSTER_CRD_FILE,
             content: api::gpu_cluster_crd::crd_yaml()?,
+        },
+        BundleFile {
+            path: NVIDIA_DRIVER_CRD_FILE,
+            content: api::nvidia_driver_crd::crd_yaml()?,
         },
     ];
     for (path, crd) in NFD_CRD_FILES.into_iter().zip(nfd_definitions()?) {
@@ -1205,6 +1217,20 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                     spec_descriptors: Vec::new(),
                     status_descriptors: Vec::new(),
                 }))
+                .chain(std::iter::once(OwnedCrd {
+                    name: api::nvidia_driver_crd::CRD_NAME,
+                    version: "v1alpha1",
+                    kind: "NVIDIADriver",
+                    display_name: "NVIDIADriver",
+                    description: NVIDIA_DRIVER_DESCRIPTION.to_owned(),
+                    resources: vec![CrdResource {
+                        kind: "DaemonSet",
+                        name: "",
+                        version: "v1",
+                    }],
+                    spec_descriptors: Vec::new(),
+                    status_descriptors: Vec::new(),
+                }))
                 .chain(
                     NFD_OWNED
                         .into_iter()
@@ -1256,20 +1282,25 @@ pub fn deployment_of_csv(csv: &Value) -> anyhow::Result<Deployment> {
 
 /// Reads a bundle folder's files that [`files`] writes (`None` for a missing one).
 pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
-    [CSV_FILE, CRD_FILE, GPU_CLUSTER_CRD_FILE]
-        .into_iter()
-        .chain(NFD_CRD_FILES)
-        .chain([
-            ANNOTATIONS_FILE,
-            DOCKERFILE,
-            METRICS_SERVICE_FILE,
-            SERVICE_MONITOR_FILE,
-            PROMETHEUS_RULE_FILE,
-            PROMETHEUS_ROLE_FILE,
-            PROMETHEUS_ROLE_BINDING_FILE,
-        ])
-        .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
-        .collect()
+    [
+        CSV_FILE,
+        CRD_FILE,
+        GPU_CLUSTER_CRD_FILE,
+        NVIDIA_DRIVER_CRD_FILE,
+    ]
+    .into_iter()
+    .chain(NFD_CRD_FILES)
+    .chain([
+        ANNOTATIONS_FILE,
+        DOCKERFILE,
+        METRICS_SERVICE_FILE,
+        SERVICE_MONITOR_FILE,
+        PROMETHEUS_RULE_FILE,
+        PROMETHEUS_ROLE_FILE,
+        PROMETHEUS_ROLE_BINDING_FILE,
+    ])
+    .map(|path| (path, std::fs::read_to_string(dir.join(path)).ok()))
+    .collect()
 }
 
 #[cfg(test)]
@@ -1519,7 +1550,7 @@ mod tests {
         let owned = csv["spec"]["customresourcedefinitions"]["owned"]
             .as_array()
             .unwrap();
-        assert_eq!(owned.len(), 2 + NFD_OWNED.len());
+        assert_eq!(owned.len(), 3 + NFD_OWNED.len());
         for crd in owned {
             let group = crd["name"].as_str().unwrap().split_once('.').unwrap().1;
             let api_version = format!("{group}/{}", crd["version"].as_str().unwrap());

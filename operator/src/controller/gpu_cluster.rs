@@ -409,7 +409,10 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
             State::NotReady | State::Ignored => GpuClusterState::NotReady,
         },
         namespace: computed.namespace,
-        conditions: keep_transition_times(cluster.status.as_ref(), computed.conditions),
+        conditions: keep_transition_times(
+            cluster.status.as_ref().and_then(|s| s.conditions.clone()),
+            computed.conditions,
+        ),
         components: computed.components,
     };
     let ready = status.state == GpuClusterState::Ready;
@@ -425,14 +428,12 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
 }
 
 /// Conditions whose status did not change keep their last transition time (no status write
-/// on a steady pass).
-fn keep_transition_times(
-    previous: Option<&GpuClusterStatus>,
+/// on a steady pass). Shared with the NVIDIADriver passes.
+pub(super) fn keep_transition_times(
+    previous: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
     conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
 ) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>> {
-    let before = previous
-        .and_then(|p| p.conditions.clone())
-        .unwrap_or_default();
+    let before = previous.unwrap_or_default();
     conditions.map(|cs| {
         cs.into_iter()
             .map(|mut c| {

@@ -25,6 +25,7 @@ mod labeller;
 mod namespace;
 pub mod nfd_crds;
 mod node_pools;
+mod nvidia_driver;
 mod observe;
 mod plan;
 #[cfg(test)]
@@ -105,6 +106,17 @@ impl From<gpu_cluster::Error> for Error {
     }
 }
 
+impl From<nvidia_driver::Error> for Error {
+    fn from(e: nvidia_driver::Error) -> Self {
+        match e {
+            nvidia_driver::Error::Apply(e) => Error::Apply(e),
+            nvidia_driver::Error::Select { source, .. }
+            | nvidia_driver::Error::Labels { source, .. } => Error::Labels(source),
+            nvidia_driver::Error::Status { name, source } => Error::Status { name, source },
+        }
+    }
+}
+
 impl Error {
     /// Short stable reason for events and metric labels.
     pub fn reason(&self) -> &'static str {
@@ -144,6 +156,20 @@ pub struct Context {
     gpu_clusters: Option<Store<DeserializeGuard<crate::api::GPUCluster>>>,
     gpu_cluster: gpu_cluster::Memory,
     gpu_cluster_env: BTreeMap<String, String>,
+    /// NVIDIADrivers (`None` when their CRD is not served) and what their passes remember.
+    nvidia_drivers: Option<Store<DeserializeGuard<crate::api::NVIDIADriver>>>,
+    nvidia_driver: nvidia_driver::Memory,
+    /// What the active policy's last pass validated and resolved (by policy uid): the pools
+    /// render from it.
+    last_policy_pass: Mutex<Option<PolicyPass>>,
+}
+
+/// The active policy's validated form and facts from its last pass.
+#[derive(Clone)]
+struct PolicyPass {
+    uid: Option<String>,
+    validated: crate::model::ValidatedPolicy,
+    facts: crate::facts::ClusterFacts,
 }
 
 fn is_deleting(policy: &ClusterPolicy) -> bool {
@@ -347,6 +373,13 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .map_err(Error::Resolve)?;
     let validated = validate::validate(policy, &resolved.facts);
     let desired = render::render(&validated, &resolved.facts);
+    if let Ok(mut last) = ctx.last_policy_pass.lock() {
+        *last = Some(PolicyPass {
+            uid: policy.metadata.uid.clone(),
+            validated: validated.clone(),
+            facts: resolved.facts.clone(),
+        });
+    }
     if !still_in_force(ctx, policy) {
         return Ok(None);
     }
@@ -368,6 +401,11 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .chain(gpu_cluster::policy_note(
             ctx.gpu_clusters.as_ref(),
             policy,
+            &labelled.nodes,
+        ))
+        .chain(nvidia_driver::policy_note(
+            policy,
+            ctx.nvidia_drivers.is_some(),
             &labelled.nodes,
         ))
         .collect();
@@ -678,6 +716,37 @@ fn event_note(note: String) -> String {
     format!("{}{MORE}", &note[..end])
 }
 
+/// The NVIDIADriver passes, against the active policy's last pass (none while the active
+/// policy is being deleted or has not had a pass).
+async fn reconcile_nvidia_drivers(
+    ctx: &Context,
+    active: Option<&ClusterPolicy>,
+) -> Result<Option<Duration>, Error> {
+    let last = ctx.last_policy_pass.lock().ok().and_then(|l| l.clone());
+    let active = active.filter(|p| !is_deleting(p));
+    let policy = match (active, &last) {
+        (Some(p), Some(last)) if last.uid == p.metadata.uid => {
+            Some((p, &last.validated, &last.facts))
+        }
+        _ => None,
+    };
+    let pass = nvidia_driver::Pass {
+        client: &ctx.client,
+        stores: &ctx.stores,
+        drivers: ctx.nvidia_drivers.as_ref(),
+        memory: &ctx.nvidia_driver,
+        env: &ctx.gpu_cluster_env,
+        namespace: &ctx.settings.namespace,
+        nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
+        policy,
+        not_ready_requeue: ctx.settings.not_ready_requeue,
+    };
+    nvidia_driver::reconcile_all(&pass).await.map_err(|e| {
+        tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
+        Error::from(e)
+    })
+}
+
 /// Runs the controller until `shutdown` resolves; the pass in flight is finished first.
 pub async fn run(
     client: Client,
@@ -705,6 +774,17 @@ pub async fn run(
         tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
         None
     };
+    let nvidia_drivers = if nvidia_driver::served(&client).await {
+        let (drivers, changes) = stores::watched(
+            Api::<DeserializeGuard<crate::api::NVIDIADriver>>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        triggers = futures::stream::select(triggers, changes).boxed();
+        Some(drivers)
+    } else {
+        tracing::info!("the NVIDIADriver CRD is not served; NVIDIADrivers are not watched");
+        None
+    };
 
     // Fill every cache before the first pass, so it compares against the real cluster.
     let ready = async {
@@ -712,6 +792,9 @@ pub async fn run(
         policies.wait_until_ready().await?;
         if let Some(clusters) = &gpu_clusters {
             clusters.wait_until_ready().await?;
+        }
+        if let Some(drivers) = &nvidia_drivers {
+            drivers.wait_until_ready().await?;
         }
         stores.nodes.wait_until_ready().await;
         Ok::<_, kube::runtime::reflector::store::WriterDropped>(())
@@ -757,6 +840,9 @@ pub async fn run(
         gpu_clusters,
         gpu_cluster: gpu_cluster::Memory::default(),
         gpu_cluster_env: resolve::image_env_from_process(),
+        nvidia_drivers,
+        nvidia_driver: nvidia_driver::Memory::default(),
+        last_policy_pass: Mutex::default(),
     };
 
     // The watches run on their own task, so the caches stay current while a pass runs (a pass
@@ -833,6 +919,13 @@ pub async fn run(
             tracing::warn!(error = %e, "GPUCluster reconcile failed");
             Error::from(e)
         }) {
+            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+            Err(e) => {
+                ctx.metrics.observe_error(e.reason());
+                failed = true;
+            }
+        }
+        match reconcile_nvidia_drivers(&ctx, active.as_deref()).await {
             Ok(requeue) => next = next.into_iter().chain(requeue).min(),
             Err(e) => {
                 ctx.metrics.observe_error(e.reason());

@@ -176,6 +176,18 @@ struct ComponentCounts {
     available: i32,
 }
 
+/// A condition of a status with no previous one (an NVIDIADriver's `disabled`).
+pub fn condition_now(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    condition(kind, ok, reason, message, generation, None, &now)
+}
+
 fn condition(
     kind: &str,
     ok: bool,
@@ -226,9 +238,41 @@ fn labelled_for_daemonset(operand: Operand, ds: &DaemonSet, nodes: &[NodeView]) 
     Some(match selector {
         Some(selector) => nodes
             .iter()
-            .filter(|n| n.is_gpu_node() && n.matches(selector))
+            .filter(|n| n.is_gpu_node() && n.matches(selector) && affinity_allows(ds, n))
             .count() as i32,
         None => labelled,
+    })
+}
+
+/// Whether the DaemonSet's required node affinity admits `node` (the ClusterPolicy's driver
+/// keeps off NVIDIADriver pools that way). Only the operators our renders use are evaluated;
+/// any other admits.
+fn affinity_allows(ds: &DaemonSet, node: &NodeView) -> bool {
+    let Some(required) = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return true;
+    };
+    required.node_selector_terms.iter().any(|term| {
+        term.match_expressions.iter().flatten().all(|e| {
+            let value = node.labels.get(&e.key);
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                _ => true,
+            }
+        })
     })
 }
 

@@ -9,10 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle,
-    LifecycleHandler, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource,
-    SecretVolumeSource, Volume, VolumeMount,
+    LifecycleHandler, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -27,6 +29,7 @@ use crate::api::{
 use crate::facts::{ClusterFacts, Runtime};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
+use crate::nodes::{DRIVER_POOL, NodeView};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-driver-daemonset";
@@ -174,10 +177,108 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
 
 /// The driver's objects: one DaemonSet for a fleet of one OS, else one per OS of the GPU nodes
 /// (operands::driver_os), each with its OS's image tag and an OS node selector.
+///
+/// With `useNvidiaDriverCRD` the GPU nodes an NVIDIADriver pool runs on (they carry
+/// [`DRIVER_POOL`], written once the pool's DaemonSet exists) are left to it: the DaemonSets
+/// here keep off them by node affinity and cover only the other GPU nodes, and when no GPU node
+/// is left, none is rendered. The ServiceAccount, RBAC and startup-probe ConfigMap stay, as the
+/// pools' DaemonSets use them too.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
     let image = common::image(policy, ImageKind::Driver);
+    if !uses_nvidia_driver_crd(&policy.spec) {
+        let pools = driver_os::split(facts);
+        return render_fleet(policy, facts, image, pools);
+    }
+    let gpu = |n: &NodeView| n.is_gpu_node() || n.has_nfd_gpu();
+    let had_gpu_nodes = facts.gpu_nodes.iter().any(gpu);
+    let facts = uncovered(facts);
+    // One DaemonSet per OS even for one OS, so nodes joining or leaving pools never rename
+    // or reselect the DaemonSet the other nodes run.
+    let pools = driver_os::pools(&facts.gpu_nodes).0;
+    let mut objects = render_fleet(policy, &facts, image, Some(pools))?;
+    if had_gpu_nodes && !facts.gpu_nodes.iter().any(gpu) {
+        objects.daemon_sets.clear();
+    }
+    for ds in &mut objects.daemon_sets {
+        keep_off_pools(ds);
+    }
+    Some(objects)
+}
+
+/// Whether the policy hands GPU nodes selected by NVIDIADriver resources to them.
+pub fn uses_nvidia_driver_crd(spec: &ClusterPolicySpec) -> bool {
+    spec.driver
+        .as_ref()
+        .is_some_and(DriverSpec::uses_nvidia_driver_crd)
+}
+
+/// The facts without the GPU nodes an NVIDIADriver pool runs on (the primary OS, and so the
+/// DaemonSet names, stay as they are).
+fn uncovered(facts: &ClusterFacts) -> ClusterFacts {
+    ClusterFacts {
+        gpu_nodes: facts
+            .gpu_nodes
+            .iter()
+            .filter(|n| n.label(DRIVER_POOL).is_none())
+            .cloned()
+            .collect(),
+        ..facts.clone()
+    }
+}
+
+/// Keeps a ClusterPolicy driver DaemonSet off the nodes NVIDIADriver pools run on.
+fn keep_off_pools(ds: &mut DaemonSet) {
+    let Some(pod) = ds.spec.as_mut().and_then(|s| s.template.spec.as_mut()) else {
+        return;
+    };
+    let affinity = pod.affinity.get_or_insert_with(Affinity::default);
+    affinity.node_affinity = Some(NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: DRIVER_POOL.to_owned(),
+                    operator: "DoesNotExist".to_owned(),
+                    values: None,
+                }]),
+                match_fields: None,
+            }],
+        }),
+        ..NodeAffinity::default()
+    });
+}
+
+/// The driver DaemonSet for the GPU nodes of one OS, with driver image `image` (the OS suffix
+/// included), named `name` and selecting the OS's nodes: what an NVIDIADriver pool renders
+/// per OS, from the same render as the policy's own driver.
+pub fn render_pool_daemon_set(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    pool: &driver_os::OsPool,
+    image: String,
+    name: &str,
+) -> Option<DaemonSet> {
+    let pool_facts = ClusterFacts {
+        os_tag: Some(pool.tag.clone()),
+        ..facts.clone()
+    };
+    let mut ds = render_os(policy, &pool_facts, image)?
+        .daemon_sets
+        .into_iter()
+        .next()?;
+    select_os(&mut ds, pool, Some(name.to_owned()));
+    Some(ds)
+}
+
+/// The driver's objects, with one DaemonSet per OS pool in `pools` (`None`: one DaemonSet
+/// without an OS selector).
+fn render_fleet(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    image: String,
+    pools: Option<Vec<driver_os::OsPool>>,
+) -> Option<OperandObjects> {
     let mut objects = render_os(policy, facts, image.clone())?;
-    let Some(pools) = driver_os::split(facts) else {
+    let Some(pools) = pools else {
         return Some(objects);
     };
     let primary = facts.os_tag.clone().unwrap_or_default();
@@ -208,13 +309,16 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     Some(objects)
 }
 
+/// A label value for a DaemonSet name: at most 63 characters, ending alphanumeric.
+pub fn app_label(name: &str) -> String {
+    let cut: String = name.chars().take(63).collect();
+    cut.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
+
 /// Limits a driver DaemonSet to one OS's nodes, under its own name (and `app` label, which its
 /// selector uses) when it is not the primary one.
-fn select_os(
-    ds: &mut k8s_openapi::api::apps::v1::DaemonSet,
-    pool: &driver_os::OsPool,
-    rename: Option<String>,
-) {
+fn select_os(ds: &mut DaemonSet, pool: &driver_os::OsPool, rename: Option<String>) {
     let Some(spec) = ds.spec.as_mut() else {
         return;
     };
@@ -227,10 +331,11 @@ fn select_os(
     let Some(name) = rename else {
         return;
     };
+    let app = app_label(&name);
     let set_app = |labels: &mut Option<BTreeMap<String, String>>| {
         labels
             .get_or_insert_with(BTreeMap::new)
-            .insert(common::APP_LABEL.to_owned(), name.clone());
+            .insert(common::APP_LABEL.to_owned(), app.clone());
     };
     set_app(&mut spec.selector.match_labels);
     set_app(
@@ -253,8 +358,6 @@ fn render_os(
     let spec = &policy.spec;
     let default_driver = DriverSpec::default();
     let driver = spec.driver.as_ref().unwrap_or(&default_driver);
-    // `useNvidiaDriverCRD` does not switch it off: NVIDIADriver resources are not supported
-    // yet (the field is reported as not acted on), and no GPU node may lose its driver.
     if !spec.is_enabled(Component::Driver) {
         return None;
     }
@@ -715,7 +818,7 @@ fn render_os(
 /// Sets `DRIVER_CONFIG_DIGEST` on the manager and driver containers: a hash of what decides
 /// the installed driver (containers' images, commands, env and mounts, and the volumes). The
 /// manager skips unloading the driver when the node's installed digest is the same.
-fn add_config_digest(daemon_set: &mut k8s_openapi::api::apps::v1::DaemonSet) {
+fn add_config_digest(daemon_set: &mut DaemonSet) {
     let Some(pod) = daemon_set
         .spec
         .as_mut()

@@ -121,7 +121,7 @@ fn driver_probe_overrides_rdma_sidecar_and_digest_changes_with_driver_settings()
 }
 
 #[test]
-fn driver_is_invalid_without_os_and_stays_with_the_unsupported_nvidia_driver_crd() {
+fn driver_is_invalid_without_os_and_use_nvidia_driver_crd_is_acted_on() {
     let s = state(
         "{}",
         &ClusterFacts {
@@ -130,17 +130,75 @@ fn driver_is_invalid_without_os_and_stays_with_the_unsupported_nvidia_driver_crd
         },
     );
     assert!(matches!(&s.operands[2].outcome, Outcome::Invalid(m) if m.contains("OS suffix")));
-    // NVIDIADriver resources are not supported: the policy's driver stays, and the field is
-    // named as not acted on.
-    let s = state("{driver: {useNvidiaDriverCRD: true}}", &facts());
-    assert!(matches!(s.operands[2].outcome, Outcome::Rendered(_)));
+    // Acted on now: the field is no longer reported as stored-only.
     let spec: crate::api::ClusterPolicySpec =
         serde_yaml_ng::from_str("{driver: {useNvidiaDriverCRD: true}}").unwrap();
     assert!(
-        spec.unsupported_fields()
+        !spec
+            .unsupported_fields()
             .iter()
             .any(|u| u.path == "spec.driver.useNvidiaDriverCRD")
     );
+}
+
+/// `fleet` with the named nodes carrying the NVIDIADriver pool label.
+fn pooled(mut facts: ClusterFacts, pooled: &[&str]) -> ClusterFacts {
+    for node in &mut facts.gpu_nodes {
+        if pooled.contains(&node.name.as_str()) {
+            node.labels
+                .insert(crate::nodes::DRIVER_POOL.to_owned(), "pool-a".to_owned());
+        }
+    }
+    facts
+}
+
+fn keeps_off_pools(ds: &DaemonSet) -> bool {
+    let term = pod(ds)
+        .affinity
+        .and_then(|a| a.node_affinity)
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms);
+    term.is_some_and(|t| {
+        t[0].match_expressions.as_ref().unwrap()[0].key == crate::nodes::DRIVER_POOL
+            && t[0].match_expressions.as_ref().unwrap()[0].operator == "DoesNotExist"
+    })
+}
+
+#[test]
+fn with_nvidia_driver_crd_the_policy_driver_keeps_off_pooled_nodes_and_keeps_the_rest() {
+    let f = fleet(
+        &[
+            ("a", Some(("ubuntu", "22.04"))),
+            ("b", Some(("ubuntu", "24.04"))),
+        ],
+        "ubuntu22.04",
+    );
+    // Off: no affinity, the template is what it always was.
+    let plain = objects("{}", &f, Operand::Driver);
+    assert!(!plain.daemon_sets.iter().any(keeps_off_pools));
+    // On, no pool yet: every node keeps the policy's driver, kept off future pool nodes.
+    let spec = "{driver: {useNvidiaDriverCRD: true}}";
+    let on = objects(spec, &f, Operand::Driver);
+    assert_eq!(on.daemon_sets.len(), 2);
+    assert!(on.daemon_sets.iter().all(keeps_off_pools));
+    // Node a (ubuntu22.04) in a pool: b's DaemonSet stays exactly as it was.
+    let b = |o: &OperandObjects| {
+        o.daemon_sets
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some("nvidia-driver-daemonset-ubuntu24.04"))
+            .cloned()
+            .unwrap()
+    };
+    let pooled_a = objects(spec, &pooled(f.clone(), &["a"]), Operand::Driver);
+    assert_eq!(pooled_a.daemon_sets.len(), 1);
+    assert_eq!(b(&pooled_a), b(&on));
+    let main = container(&pod(&b(&pooled_a)), "nvidia-driver-ctr");
+    assert!(main.image.unwrap().ends_with("-ubuntu24.04"));
+    // Every node pooled: no DaemonSet, but the identity and probe ConfigMap the pools use.
+    let all = objects(spec, &pooled(f, &["a", "b"]), Operand::Driver);
+    assert!(all.daemon_sets.is_empty());
+    assert_eq!(all.service_accounts.len(), 1);
+    assert_eq!(all.config_maps.len(), 1);
 }
 
 /// GPU nodes reporting `(name, Some((ID, VERSION_ID)))` through NFD, for mixed-OS fleets.

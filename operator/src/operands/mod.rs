@@ -14,6 +14,7 @@ pub mod mig_manager;
 pub mod mps;
 pub mod nfd;
 pub mod node_status_exporter;
+pub mod nvidia_driver;
 pub mod openshift;
 pub mod runtime_classes;
 pub mod toolkit;
@@ -61,8 +62,9 @@ pub fn render(
         Operand::DcgmExporter => dcgm_exporter::render(policy, facts),
         Operand::MigManager => mig_manager::render(policy, facts),
         Operand::NodeStatusExporter => node_status_exporter::render(policy, facts),
-        // A GPUCluster's: rendered from it by dra_driver::render, never from a ClusterPolicy.
-        Operand::DraDriver | Operand::DraDeviceClasses => None,
+        // A GPUCluster's or an NVIDIADriver's: rendered from it (dra_driver::render,
+        // nvidia_driver::render), never from a ClusterPolicy.
+        Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => None,
     }
 }
 
@@ -83,7 +85,8 @@ pub fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -
         | Operand::Dcgm
         | Operand::NodeStatusExporter
         | Operand::DraDriver
-        | Operand::DraDeviceClasses => Vec::new(),
+        | Operand::DraDeviceClasses
+        | Operand::NvidiaDriver => Vec::new(),
     }
 }
 

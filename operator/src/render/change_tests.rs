@@ -242,10 +242,6 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
             "spec.driver.readinessProbe",
             json!({"driver": {"readinessProbe": {"periodSeconds": 7}}}),
         ),
-        (
-            "spec.driver.useNvidiaDriverCRD",
-            json!({"driver": {"useNvidiaDriverCRD": true}}),
-        ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (
             "spec.validator.vfioPCI",

@@ -118,6 +118,18 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["get", "patch", "update"],
         ),
         rule(&["nvidia.com"], &["gpuclusters/finalizers"], &["update"]),
+        // NVIDIADriver pools: watch them, write their status, own their driver DaemonSets.
+        rule(
+            &["nvidia.com"],
+            &["nvidiadrivers"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            &["nvidia.com"],
+            &["nvidiadrivers/status"],
+            &["get", "patch", "update"],
+        ),
+        rule(&["nvidia.com"], &["nvidiadrivers/finalizers"], &["update"]),
         // The DRA driver's DeviceClasses (and the attribute classes' dry runs) and its
         // ResourceSlice admission policy.
         rule(&["resource.k8s.io"], &["deviceclasses"], &CRUD),

@@ -64,3 +64,19 @@ pub async fn await_established(client: &Client, name: &str) -> Result<CustomReso
     )
     .await
 }
+
+/// Applies the NVIDIADriver CRD generated from the operator's types and waits until it is
+/// established (the operator watches NVIDIADrivers only when it finds the CRD at start-up).
+pub async fn install_nvidia_driver_crd(client: &Client, field_manager: &str) -> Result<()> {
+    let crd = gpu_operator::api::nvidia_driver_crd::crd();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        gpu_operator::api::nvidia_driver_crd::CRD_NAME,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("applying the NVIDIADriver CRD")?;
+    await_established(client, gpu_operator::api::nvidia_driver_crd::CRD_NAME).await?;
+    Ok(())
+}

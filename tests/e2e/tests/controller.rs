@@ -204,7 +204,7 @@ async fn await_unsupported(s: &Setup, paths: &[&str]) -> String {
 async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
     let s = start(
         json!({
-            "driver": {"useNvidiaDriverCRD": true, "upgradePolicy": {"autoUpgrade": false}, "livenessProbe": {"periodSeconds": 20}},
+            "driver": {"useOpenKernelModules": true, "upgradePolicy": {"autoUpgrade": false}, "livenessProbe": {"periodSeconds": 20}},
             "operator": {"metrics": {"serviceMonitor": {"enabled": true}}},
             "gds": {"enabled": true},
         }),
@@ -215,7 +215,7 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
         &s,
         &[
             "spec.gds",
-            "spec.driver.useNvidiaDriverCRD",
+            "spec.driver.useOpenKernelModules",
             "spec.driver.livenessProbe.periodSeconds",
             "spec.operator.metrics.serviceMonitor.enabled",
         ],
@@ -225,7 +225,7 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
     assert!(!message.contains("maxParallelUpgrades"), "{message}");
 
     s.patch_policy(json!({"spec": {
-        "driver": {"useNvidiaDriverCRD": false, "livenessProbe": null},
+        "driver": {"useOpenKernelModules": null, "livenessProbe": null},
         "operator": {"metrics": null},
         "gds": {"enabled": false},
     }}))

@@ -1,0 +1,569 @@
+//! Render stage, NVIDIADriver pools (pure, no IO): each NVIDIADriver gets one driver DaemonSet
+//! per OS of the GPU nodes its `nodeSelector` selects, named as NVIDIA names them
+//! (`nvidia-<driverType>-driver-<name>-<os>`), rendered by the driver operand's own render
+//! ([`super::driver::render_pool_daemon_set`]) from the active ClusterPolicy with the pool's
+//! driver settings in place of `spec.driver`.
+//!
+//! Also here, because validate and status need them without IO: the pool's image, the overlap
+//! rule (two pools may not select the same GPU node; the older keeps it), and what an
+//! NVIDIADriver sets that this operator does not act on.
+//!
+//! The pools' DaemonSets share the ClusterPolicy driver's ServiceAccount, RBAC and
+//! startup-probe ConfigMap (that operand keeps rendering them while `useNvidiaDriverCRD` is
+//! on), so a pool renders DaemonSets only.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{driver, driver_os};
+use crate::api::{
+    ContainerOverrides, DaemonsetsSpec, DriverLicensingConfigSpec, DriverRepoConfigSpec,
+    DriverSpec, ImageKind, ImageSpec, NvidiaDriverSpec, NvidiaDriverType,
+    VirtualTopologyConfigSpec,
+};
+use crate::facts::ClusterFacts;
+use crate::model::{OPERAND_LABEL, Operand, OperandObjects, ValidatedPolicy};
+use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
+
+/// An NVIDIADriver after validate: what render needs.
+#[derive(Clone, Debug, Default)]
+pub struct ValidatedNvidiaDriver {
+    /// Name of the NVIDIADriver.
+    pub name: String,
+    pub spec: NvidiaDriverSpec,
+    /// The driver image without the OS suffix (`nvcr.io/nvidia/driver:580.95.05`), or pinned by
+    /// digest (then the same for every OS).
+    pub image: String,
+    /// The driver-manager image, when the NVIDIADriver names one (else the ClusterPolicy's).
+    pub manager_image: Option<String>,
+    /// The GPU nodes the pool selects.
+    pub nodes: Vec<NodeView>,
+}
+
+/// The pool's node selector: `nodeSelector`, or every GPU node when it is absent or empty
+/// (NVIDIA's default).
+pub fn selector(spec: &NvidiaDriverSpec) -> BTreeMap<String, String> {
+    spec.node_selector
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]))
+}
+
+/// [`selector`] as a label selector string for a list request (`k=v,k2=v2`).
+pub fn label_selector(spec: &NvidiaDriverSpec) -> String {
+    selector(spec)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// NVIDIA's DaemonSet name for the pool's nodes of one OS (at most 253 characters).
+pub fn daemon_set_name(name: &str, driver_type: NvidiaDriverType, os_tag: &str) -> String {
+    let full = match driver_type {
+        NvidiaDriverType::VgpuHostManager => format!("nvidia-vgpu-manager-{name}-{os_tag}"),
+        other => format!("nvidia-{}-driver-{name}-{os_tag}", other.as_str()),
+    };
+    full.chars().take(253).collect()
+}
+
+/// The value of [`DRIVER_POOL`] on the pool's nodes: the NVIDIADriver's name when it is a
+/// valid label value, else `true`.
+pub fn pool_label_value(name: &str) -> String {
+    let valid = name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        name.to_owned()
+    } else {
+        "true".to_owned()
+    }
+}
+
+/// The driver image without OS suffix: `repository/image:version` (`image` may hold the whole
+/// path, NVIDIA's default `nvcr.io/nvidia/driver`), `@` for a digest. NVIDIA takes no image
+/// from the operator's environment for an NVIDIADriver, so the version must be set.
+pub fn image(spec: &NvidiaDriverSpec) -> Result<String, String> {
+    let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+    let name = non_empty(&spec.image).unwrap_or_else(|| crate::api::DEFAULT_DRIVER_IMAGE.into());
+    let path = match non_empty(&spec.repository) {
+        Some(repository) => format!("{}/{name}", repository.trim_end_matches('/')),
+        None => name,
+    };
+    let Some(version) = non_empty(&spec.version) else {
+        return Err(
+            "spec.version: the driver version is not set; set it (for example 580.95.05), NVIDIA \
+             takes no default version for an NVIDIADriver"
+                .to_owned(),
+        );
+    };
+    if path.contains('@')
+        || path
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
+    {
+        return Err(format!(
+            "spec.image: {path} already carries a tag or digest; put it in spec.version instead"
+        ));
+    }
+    Ok(if version.starts_with("sha256:") {
+        format!("{path}@{version}")
+    } else {
+        format!("{path}:{version}")
+    })
+}
+
+/// The image for nodes of `os_tag`: `-<os>` appended unless the image is pinned by digest.
+pub fn image_for_os(image: &str, os_tag: &str) -> String {
+    if image.contains("@sha256:") {
+        image.to_owned()
+    } else {
+        format!("{image}-{os_tag}")
+    }
+}
+
+/// What validate says about an NVIDIADriver's own input, each problem naming the field and
+/// the fix (an invalid pool renders nothing new and claims no node).
+pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
+    let mut problems = Vec::new();
+    if spec.driver_type == Some(NvidiaDriverType::VgpuHostManager) {
+        problems.push(
+            "spec.driverType: vgpu-host-manager (the vGPU host manager) is not deployed by this \
+             operator; use gpu or vgpu, or NVIDIA's operator for vGPU hosts"
+                .to_owned(),
+        );
+    }
+    let as_policy = crate::api::ClusterPolicySpec {
+        driver: Some(driver_spec(spec, &DriverSpec::default())),
+        ..Default::default()
+    };
+    // The driver operand's own checks, with this API's field paths.
+    problems.extend(
+        driver::check(&as_policy, facts)
+            .into_iter()
+            .map(|p| p.replace("spec.driver.", "spec.")),
+    );
+    problems
+}
+
+/// What the NVIDIADriver sets that this operator does not act on (status lists each).
+pub fn not_acted_on(spec: &NvidiaDriverSpec) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut add = |set: bool, path: &str, why: &str| {
+        if set {
+            lines.push(format!("{path}: {why}"));
+        }
+    };
+    add(
+        spec.node_affinity.is_some(),
+        "spec.nodeAffinity",
+        "pools are chosen by nodeSelector only",
+    );
+    add(
+        spec.liveness_probe.is_some(),
+        "spec.livenessProbe",
+        "the driver container keeps its built-in liveness probe",
+    );
+    add(
+        spec.readiness_probe.is_some(),
+        "spec.readinessProbe",
+        "the driver container keeps its built-in readiness probe",
+    );
+    add(
+        spec.use_open_kernel_modules.is_some(),
+        "spec.useOpenKernelModules",
+        "deprecated: use kernelModuleType",
+    );
+    add(
+        spec.gds.as_ref().is_some_and(|g| g.enabled == Some(true)),
+        "spec.gds",
+        "enabled, but this operator does not deploy GPUDirect Storage",
+    );
+    add(
+        spec.gdrcopy
+            .as_ref()
+            .is_some_and(|g| g.enabled == Some(true)),
+        "spec.gdrcopy",
+        "enabled, but this operator does not deploy GDRCopy",
+    );
+    lines
+}
+
+/// One NVIDIADriver's claim on GPU nodes, for [`overlaps`].
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub name: String,
+    pub created: Option<Timestamp>,
+    /// The GPU nodes its selector matches.
+    pub nodes: Vec<String>,
+}
+
+/// The NVIDIADrivers rejected for selecting a GPU node an older one (creation time, then name)
+/// already selects, each with a message naming the other object and the shared nodes. A
+/// rejected pool claims no node, so a third one is compared with the accepted ones only.
+pub fn overlaps(claims: &[Claim]) -> BTreeMap<String, String> {
+    let mut ordered: Vec<&Claim> = claims.iter().collect();
+    ordered.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut rejected = BTreeMap::new();
+    for claim in ordered {
+        let mut shared: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for node in &claim.nodes {
+            if let Some(other) = owner.get(node.as_str()) {
+                shared.entry(*other).or_default().push(node.as_str());
+            }
+        }
+        if shared.is_empty() {
+            for node in &claim.nodes {
+                owner.insert(node.as_str(), claim.name.as_str());
+            }
+            continue;
+        }
+        let named: Vec<String> = shared
+            .iter()
+            .map(|(other, nodes)| {
+                let more = nodes.len().saturating_sub(10);
+                let list: Vec<&str> = nodes.iter().take(10).copied().collect();
+                let more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "NVIDIADriver {other} already selects GPU node(s) {}{more}",
+                    list.join(", ")
+                )
+            })
+            .collect();
+        rejected.insert(
+            claim.name.clone(),
+            format!(
+                "nodeSelector overlaps an older pool: {}; NVIDIADriver {} is not applied (its \
+                 running DaemonSets are kept) until the nodeSelectors select disjoint nodes",
+                named.join("; "),
+                claim.name
+            ),
+        );
+    }
+    rejected
+}
+
+/// The driver section a pool renders with: the NVIDIADriver's settings, and from the policy
+/// what NVIDIADriver has no field for (`upgradePolicy`, `hostNetwork`).
+fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
+    DriverSpec {
+        enabled: Some(true),
+        use_nvidia_driver_crd: policy.use_nvidia_driver_crd,
+        use_precompiled: spec.use_precompiled,
+        use_open_kernel_modules: None,
+        kernel_module_type: spec.kernel_module_type,
+        startup_probe: spec.startup_probe.clone(),
+        liveness_probe: spec.liveness_probe.clone(),
+        readiness_probe: spec.readiness_probe.clone(),
+        rdma: spec.rdma.clone(),
+        upgrade_policy: policy.upgrade_policy.clone(),
+        image: ImageSpec {
+            repository: None,
+            image: None,
+            version: None,
+            image_pull_policy: spec.image_pull_policy.clone(),
+            image_pull_secrets: spec.image_pull_secrets.clone(),
+        },
+        manager: spec.manager.clone(),
+        container: ContainerOverrides {
+            resources: spec.resources.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+        },
+        repo_config: spec.repo_config.as_ref().map(|r| DriverRepoConfigSpec {
+            config_map_name: r.name.clone(),
+        }),
+        cert_config: spec.cert_config.clone(),
+        licensing_config: spec
+            .licensing_config
+            .as_ref()
+            .map(|l| DriverLicensingConfigSpec {
+                config_map_name: l.name.clone(),
+                secret_name: l.secret_name.clone(),
+                nls_enabled: l.nls_enabled,
+            }),
+        virtual_topology: spec.virtual_topology_config.as_ref().map(|v| {
+            VirtualTopologyConfigSpec {
+                config: v.name.clone(),
+            }
+        }),
+        kernel_module_config: spec.kernel_module_config.clone(),
+        secret_env: spec.secret_env.clone(),
+        host_network: policy.host_network,
+    }
+}
+
+/// The policy a pool renders with: its driver section and DaemonSet settings in place of the
+/// ClusterPolicy's (tolerations, priority class, pod security context, labels and annotations
+/// where the NVIDIADriver sets them).
+fn pool_policy(policy: &ValidatedPolicy, pool: &ValidatedNvidiaDriver) -> ValidatedPolicy {
+    let mut out = policy.clone();
+    let own = policy.spec.driver.clone().unwrap_or_default();
+    out.spec.driver = Some(driver_spec(&pool.spec, &own));
+    let d = &pool.spec;
+    let daemonsets = out
+        .spec
+        .daemonsets
+        .get_or_insert_with(DaemonsetsSpec::default);
+    if let Some(tolerations) = d.tolerations.clone() {
+        daemonsets.tolerations = Some(tolerations);
+    }
+    if let Some(class) = d.priority_class_name.clone().filter(|c| !c.is_empty()) {
+        daemonsets.priority_class_name = Some(class);
+    }
+    if let Some(context) = d.pod_security_context.clone() {
+        daemonsets.pod_security_context = Some(context);
+    }
+    for (theirs, ours) in [
+        (&d.labels, &mut daemonsets.labels),
+        (&d.annotations, &mut daemonsets.annotations),
+    ] {
+        if let Some(extra) = theirs {
+            ours.get_or_insert_with(BTreeMap::new)
+                .extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    if let Some(manager) = &pool.manager_image {
+        out.images.insert(ImageKind::DriverManager, manager.clone());
+    }
+    out
+}
+
+/// The pool's driver DaemonSets, one per OS of its (known-OS) GPU nodes, each selecting the
+/// pool's `nodeSelector`, the driver deploy label and its OS. `facts` carry the NVIDIADriver as
+/// owner and the ConfigMaps its settings name.
+pub fn render(
+    policy: &ValidatedPolicy,
+    pool: &ValidatedNvidiaDriver,
+    facts: &ClusterFacts,
+) -> OperandObjects {
+    let pool_policy = pool_policy(policy, pool);
+    let driver_type = pool.spec.driver_type.unwrap_or_default();
+    let (os_pools, _) = driver_os::pools(&pool.nodes);
+    let selector = selector(&pool.spec);
+    let mut objects = OperandObjects::default();
+    for os in &os_pools {
+        let name = daemon_set_name(&pool.name, driver_type, &os.tag);
+        let image = image_for_os(&pool.image, &os.tag);
+        let Some(mut ds) = driver::render_pool_daemon_set(&pool_policy, facts, os, image, &name)
+        else {
+            continue;
+        };
+        ds.metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+            OPERAND_LABEL.to_owned(),
+            Operand::NvidiaDriver.name().to_owned(),
+        );
+        if let Some(pod) = ds.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+            let node_selector = pod.node_selector.get_or_insert_with(BTreeMap::new);
+            node_selector.extend(selector.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        objects.daemon_sets.push(ds);
+    }
+    objects
+}
+
+/// The pool's GPU nodes whose OS has no known driver image, as a status line.
+pub fn unknown_os(pool: &ValidatedNvidiaDriver) -> Option<String> {
+    let (_, unknown) = driver_os::pools(&pool.nodes);
+    (!unknown.is_empty()).then(|| {
+        let named: Vec<String> = unknown
+            .iter()
+            .take(10)
+            .map(|(node, why)| format!("{node} ({why})"))
+            .collect();
+        format!(
+            "GPU nodes whose OS has no known driver image get no driver pod: {} (known: {})",
+            named.join(", "),
+            driver_os::KNOWN_OS.join(", ")
+        )
+    })
+}
+
+/// Whether the node carries [`DRIVER_POOL`] (an NVIDIADriver pool runs its driver there).
+pub fn in_pool(node: &NodeView) -> bool {
+    node.label(DRIVER_POOL).is_some()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::render::tests::{facts, policy};
+
+    fn node(name: &str, os: (&str, &str), pool: &str) -> NodeView {
+        let labels: BTreeMap<String, String> = [
+            (GPU_PRESENT, "true"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+            (crate::nodes::OS_ID, os.0),
+            (crate::nodes::OS_VERSION_ID, os.1),
+            ("pool", pool),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut n = NodeView::from_labels(name, None, &labels);
+        // The controller adds the selector's labels to the pool's nodes.
+        n.labels.insert("pool".to_owned(), pool.to_owned());
+        n
+    }
+
+    fn pool(name: &str, spec: serde_json::Value, nodes: Vec<NodeView>) -> ValidatedNvidiaDriver {
+        let spec: NvidiaDriverSpec = serde_json::from_value(spec).unwrap();
+        ValidatedNvidiaDriver {
+            name: name.to_owned(),
+            image: image(&spec).unwrap(),
+            spec,
+            manager_image: None,
+            nodes,
+        }
+    }
+
+    #[test]
+    fn each_pool_gets_one_daemonset_per_os_named_as_nvidia_names_them_with_its_version() {
+        let p = pool(
+            "pool-a",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "a"}}),
+            vec![
+                node("a1", ("ubuntu", "22.04"), "a"),
+                node("a2", ("ubuntu", "24.04"), "a"),
+            ],
+        );
+        let facts = facts();
+        let objects = render(&policy("{}"), &p, &facts);
+        let names: Vec<String> = objects
+            .daemon_sets
+            .iter()
+            .map(|d| d.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "nvidia-gpu-driver-pool-a-ubuntu24.04"
+            ]
+        );
+        let ds = &objects.daemon_sets[1];
+        let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let main = pod
+            .containers
+            .iter()
+            .find(|c| c.name == driver::MAIN_CONTAINER)
+            .unwrap();
+        assert_eq!(
+            main.image.as_deref(),
+            Some("nvcr.io/nvidia/driver:580.95.05-ubuntu24.04")
+        );
+        let selector = pod.node_selector.clone().unwrap();
+        assert_eq!(selector["pool"], "a");
+        assert_eq!(selector[crate::nodes::DEPLOY_DRIVER], "true");
+        assert_eq!(selector[crate::nodes::OS_VERSION_ID], "24.04");
+        // Pruned per NVIDIADriver, found by the upgrade controller by its component label.
+        let labels = ds.metadata.labels.clone().unwrap();
+        assert_eq!(labels[OPERAND_LABEL], "nvidia-driver");
+        assert_eq!(labels["app.kubernetes.io/component"], "nvidia-driver");
+        assert_eq!(
+            ds.spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .match_labels
+                .as_ref()
+                .unwrap()["app"],
+            "nvidia-gpu-driver-pool-a-ubuntu24.04"
+        );
+    }
+
+    #[test]
+    fn the_younger_of_two_overlapping_pools_is_rejected_naming_both_and_the_nodes() {
+        let t = |s: i64| Some(Timestamp::from_second(s).unwrap());
+        let claims = [
+            Claim {
+                name: "b".into(),
+                created: t(20),
+                nodes: vec!["n2".into(), "n3".into()],
+            },
+            Claim {
+                name: "a".into(),
+                created: t(10),
+                nodes: vec!["n1".into(), "n2".into()],
+            },
+            Claim {
+                name: "c".into(),
+                created: t(30),
+                nodes: vec!["n3".into()],
+            },
+        ];
+        let rejected = overlaps(&claims);
+        assert_eq!(rejected.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(rejected["b"].contains("NVIDIADriver a already selects GPU node(s) n2"));
+        assert!(rejected["b"].contains("NVIDIADriver b is not applied"));
+        // Same creation time: the name breaks the tie.
+        let tie = [
+            Claim {
+                name: "y".into(),
+                created: t(5),
+                nodes: vec!["n".into()],
+            },
+            Claim {
+                name: "x".into(),
+                created: t(5),
+                nodes: vec!["n".into()],
+            },
+        ];
+        assert_eq!(overlaps(&tie).keys().collect::<Vec<_>>(), ["y"]);
+    }
+
+    #[test]
+    fn image_needs_a_version_and_joins_repository_image_and_digest() {
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        assert!(
+            image(&spec(serde_json::json!({})))
+                .unwrap_err()
+                .contains("spec.version")
+        );
+        assert_eq!(
+            image(&spec(
+                serde_json::json!({"repository": "r.io/x/", "image": "driver", "version": "1"})
+            ))
+            .unwrap(),
+            "r.io/x/driver:1"
+        );
+        let digest = image(&spec(serde_json::json!({"version": "sha256:abc"}))).unwrap();
+        assert_eq!(digest, "nvcr.io/nvidia/driver@sha256:abc");
+        assert_eq!(image_for_os(&digest, "ubuntu22.04"), digest);
+        assert_eq!(
+            daemon_set_name("p", NvidiaDriverType::VgpuHostManager, "rhel9"),
+            "nvidia-vgpu-manager-p-rhel9"
+        );
+        assert_eq!(pool_label_value("pool-a"), "pool-a");
+        assert_eq!(pool_label_value(&"x".repeat(64)), "true");
+    }
+
+    #[test]
+    fn unsupported_settings_are_reported_and_host_manager_is_rejected() {
+        let spec: NvidiaDriverSpec = serde_json::from_value(serde_json::json!({
+            "driverType": "vgpu-host-manager", "version": "1",
+            "nodeAffinity": {}, "gds": {"enabled": true}
+        }))
+        .unwrap();
+        let lines = not_acted_on(&spec);
+        assert!(lines.iter().any(|l| l.starts_with("spec.nodeAffinity")));
+        assert!(lines.iter().any(|l| l.starts_with("spec.gds")));
+        let problems = check(&spec, &facts());
+        assert!(problems[0].starts_with("spec.driverType"));
+        let precompiled: NvidiaDriverSpec =
+            serde_json::from_value(serde_json::json!({"usePrecompiled": true})).unwrap();
+        assert!(check(&precompiled, &facts())[0].starts_with("spec.usePrecompiled"));
+    }
+}

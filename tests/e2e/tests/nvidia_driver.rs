@@ -1,0 +1,560 @@
+//! NVIDIADriver pools on the harness (docs/nvidiadriver.md): two pools with different driver
+//! versions each get their own DaemonSets, an overlapping pool is rejected in status, and
+//! switching the ClusterPolicy's `useNvidiaDriverCRD` on and off hands nodes between the
+//! policy's driver and the pools' without leaving a GPU node without a driver pod. The
+//! operator runs on its generated ClusterRole, so watching NVIDIADrivers, writing their status
+//! and owning their DaemonSets is proven allowed to the chart's identity.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use e2e::cluster::unique_name;
+use e2e::nodes::{self, GpuModel};
+use e2e::operator::{Operator, OperatorIdentity};
+use e2e::session::{self, Setup};
+use e2e::wait;
+use gpu_operator::api::{NVIDIADriver, NvidiaDriverState, State};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const POOL_LABEL: &str = "nvidia.com/gpu-operator.nvidiadriver";
+const UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+const TIMEOUT: Duration = Duration::from_secs(180);
+/// The longest a GPU node may be without a driver pod during a switch: the old pod's deletion,
+/// the scheduler binding the new one and kwok starting it, on a loaded machine (a pass takes
+/// well under a second; the bound leaves room for the scheduler's backoff).
+const LONGEST_GAP: Duration = Duration::from_secs(15);
+
+fn drivers(client: &Client) -> Api<NVIDIADriver> {
+    Api::all(client.clone())
+}
+
+/// Deletes every NVIDIADriver and waits until they are gone.
+async fn remove_drivers(admin: &Client) {
+    let api = drivers(admin);
+    for d in api.list(&ListParams::default()).await.unwrap().items {
+        let _ = api.delete(&d.name_any(), &DeleteParams::default()).await;
+    }
+    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "NVIDIADrivers gone")
+        .await
+        .unwrap();
+}
+
+/// Removes what a failed run may have left on nodes: the pool label, the upgrade state and
+/// annotations, cordons.
+async fn clean_nodes(admin: &Client) {
+    let api = Api::<Node>::all(admin.clone());
+    for node in api.list(&ListParams::default()).await.unwrap().items {
+        let upgrade: serde_json::Map<String, serde_json::Value> = node
+            .annotations()
+            .keys()
+            .filter(|k| k.contains("driver-upgrade"))
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let dirty = node.labels().contains_key(POOL_LABEL)
+            || node.labels().contains_key(UPGRADE_STATE)
+            || !upgrade.is_empty()
+            || node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if !dirty {
+            continue;
+        }
+        let patch = json!({
+            "metadata": {"labels": {POOL_LABEL: null, UPGRADE_STATE: null}, "annotations": upgrade},
+            "spec": {"unschedulable": null}
+        });
+        api.patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// The ClusterPolicy and the NVIDIADriver CRD installed, leftovers removed, the operator
+/// running on the generated ClusterRole, and four pool nodes beside the standard fleet.
+async fn start(spec: serde_json::Value) -> (Setup, String, Vec<String>) {
+    let admin = e2e::client().await.unwrap();
+    e2e::crd::install_cluster_policy_crd(&admin, "e2e-nvidia-driver")
+        .await
+        .unwrap();
+    e2e::crd::install_nvidia_driver_crd(&admin, "e2e-nvidia-driver")
+        .await
+        .unwrap();
+    session::remove_leftovers(&admin).await;
+    remove_drivers(&admin).await;
+    clean_nodes(&admin).await;
+    let pool_nodes = vec![
+        session::ephemeral_gpu_node("nvd-a-0", GpuModel::T4).label("pool", "a"),
+        session::ephemeral_gpu_node("nvd-a-1", GpuModel::T4).label("pool", "a"),
+        session::ephemeral_gpu_node("nvd-b-0", GpuModel::T4).label("pool", "b"),
+        session::ephemeral_gpu_node("nvd-b-1", GpuModel::T4)
+            .label("pool", "b")
+            .os("ubuntu", "24.04"),
+    ];
+    nodes::create(&admin, &pool_nodes).await.unwrap();
+    let role_name = unique_name("gpu-operator-nvd");
+    let mut role = gpu_operator::render::rbac::operator_cluster_role();
+    role.metadata = kube::api::ObjectMeta {
+        name: Some(role_name.clone()),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let identity = OperatorIdentity::create(&admin, &role_name).await.unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
+    let policy = unique_name("cluster-policy");
+    session::create_policy(&admin, &policy, spec).await;
+    let names = pool_nodes.iter().map(|n| n.name.clone()).collect();
+    (
+        Setup {
+            admin,
+            identity,
+            operator,
+            policy,
+        },
+        role_name,
+        names,
+    )
+}
+
+async fn create_driver(admin: &Client, name: &str, version: &str, pool: &str) {
+    let d: NVIDIADriver = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+        "metadata": {"name": name},
+        "spec": {"driverType": "gpu", "repository": "nvcr.io/nvidia", "image": "driver",
+                 "version": version, "nodeSelector": {"pool": pool}}
+    }))
+    .unwrap();
+    drivers(admin)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+}
+
+/// Waits until NVIDIADriver `name` reports `want` for its generation; returns its Ready message.
+async fn await_driver(s: &Setup, name: &str, want: NvidiaDriverState, what: &str) -> String {
+    let api = drivers(&s.admin);
+    wait::until(TIMEOUT, what, || {
+        let api = api.clone();
+        async move {
+            let d = api.get(name).await?;
+            let status = d.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .cloned();
+            let current = ready
+                .as_ref()
+                .and_then(|r| r.observed_generation)
+                .is_some_and(|g| Some(g) >= d.metadata.generation);
+            Ok(if status.state == want && current {
+                Ok(ready.map(|r| r.message).unwrap_or_default())
+            } else {
+                Err(format!("{status:?}"))
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()))
+}
+
+/// The running driver pods (any driver DaemonSet), by node: (DaemonSet, image).
+async fn driver_pods(admin: &Client, namespace: &str) -> BTreeMap<String, (String, String)> {
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=nvidia-driver"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            let owner = p.owner_references().first()?.name.clone();
+            let image = p
+                .spec
+                .as_ref()?
+                .containers
+                .iter()
+                .find(|c| c.name == "nvidia-driver-ctr")?
+                .image
+                .clone()?;
+            Some((node, (owner, image)))
+        })
+        .collect()
+}
+
+async fn gpu_nodes(admin: &Client) -> Vec<String> {
+    Api::<Node>::all(admin.clone())
+        .list_metadata(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.name_any())
+        .collect()
+}
+
+/// Waits until every GPU node runs exactly the driver `expect` names for it (DaemonSet prefix
+/// and image tag), or, for nodes `expect` does not name, the ClusterPolicy's.
+async fn await_drivers(s: &Setup, expect: &BTreeMap<String, (&str, &str)>, what: &str) {
+    let (admin, ns) = (&s.admin, &s.identity.namespace);
+    wait::until(TIMEOUT, what, || async move {
+        let pods = driver_pods(admin, ns).await;
+        let wrong: Vec<String> = gpu_nodes(admin)
+            .await
+            .into_iter()
+            .filter_map(|node| {
+                let (ds, tag) = expect
+                    .get(&node)
+                    .copied()
+                    .unwrap_or(("nvidia-driver-daemonset", "595.91.07"));
+                match pods.get(&node) {
+                    Some((owner, image)) if owner.starts_with(ds) && image.contains(tag) => None,
+                    other => Some(format!("{node}: {other:?}")),
+                }
+            })
+            .collect();
+        Ok(if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+}
+
+/// Samples the running driver pods per GPU node every 100 ms; records, per node, the longest
+/// time it was seen without one.
+fn sample_gaps(
+    admin: Client,
+    namespace: String,
+) -> (
+    Arc<Mutex<BTreeMap<String, Duration>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let longest = Arc::new(Mutex::new(BTreeMap::new()));
+    let seen = longest.clone();
+    let task = tokio::spawn(async move {
+        let mut since: BTreeMap<String, Instant> = BTreeMap::new();
+        loop {
+            let pods = driver_pods(&admin, &namespace).await;
+            let now = Instant::now();
+            for node in gpu_nodes(&admin).await {
+                if pods.contains_key(&node) {
+                    since.remove(&node);
+                } else {
+                    let start = *since.entry(node.clone()).or_insert(now);
+                    let mut m = seen.lock().unwrap();
+                    let gap = m.entry(node).or_insert(Duration::ZERO);
+                    *gap = (*gap).max(now - start);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (longest, task)
+}
+
+fn assert_gaps(gaps: &BTreeMap<String, Duration>, what: &str) {
+    let worst = gaps.iter().max_by_key(|(_, d)| **d);
+    println!("{what}: longest time without a driver pod per node: {gaps:?}");
+    if let Some((node, gap)) = worst {
+        assert!(
+            *gap <= LONGEST_GAP,
+            "{what}: GPU node {node} was without a driver pod for {gap:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_driverless_nodes() {
+    let (s, role, pool_nodes) = start(json!({})).await;
+    let admin = s.admin.clone();
+    let ns = s.identity.namespace.clone();
+    s.await_state(State::Ready, "policy ready with its own driver everywhere")
+        .await;
+    await_drivers(
+        &s,
+        &BTreeMap::new(),
+        "the policy's driver on every GPU node",
+    )
+    .await;
+
+    // Not acted on while the policy does not ask for them.
+    create_driver(&admin, "pool-a", "580.95.05", "a").await;
+    create_driver(&admin, "pool-b", "570.172.08", "b").await;
+    let message = await_driver(&s, "pool-a", NvidiaDriverState::Disabled, "pool-a disabled").await;
+    assert!(message.contains("useNvidiaDriverCRD"), "{message}");
+
+    // Switched on: each pool its own DaemonSets and version, the other nodes keep the policy's.
+    let (gaps, sampler) = sample_gaps(admin.clone(), ns.clone());
+    let on = Instant::now();
+    s.patch_policy(json!({"spec": {"driver": {"useNvidiaDriverCRD": true}}}))
+        .await;
+    let expect: BTreeMap<String, (&str, &str)> = [
+        (
+            "nvd-a-0",
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.05-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-a-1",
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.05-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-b-0",
+            (
+                "nvidia-gpu-driver-pool-b-ubuntu22.04",
+                "570.172.08-ubuntu22.04",
+            ),
+        ),
+        (
+            "nvd-b-1",
+            (
+                "nvidia-gpu-driver-pool-b-ubuntu24.04",
+                "570.172.08-ubuntu24.04",
+            ),
+        ),
+    ]
+    .into_iter()
+    .map(|(n, e)| (n.to_owned(), e))
+    .collect();
+    await_drivers(&s, &expect, "each pool's driver on its nodes").await;
+    println!(
+        "switch on: every node on its final driver after {:?}",
+        on.elapsed()
+    );
+    for pool in ["pool-a", "pool-b"] {
+        await_driver(&s, pool, NvidiaDriverState::Ready, "pool ready").await;
+    }
+    let d = drivers(&admin).get("pool-b").await.unwrap();
+    let status = d.status.unwrap();
+    assert_eq!(status.selected_nodes, Some(2));
+    let components: Vec<String> = status
+        .components
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.daemon_set.clone())
+        .collect();
+    assert_eq!(
+        components,
+        [
+            "nvidia-gpu-driver-pool-b-ubuntu22.04",
+            "nvidia-gpu-driver-pool-b-ubuntu24.04"
+        ]
+    );
+    let dss = Api::<DaemonSet>::namespaced(admin.clone(), &ns);
+    let a = dss
+        .get("nvidia-gpu-driver-pool-a-ubuntu22.04")
+        .await
+        .unwrap();
+    assert_eq!(a.owner_references()[0].kind, "NVIDIADriver");
+    s.await_state(State::Ready, "policy ready beside the pools")
+        .await;
+    let note = wait::until(TIMEOUT, "policy status names the pools", || {
+        let admin = admin.clone();
+        let policy = s.policy.clone();
+        async move {
+            let p = session::policies(&admin).get(&policy).await?;
+            let text = serde_json::to_string(&p.status)?;
+            Ok(
+                if text.contains(
+                    "4 GPU node(s) run the driver of an NVIDIADriver pool (pool-a: 2, pool-b: 2)",
+                ) {
+                    Ok(text)
+                } else {
+                    Err(text)
+                },
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(note.contains("keep this policy's driver"), "{note}");
+
+    // Overlap: a younger pool selecting pool a's nodes is rejected, naming both; nothing new.
+    create_driver(&admin, "pool-c", "590.1.1", "a").await;
+    let message = await_driver(
+        &s,
+        "pool-c",
+        NvidiaDriverState::NotReady,
+        "overlap rejected",
+    )
+    .await;
+    assert!(
+        message.contains("NVIDIADriver pool-a already selects GPU node(s) nvd-a-0, nvd-a-1")
+            && message.contains("NVIDIADriver pool-c is not applied"),
+        "{message}"
+    );
+    assert!(
+        dss.get_opt("nvidia-gpu-driver-pool-c-ubuntu22.04")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    await_driver(&s, "pool-a", NvidiaDriverState::Ready, "pool-a still ready").await;
+    drivers(&admin)
+        .delete("pool-c", &DeleteParams::default())
+        .await
+        .unwrap();
+    sampler.abort();
+    assert_gaps(
+        &gaps.lock().unwrap().clone(),
+        "switching useNvidiaDriverCRD on",
+    );
+
+    // The upgrade controller drives the pools' DaemonSets: pool-a's version bump reaches its
+    // nodes node by node (the policy's own DaemonSets changed template with the switch, so
+    // their nodes are upgraded too).
+    s.patch_policy(json!({"spec": {"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 10, "maxUnavailable": "100%"
+    }}}}))
+    .await;
+    drivers(&admin)
+        .patch(
+            "pool-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": "580.95.06"}})),
+        )
+        .await
+        .unwrap();
+    let mut bumped = expect.clone();
+    for node in ["nvd-a-0", "nvd-a-1"] {
+        bumped.insert(
+            node.to_owned(),
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.06-ubuntu22.04",
+            ),
+        );
+    }
+    await_drivers(&s, &bumped, "pool-a upgraded to 580.95.06").await;
+    wait::until(
+        TIMEOUT,
+        "every GPU node upgrade-done and uncordoned",
+        || {
+            let admin = admin.clone();
+            async move {
+                let wrong: Vec<String> = Api::<Node>::all(admin)
+                    .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+                    .await?
+                    .items
+                    .iter()
+                    .filter(|n| {
+                        n.labels().get(UPGRADE_STATE).map(String::as_str) != Some("upgrade-done")
+                            || n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                    })
+                    .map(|n| format!("{}={:?}", n.name_any(), n.labels().get(UPGRADE_STATE)))
+                    .collect();
+                Ok(if wrong.is_empty() {
+                    Ok(())
+                } else {
+                    Err(wrong.join(", "))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    s.patch_policy(json!({"spec": {"driver": {"upgradePolicy": {"autoUpgrade": false}}}}))
+        .await;
+    wait::until(TIMEOUT, "upgrade labels cleared", || {
+        let admin = admin.clone();
+        async move {
+            let n = Api::<Node>::all(admin)
+                .list_metadata(&ListParams::default().labels(UPGRADE_STATE))
+                .await?
+                .items
+                .len();
+            Ok(if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} left"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+
+    // Switched off: the pools let go, the policy's driver covers every GPU node again.
+    let (gaps, sampler) = sample_gaps(admin.clone(), ns.clone());
+    let off = Instant::now();
+    s.patch_policy(json!({"spec": {"driver": {"useNvidiaDriverCRD": false}}}))
+        .await;
+    await_drivers(
+        &s,
+        &BTreeMap::new(),
+        "the policy's driver back on every GPU node",
+    )
+    .await;
+    println!(
+        "switch off: every node on the policy's driver after {:?}",
+        off.elapsed()
+    );
+    await_driver(
+        &s,
+        "pool-a",
+        NvidiaDriverState::Disabled,
+        "pool-a disabled again",
+    )
+    .await;
+    wait::until(TIMEOUT, "pool DaemonSets pruned and labels removed", || {
+        let (dss, admin) = (dss.clone(), admin.clone());
+        async move {
+            let left: Vec<String> = dss
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|d| d.name_any())
+                .filter(|n| n.starts_with("nvidia-gpu-driver-"))
+                .collect();
+            let labelled = Api::<Node>::all(admin)
+                .list_metadata(&ListParams::default().labels(POOL_LABEL))
+                .await?
+                .items
+                .len();
+            Ok(if left.is_empty() && labelled == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left:?}, {labelled} labelled"))
+            })
+        }
+    })
+    .await
+    .unwrap();
+    sampler.abort();
+    assert_gaps(
+        &gaps.lock().unwrap().clone(),
+        "switching useNvidiaDriverCRD off",
+    );
+
+    remove_drivers(&admin).await;
+    s.teardown().await;
+    nodes::delete(&admin, &pool_nodes).await.unwrap();
+    clean_nodes(&admin).await;
+    Api::<ClusterRole>::all(admin.clone())
+        .delete(&role, &DeleteParams::default())
+        .await
+        .unwrap();
+}
