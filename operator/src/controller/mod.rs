@@ -139,6 +139,8 @@ pub struct Context {
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
     /// When the pods of a not-ready DaemonSet are listed.
     diagnoser: observe::Diagnoser,
+    /// The upgrade stage's last report, standing while the caches show nothing to upgrade.
+    last_upgrade: Mutex<Option<upgrade::Report>>,
     recorder: Recorder,
     metrics: Metrics,
     /// GPUClusters (`None` when their CRD is not served), what their passes remember, and the
@@ -435,6 +437,14 @@ async fn upgrade_drivers(
     if ctx.resolver.discovered.nvidia_operator.is_some() || !still_in_force(ctx, policy) {
         return Ok(upgrade::Report::default());
     }
+    // Nothing to upgrade by the caches: the last report stands, without the stage's reads.
+    if upgrade::enabled(&policy.spec)
+        && upgrade::quiet(&observed.daemon_sets, nodes)
+        && let Some(last) = ctx.last_upgrade.lock().ok().and_then(|l| l.clone())
+        && !last.active()
+    {
+        return Ok(last);
+    }
     let report = upgrade::reconcile(
         &ctx.client,
         &ctx.settings.namespace,
@@ -447,6 +457,9 @@ async fn upgrade_drivers(
     .map_err(Error::Upgrade)?;
     ctx.metrics
         .observe_upgrades(upgrade::enabled(&policy.spec), &report.counts());
+    if let Ok(mut last) = ctx.last_upgrade.lock() {
+        *last = Some(report.clone());
+    }
     Ok(report)
 }
 
@@ -774,6 +787,7 @@ pub async fn run(
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
         diagnoser: observe::Diagnoser::default(),
+        last_upgrade: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
         nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
