@@ -6,7 +6,8 @@
 #   bench/run.sh [N]              (default 100; N=... from make)
 # Settings (environment): OPERATOR_CMD, OPERATOR_NAME, BENCH_CHANGES (25), BENCH_STEADY_SECONDS
 # (60), BENCH_ARGS (more bench flags), BENCH_SKIP_BUILD, BENCH_KEEP, HARNESS_PORT_BASE (20400),
-# BENCH_OUT (bench/results).
+# BENCH_OUT (bench/results), BENCH_DHAT (a file: heap-profile our operator with dhat-rs into it;
+# its timings are then not comparable).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,8 +29,13 @@ log() { echo "bench/run.sh: $*" >&2; }
 
 # Release builds, before the harness starts so compile time is not spent with it running
 # (BENCH_SKIP_BUILD=1 reuses the binaries already there, e.g. to repeat a run).
+features=()
+if [[ -n "${BENCH_DHAT:-}" ]]; then
+  features=(--features gpu-operator/dhat-heap)
+  export DHAT_OUT=$BENCH_DHAT
+fi
 if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
-  (cd "$root" && cargo build --release --quiet -p gpu-operator -p e2e --bin gpu-operator --bin bench)
+  (cd "$root" && cargo build --release --quiet -p gpu-operator -p e2e --bin gpu-operator --bin bench "${features[@]}")
 fi
 release=$CARGO_TARGET_DIR/release
 

@@ -3,7 +3,17 @@
 
 use gpu_operator::cli::Cli;
 
+/// With `--features dhat-heap` every allocation is recorded (bench/README.md, heap profile).
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> anyhow::Result<()> {
+    // Written to `DHAT_OUT` (default `dhat-heap.json`) when `main` returns, after a SIGTERM.
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::builder()
+        .file_name(std::env::var_os("DHAT_OUT").unwrap_or_else(|| "dhat-heap.json".into()))
+        .build();
     // Not `stdout().lock()`: `run` logs to stdout from its runtime's worker threads, which would
     // block forever on a lock the main thread holds for the whole command.
     Cli::parse_args().run(&mut std::io::stdout())

@@ -44,6 +44,8 @@ pub struct Pass<'a> {
     /// The ClusterPolicy in force, if any.
     pub policy: Option<&'a ClusterPolicy>,
     pub not_ready_requeue: Duration,
+    /// When the pods of a not-ready DaemonSet are listed (shared with the policy's passes).
+    pub diagnoser: &'a super::observe::Diagnoser,
 }
 
 /// Why a GPUCluster pass failed.
@@ -381,7 +383,7 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
     if !applied.applied.is_empty() || !applied.pruned.is_empty() {
         tracing::info!(gpu_cluster = %cluster.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
     }
-    let observed = observe::observe(ctx.client, ctx.stores).await;
+    let observed = observe::observe(ctx.client, ctx.stores, ctx.diagnoser).await;
     let unsupported = dra_driver::not_acted_on(&cluster.spec);
     let computed = status::compute(&status::StatusInputs {
         generation: cluster.metadata.generation,

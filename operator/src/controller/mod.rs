@@ -149,6 +149,10 @@ pub struct Context {
     nfd_crds_read_only: std::sync::atomic::AtomicBool,
     /// Since when each DaemonSet's pod count has differed from its labelled nodes.
     mismatch_since: Mutex<BTreeMap<String, Instant>>,
+    /// When the pods of a not-ready DaemonSet are listed.
+    diagnoser: observe::Diagnoser,
+    /// The upgrade stage's last report, standing while the caches show nothing to upgrade.
+    last_upgrade: Mutex<Option<upgrade::Report>>,
     recorder: Recorder,
     metrics: Metrics,
     /// GPUClusters (`None` when their CRD is not served), what their passes remember, and the
@@ -365,28 +369,41 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 
 /// One pass for the active policy: the pipeline label -> resolve -> validate -> render -> apply
 /// -> observe -> status, each stage a function of its own module.
+///
+/// Labelling and applying run side by side: the DaemonSets select their nodes by the deploy
+/// labels whichever lands first, and a thousand label patches must not hold back the ~60
+/// operand objects (nor the other way round). Both work on the same node snapshot.
 async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
-    let labelled = label(policy, ctx).await?;
-    let resolved = (ctx.resolver)
-        .resolve(policy, &ctx.stores, &labelled.nodes)
-        .await
-        .map_err(Error::Resolve)?;
-    let validated = validate::validate(policy, &resolved.facts);
-    let desired = render::render(&validated, &resolved.facts);
-    if let Ok(mut last) = ctx.last_policy_pass.lock() {
-        *last = Some(PolicyPass {
-            uid: policy.metadata.uid.clone(),
-            validated: validated.clone(),
-            facts: resolved.facts.clone(),
-        });
-    }
-    if !still_in_force(ctx, policy) {
+    let nodes = ctx.stores.nodes.snapshot();
+    ensure_namespace(policy, ctx).await?;
+    let render_and_apply = async {
+        let resolved = (ctx.resolver)
+            .resolve(policy, &ctx.stores, &nodes)
+            .await
+            .map_err(Error::Resolve)?;
+        let validated = validate::validate(policy, &resolved.facts);
+        let desired = render::render(&validated, &resolved.facts);
+        if let Ok(mut last) = ctx.last_policy_pass.lock() {
+            *last = Some(PolicyPass {
+                uid: policy.metadata.uid.clone(),
+                validated: validated.clone(),
+                facts: resolved.facts.clone(),
+            });
+        }
+        if !still_in_force(ctx, policy) {
+            return Ok(None);
+        }
+        let applied = apply(policy, ctx, &desired).await?;
+        Ok::<_, Error>(Some((resolved, validated, desired, applied)))
+    };
+    let (labelled, applied) = tokio::join!(label(policy, ctx, &nodes), render_and_apply);
+    let labelled = labelled?;
+    let Some((resolved, validated, desired, applied)) = applied? else {
         return Ok(None);
-    }
-    let applied = apply(policy, ctx, &desired).await?;
-    let observed = observe::observe(&ctx.client, &ctx.stores).await;
-    let upgrades = upgrade_drivers(policy, ctx, &observed, &labelled.nodes).await?;
-    let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &labelled.nodes);
+    };
+    let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
+    let upgrades = upgrade_drivers(policy, ctx, &observed, &nodes).await?;
+    let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &nodes);
     let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
     let notes: Vec<String> = validated
         .notes
@@ -401,12 +418,12 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         .chain(gpu_cluster::policy_note(
             ctx.gpu_clusters.as_ref(),
             policy,
-            &labelled.nodes,
+            &nodes,
         ))
         .chain(nvidia_driver::policy_note(
             policy,
             ctx.nvidia_drivers.is_some(),
-            &labelled.nodes,
+            &nodes,
         ))
         .collect();
     let status = status::compute(&status::StatusInputs {
@@ -415,7 +432,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         desired: &desired,
         daemon_sets: &observed.daemon_sets,
         deployments: &observed.deployments,
-        nodes: &labelled.nodes,
+        nodes: &nodes,
         failures: &ctx.resolver.discovered.coexistence_problems(),
         config_problems: &validated.reported,
         notes: &notes,
@@ -429,7 +446,7 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         previous: policy.status.as_ref(),
         now,
     });
-    report_status(policy, ctx, &status, &labelled.nodes).await?;
+    report_status(policy, ctx, &status, &nodes).await?;
     let again = requeue(
         ctx,
         &status,
@@ -458,6 +475,14 @@ async fn upgrade_drivers(
     if ctx.resolver.discovered.nvidia_operator.is_some() || !still_in_force(ctx, policy) {
         return Ok(upgrade::Report::default());
     }
+    // Nothing to upgrade by the caches: the last report stands, without the stage's reads.
+    if upgrade::enabled(&policy.spec)
+        && upgrade::quiet(&observed.daemon_sets, nodes)
+        && let Some(last) = ctx.last_upgrade.lock().ok().and_then(|l| l.clone())
+        && !last.active()
+    {
+        return Ok(last);
+    }
     let report = upgrade::reconcile(
         &ctx.client,
         &ctx.settings.namespace,
@@ -470,25 +495,30 @@ async fn upgrade_drivers(
     .map_err(Error::Upgrade)?;
     ctx.metrics
         .observe_upgrades(upgrade::enabled(&policy.spec), &report.counts());
+    if let Ok(mut last) = ctx.last_upgrade.lock() {
+        *last = Some(report.clone());
+    }
     Ok(report)
 }
 
-/// What the label stage did: the nodes as the pass sees them, and what is still in flight.
+/// What the label stage did: what is still in flight.
 struct Labelled {
-    nodes: Vec<crate::nodes::NodeView>,
     /// Nodes whose label patch the cache has not shown yet.
     in_flight: usize,
     /// When a node's vanished GPU label reaches its grace period.
     deadline: Option<Instant>,
 }
 
-/// Label stage: the GPU nodes' deploy labels (they decide where operands run) and the operator
-/// namespace's Pod Security labels (privileged operand pods need a namespace that admits them).
-async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error> {
-    let nodes = ctx.stores.nodes.snapshot();
+/// Label stage: the GPU nodes' deploy labels (they decide where operands run), on `nodes`, the
+/// pass's snapshot.
+async fn label(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    nodes: &[crate::nodes::NodeView],
+) -> Result<Labelled, Error> {
     let deadline = labeller::label_nodes(
         &ctx.client,
-        &nodes,
+        nodes,
         &ctx.label_loss,
         &ctx.label_attempts,
         ctx.settings.gpu_label_grace,
@@ -498,7 +528,7 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
     .map_err(Error::Labels)?;
     // Node pools and the GPU memory resource (our extension), on the same snapshot.
     let pool_retry =
-        node_pools::reconcile_nodes(&ctx.client, &nodes, &policy.spec, &ctx.pool_attempts)
+        node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &ctx.pool_attempts)
             .await
             .map_err(Error::Labels)?;
     node_pools::reconcile_priority_classes(&ctx.client, policy, &ctx.pool_priority_classes)
@@ -508,8 +538,17 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
     let in_flight = ctx
         .label_attempts
         .lock()
-        .map(|a| a.in_flight(&nodes))
+        .map(|a| a.in_flight(nodes))
         .unwrap_or_default();
+    Ok(Labelled {
+        in_flight,
+        deadline,
+    })
+}
+
+/// The operator namespace's Pod Security labels: privileged operand pods need a namespace that
+/// admits them, before their DaemonSets are applied.
+async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Context) -> Result<(), Error> {
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
     if (psa || ctx.resolver.discovered.openshift)
         && ctx.resolver.discovered.nvidia_operator.is_none()
@@ -521,11 +560,7 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
                 source,
             })?;
     }
-    Ok(Labelled {
-        nodes,
-        in_flight,
-        deadline,
-    })
+    Ok(())
 }
 
 /// Apply stage: NFD's CRDs before NFD itself (decision 16), then every operand's objects. With
@@ -740,6 +775,7 @@ async fn reconcile_nvidia_drivers(
         nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
         policy,
         not_ready_requeue: ctx.settings.not_ready_requeue,
+        diagnoser: &ctx.diagnoser,
     };
     nvidia_driver::reconcile_all(&pass).await.map_err(|e| {
         tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
@@ -834,6 +870,8 @@ pub async fn run(
         pool_priority_classes: Mutex::default(),
         ledger: Mutex::default(),
         mismatch_since: Mutex::default(),
+        diagnoser: observe::Diagnoser::default(),
+        last_upgrade: Mutex::default(),
         nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
         nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
@@ -914,6 +952,7 @@ pub async fn run(
             nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
             policy: active.as_deref(),
             not_ready_requeue: ctx.settings.not_ready_requeue,
+            diagnoser: &ctx.diagnoser,
         };
         match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
             tracing::warn!(error = %e, "GPUCluster reconcile failed");

@@ -61,6 +61,8 @@ pub struct Pass<'a> {
     /// The ClusterPolicy in force, with what its last pass validated and resolved.
     pub policy: Option<(&'a ClusterPolicy, &'a ValidatedPolicy, &'a ClusterFacts)>,
     pub not_ready_requeue: Duration,
+    /// Lists a not-ready DaemonSet's pods only when its rollout is stuck or failing.
+    pub diagnoser: &'a super::observe::Diagnoser,
 }
 
 /// Why an NVIDIADriver pass failed.
@@ -287,7 +289,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
         }
         outcomes.push((*d, validated, desired, applied));
     }
-    let observed = observe::observe(ctx.client, ctx.stores).await;
+    let observed = observe::observe(ctx.client, ctx.stores, ctx.diagnoser).await;
     let mut next: Requeue = None;
     for (d, validated, desired, applied) in &outcomes {
         let requeue = report(ctx, d, validated, desired, applied, &observed, now.clone()).await?;

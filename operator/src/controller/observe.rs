@@ -1,6 +1,6 @@
 //! Observe stage (IO, mostly from caches): what the cluster runs now, for status: the DaemonSets
-//! and Deployments from the caches, and for each not-ready DaemonSet why its pods are not ready
-//! (a bounded on-demand list; the operator never watches Pods).
+//! and Deployments from the caches, and for each stalled or failing DaemonSet why its pods are
+//! not ready (a bounded on-demand list; the operator never watches Pods).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -21,8 +21,9 @@ pub struct Observed {
     pub diagnoses: BTreeMap<String, String>,
 }
 
-/// The workloads in the caches, and a diagnosis for each DaemonSet that is not available.
-pub async fn observe(client: &Client, stores: &Stores) -> Observed {
+/// The workloads in the caches, and a diagnosis for each DaemonSet that is not available and not
+/// progressing either ([`Diagnoser`]).
+pub async fn observe(client: &Client, stores: &Stores, diagnoser: &Diagnoser) -> Observed {
     let daemon_sets: BTreeMap<String, DaemonSet> = stores
         .daemon_sets
         .state()
@@ -36,18 +37,163 @@ pub async fn observe(client: &Client, stores: &Stores) -> Observed {
         .map(|d| (d.name_any(), d.as_ref().clone()))
         .collect();
     let mut diagnoses = BTreeMap::new();
-    for ds in daemon_sets.values() {
-        let s = ds.status.clone().unwrap_or_default();
-        if s.number_available.unwrap_or(0) < s.desired_number_scheduled
-            && let Some(d) = diagnose(client, ds).await
-        {
-            diagnoses.insert(ds.name_any(), d);
+    diagnoser.forget_all_but(&daemon_sets);
+    for (name, ds) in &daemon_sets {
+        let wanted = diagnoser.wanted(name, Counts::of(ds), Instant::now());
+        let diagnosis = match wanted {
+            Wanted::Nothing => None,
+            Wanted::Cached(diagnosis) => diagnosis,
+            Wanted::List(counts) => {
+                let diagnosis = diagnose(client, ds).await;
+                diagnoser.record(name, counts, diagnosis.clone(), Instant::now());
+                diagnosis
+            }
+        };
+        if let Some(d) = diagnosis {
+            diagnoses.insert(name.clone(), d);
         }
     }
     Observed {
         daemon_sets,
         deployments,
         diagnoses,
+    }
+}
+
+/// A DaemonSet's status counts: what tells a rollout making progress from one that is stuck.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    generation: i64,
+    observed_generation: i64,
+    desired: i32,
+    current: i32,
+    updated: i32,
+    ready: i32,
+    available: i32,
+}
+
+impl Counts {
+    pub fn of(ds: &DaemonSet) -> Self {
+        let status = ds.status.clone().unwrap_or_default();
+        Counts {
+            generation: ds.metadata.generation.unwrap_or(0),
+            observed_generation: status.observed_generation.unwrap_or(0),
+            desired: status.desired_number_scheduled,
+            current: status.current_number_scheduled,
+            updated: status.updated_number_scheduled.unwrap_or(0),
+            ready: status.number_ready,
+            available: status.number_available.unwrap_or(0),
+        }
+    }
+
+    fn available(&self) -> bool {
+        self.available >= self.desired
+    }
+
+    /// A new template on its way, or pods still being created.
+    fn rolling_out(&self) -> bool {
+        self.observed_generation < self.generation
+            || self.updated < self.desired
+            || self.current < self.desired
+    }
+}
+
+/// How long a not-available DaemonSet's counts may stay unchanged before its pods are listed:
+/// while they move the DaemonSet controller is at work, and a list would only slow it down.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// How long a diagnosis of unchanged counts is shown before the pods are listed again (a
+/// crash-looping pod's reason changes without the counts changing).
+pub const DIAGNOSIS_REFRESH: Duration = Duration::from_secs(60);
+
+/// What the observe stage should do about one DaemonSet's pods.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// Available, or progressing: no list.
+    Nothing,
+    /// Stalled with the same counts as at the last list: its diagnosis again.
+    Cached(Option<String>),
+    /// List its pods and record the diagnosis for these counts.
+    List(Counts),
+}
+
+/// One DaemonSet as the observe stage last saw it.
+#[derive(Debug)]
+struct Seen {
+    counts: Counts,
+    /// When the counts last changed.
+    changed: Instant,
+    /// The last diagnosis: for which counts, when, and what it said.
+    diagnosis: Option<(Counts, Instant, Option<String>)>,
+}
+
+/// Decides when a not-available DaemonSet's pods are listed (the operator never watches Pods,
+/// decision 10): not while a rollout or the creation of pods makes progress (with a thousand
+/// nodes a pass would list pods again and again), but at once when pods that were available
+/// stop being so without a rollout (a crash), and when the counts stall for [`STALL`]. A
+/// diagnosis is reused while the counts stay the same, up to [`DIAGNOSIS_REFRESH`].
+#[derive(Debug, Default)]
+pub struct Diagnoser {
+    seen: Mutex<BTreeMap<String, Seen>>,
+}
+
+impl Diagnoser {
+    /// Drops what it remembers of DaemonSets that are gone.
+    fn forget_all_but(&self, live: &BTreeMap<String, DaemonSet>) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.retain(|name, _| live.contains_key(name));
+        }
+    }
+
+    /// What to do about DaemonSet `name` with `counts` now; remembers the counts.
+    pub fn wanted(&self, name: &str, counts: Counts, now: Instant) -> Wanted {
+        let Ok(mut seen) = self.seen.lock() else {
+            return Wanted::Nothing;
+        };
+        let previous = seen.remove(name);
+        let (changed, diagnosis) = match &previous {
+            Some(p) if p.counts == counts => (p.changed, p.diagnosis.clone()),
+            Some(p) => (now, p.diagnosis.clone()),
+            None => (now, None),
+        };
+        seen.insert(
+            name.to_owned(),
+            Seen {
+                counts,
+                changed,
+                diagnosis: diagnosis.clone(),
+            },
+        );
+        if counts.available() {
+            return Wanted::Nothing;
+        }
+        let look = match &previous {
+            // First sight (a restart): a DaemonSet that is not creating or replacing pods.
+            None => !counts.rolling_out(),
+            Some(p) if p.counts == counts => now.saturating_duration_since(p.changed) >= STALL,
+            // Fewer pods available without a rollout: pods failed.
+            Some(p) => !counts.rolling_out() && counts.available < p.counts.available,
+        };
+        if !look {
+            return Wanted::Nothing;
+        }
+        match diagnosis {
+            Some((at_counts, at, diagnosis))
+                if at_counts == counts && now.saturating_duration_since(at) < DIAGNOSIS_REFRESH =>
+            {
+                Wanted::Cached(diagnosis)
+            }
+            _ => Wanted::List(counts),
+        }
+    }
+
+    /// Records the diagnosis of a list made for `counts`.
+    pub fn record(&self, name: &str, counts: Counts, diagnosis: Option<String>, now: Instant) {
+        if let Ok(mut seen) = self.seen.lock()
+            && let Some(s) = seen.get_mut(name)
+        {
+            s.diagnosis = Some((counts, now, diagnosis));
+        }
     }
 }
 
@@ -136,4 +282,103 @@ pub fn lasting_mismatches(
         })
         .cloned()
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(desired: i32, updated: i32, available: i32) -> Counts {
+        Counts {
+            generation: 2,
+            observed_generation: 2,
+            desired,
+            current: desired,
+            updated,
+            ready: available,
+            available,
+        }
+    }
+
+    #[test]
+    fn pods_are_not_listed_while_a_rollout_makes_progress() {
+        let d = Diagnoser::default();
+        let t = Instant::now();
+        assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
+        // A new template: one pod down at a time, counts moving.
+        let rolling = Counts {
+            generation: 3,
+            ..counts(10, 0, 9)
+        };
+        assert_eq!(d.wanted("ds", rolling, t), Wanted::Nothing);
+        let rolling = Counts {
+            observed_generation: 3,
+            ..rolling
+        };
+        assert_eq!(d.wanted("ds", rolling, t), Wanted::Nothing);
+        assert_eq!(
+            d.wanted(
+                "ds",
+                Counts {
+                    updated: 5,
+                    ..rolling
+                },
+                t + STALL / 2
+            ),
+            Wanted::Nothing
+        );
+    }
+
+    #[test]
+    fn available_pods_that_fail_without_a_rollout_are_listed_at_once() {
+        let d = Diagnoser::default();
+        let t = Instant::now();
+        assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
+        let crashed = counts(10, 10, 9);
+        assert_eq!(d.wanted("ds", crashed, t), Wanted::List(crashed));
+        d.record("ds", crashed, Some("n1: CrashLoopBackOff".into()), t);
+        assert_eq!(
+            d.wanted("ds", crashed, t),
+            Wanted::Nothing,
+            "unchanged counts are not a stall yet"
+        );
+        assert_eq!(
+            d.wanted("ds", crashed, t + STALL),
+            Wanted::Cached(Some("n1: CrashLoopBackOff".into())),
+        );
+        assert_eq!(
+            d.wanted("ds", crashed, t + STALL + DIAGNOSIS_REFRESH),
+            Wanted::List(crashed),
+            "an old diagnosis is refreshed"
+        );
+    }
+
+    #[test]
+    fn counts_that_stall_are_listed_once_per_change() {
+        let d = Diagnoser::default();
+        let t = Instant::now();
+        let creating = Counts {
+            current: 4,
+            ..counts(10, 4, 2)
+        };
+        assert_eq!(d.wanted("ds", creating, t), Wanted::Nothing);
+        assert_eq!(d.wanted("ds", creating, t + STALL), Wanted::List(creating));
+        d.record("ds", creating, None, t + STALL);
+        assert_eq!(
+            d.wanted("ds", creating, t + STALL * 2),
+            Wanted::Cached(None)
+        );
+    }
+
+    #[test]
+    fn a_not_available_daemon_set_first_seen_without_a_rollout_is_listed() {
+        let d = Diagnoser::default();
+        let stuck = counts(10, 10, 7);
+        assert_eq!(d.wanted("ds", stuck, Instant::now()), Wanted::List(stuck));
+        let creating = Counts {
+            current: 3,
+            ..counts(10, 3, 0)
+        };
+        assert_eq!(d.wanted("other", creating, Instant::now()), Wanted::Nothing);
+    }
 }

@@ -77,12 +77,13 @@ impl NodeCache {
             return false;
         };
         let view = |n: &PartialObjectMeta<Node>| {
-            let name = n.metadata.name.clone().unwrap_or_default();
-            let labels = n.metadata.labels.clone().unwrap_or_default();
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            let none = BTreeMap::new();
+            let labels = n.metadata.labels.as_ref().unwrap_or(&none);
             NodeView {
                 nfd_annotated: crate::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
                 pool_record: crate::node_pools::record_annotation(n.metadata.annotations.as_ref()),
-                ..NodeView::from_labels(&name, n.metadata.resource_version.clone(), &labels)
+                ..NodeView::from_labels(name, n.metadata.resource_version.clone(), labels)
             }
         };
         match event {
@@ -123,6 +124,11 @@ impl NodeCache {
     }
 }
 
+/// Nodes per page of the node watch's list. The reflector keeps a few labels per node, but a
+/// page is read whole: 500 nodes' metadata (kwok's and kubelets' managedFields included) is
+/// megabytes the allocator keeps for good once the page is freed.
+const NODE_PAGE_SIZE: u32 = 100;
+
 /// Every cache the reconcile reads.
 #[derive(Clone)]
 pub struct Stores {
@@ -147,6 +153,92 @@ where
 {
     let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
     watched(api, config)
+}
+
+/// What of a DaemonSet the reconcile must hear about at once: its metadata and spec (ours to
+/// keep), its pod count, and whether it is ready (decision 11). A rollout updates the status
+/// with every pod replaced; the counts in between are refreshed by the not-ready requeue, and
+/// waking a pass for each would queue the next user change behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSetWake {
+    generation: Option<i64>,
+    resource_labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    deleting: bool,
+    desired: i32,
+    caught_up: bool,
+    all_updated: bool,
+    all_available: bool,
+}
+
+impl DaemonSetWake {
+    pub fn of(ds: &DaemonSet) -> Self {
+        let status = ds.status.clone().unwrap_or_default();
+        let generation = ds.metadata.generation;
+        DaemonSetWake {
+            generation,
+            resource_labels: ds.metadata.labels.clone(),
+            annotations: ds.metadata.annotations.clone(),
+            deleting: ds.metadata.deletion_timestamp.is_some(),
+            desired: status.desired_number_scheduled,
+            caught_up: status.observed_generation.unwrap_or(0) >= generation.unwrap_or(0),
+            all_updated: status.updated_number_scheduled.unwrap_or(0)
+                >= status.desired_number_scheduled,
+            all_available: status.number_available.unwrap_or(0) >= status.desired_number_scheduled,
+        }
+    }
+}
+
+/// Whether a DaemonSet watch event should wake the reconcile: not for status churn that leaves
+/// [`DaemonSetWake`] as it was. `seen` is what each DaemonSet last looked like.
+fn daemon_set_wakes(seen: &mut BTreeMap<String, DaemonSetWake>, event: &Event<DaemonSet>) -> bool {
+    let name = |ds: &DaemonSet| {
+        format!(
+            "{}/{}",
+            ds.metadata.namespace.as_deref().unwrap_or_default(),
+            ds.metadata.name.as_deref().unwrap_or_default()
+        )
+    };
+    match event {
+        Event::Init => {
+            seen.clear();
+            false
+        }
+        Event::InitApply(ds) => {
+            seen.insert(name(ds), DaemonSetWake::of(ds));
+            false
+        }
+        Event::InitDone => true,
+        Event::Apply(ds) => {
+            let now = DaemonSetWake::of(ds);
+            seen.insert(name(ds), now.clone()) != Some(now)
+        }
+        Event::Delete(ds) => {
+            seen.remove(&name(ds));
+            true
+        }
+    }
+}
+
+/// The DaemonSet reflector; its change stream leaves out status churn ([`daemon_set_wakes`]).
+fn managed_daemon_sets(api: Api<DaemonSet>) -> (Store<DaemonSet>, BoxStream<'static, ()>) {
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
+    let (reader, writer) = reflector::store();
+    let mut seen = BTreeMap::new();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .filter_map(move |event| {
+            let wake = match &event {
+                Ok(event) => daemon_set_wakes(&mut seen, event),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch failed; retrying with backoff");
+                    false
+                }
+            };
+            async move { wake.then_some(()) }
+        })
+        .boxed();
+    (reader, stream)
 }
 
 /// A reflector over objects of kind `K` selected by `config`, and its change stream.
@@ -184,7 +276,7 @@ impl Stores {
             watcher::Config::default(),
         );
         let (daemon_sets, ds_changes) =
-            managed(Api::<DaemonSet>::namespaced(client.clone(), namespace));
+            managed_daemon_sets(Api::<DaemonSet>::namespaced(client.clone(), namespace));
         let (deployments, deploy_changes) =
             managed(Api::<Deployment>::namespaced(client.clone(), namespace));
         let (services, svc_changes) =
@@ -202,9 +294,11 @@ impl Stores {
         let nodes = NodeCache::default();
         let node_cache = nodes.clone();
         let mut pending = None;
+        // Metadata only, reduced to a NodeView as it arrives; small list pages, so the start-up
+        // list never holds hundreds of nodes' full metadata (managedFields included) at once.
         let node_changes = watcher::watcher(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
-            watcher::Config::default(),
+            watcher::Config::default().page_size(NODE_PAGE_SIZE),
         )
         .default_backoff()
         .filter_map(move |event| {
@@ -275,5 +369,76 @@ impl Stores {
         self.config_maps
             .get(&key)
             .map(|cm| cm.data.clone().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn daemon_set(generation: i64, observed: i64, updated: i32, available: i32) -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "gpu-operator",
+                "generation": generation},
+            "status": {"observedGeneration": observed, "desiredNumberScheduled": 10,
+                "currentNumberScheduled": 10, "numberMisscheduled": 0,
+                "updatedNumberScheduled": updated, "numberAvailable": available,
+                "numberReady": available}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn daemon_set_status_churn_wakes_the_reconcile_only_when_readiness_flips() {
+        let mut seen = BTreeMap::new();
+        assert!(!daemon_set_wakes(&mut seen, &Event::Init));
+        assert!(!daemon_set_wakes(
+            &mut seen,
+            &Event::InitApply(daemon_set(1, 1, 10, 10))
+        ));
+        assert!(daemon_set_wakes(&mut seen, &Event::InitDone));
+        // Our new template: a new generation wakes.
+        assert!(daemon_set_wakes(
+            &mut seen,
+            &Event::Apply(daemon_set(2, 1, 10, 10))
+        ));
+        // The controller sees it and starts replacing pods: not ready any more, wakes once.
+        assert!(daemon_set_wakes(
+            &mut seen,
+            &Event::Apply(daemon_set(2, 2, 0, 9))
+        ));
+        // Pods replaced one by one: no wake-up.
+        for updated in 1..10 {
+            assert!(
+                !daemon_set_wakes(&mut seen, &Event::Apply(daemon_set(2, 2, updated, 9))),
+                "{updated} updated"
+            );
+        }
+        // Every pod updated and available: ready again, wakes.
+        assert!(daemon_set_wakes(
+            &mut seen,
+            &Event::Apply(daemon_set(2, 2, 10, 10))
+        ));
+        assert!(daemon_set_wakes(
+            &mut seen,
+            &Event::Delete(daemon_set(2, 2, 10, 10))
+        ));
+    }
+
+    #[test]
+    fn a_changed_label_or_annotation_of_a_daemon_set_wakes_the_reconcile() {
+        let mut seen = BTreeMap::new();
+        let ds = daemon_set(1, 1, 10, 10);
+        assert!(daemon_set_wakes(&mut seen, &Event::Apply(ds.clone())));
+        assert!(!daemon_set_wakes(&mut seen, &Event::Apply(ds.clone())));
+        let mut edited = ds;
+        edited
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("x".into(), "y".into());
+        assert!(daemon_set_wakes(&mut seen, &Event::Apply(edited)));
     }
 }

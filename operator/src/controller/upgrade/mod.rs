@@ -41,7 +41,7 @@ const REVISION_HASH_LABEL: &str = "controller-revision-hash";
 const EVICTION_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the upgrade stage did in one pass.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Report {
     /// `None` while automatic upgrades are off.
     pub summary: Option<Summary>,
@@ -66,6 +66,32 @@ impl Report {
     pub fn active(&self) -> bool {
         self.summary.as_ref().is_some_and(Summary::active)
     }
+}
+
+/// Whether nothing can be left to upgrade, from the caches alone: every driver DaemonSet has
+/// every pod on its current revision and available, and every node labelled for the driver is
+/// `upgrade-done`. Then the stage's reads (driver and validator pods, GPU nodes, revisions: a
+/// thousand-node fleet's worth each) would find nothing to do.
+pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[NodeView]) -> bool {
+    let drivers_settled = daemon_sets
+        .values()
+        .filter(|d| {
+            d.labels()
+                .get(crate::operands::common::COMPONENT_LABEL)
+                .map(String::as_str)
+                == Some(driver::COMPONENT)
+        })
+        .all(|d| {
+            let status = d.status.clone().unwrap_or_default();
+            status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+                && status.updated_number_scheduled.unwrap_or(0) >= status.desired_number_scheduled
+                && status.number_available.unwrap_or(0) >= status.desired_number_scheduled
+        });
+    drivers_settled
+        && nodes
+            .iter()
+            .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
+            .all(|n| n.label(STATE_LABEL) == Some(UpgradeState::Done.label()))
 }
 
 /// Whether the policy asks for automatic upgrades of a driver it deploys itself.
@@ -550,5 +576,49 @@ async fn clear_labels(client: &Client, nodes: &[NodeView]) {
         {
             tracing::warn!(node = %node.name, error = %e, "removing the driver upgrade label failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn driver(updated: i32, available: i32) -> BTreeMap<String, DaemonSet> {
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": "nvidia-driver-daemonset", "generation": 1,
+                "labels": {crate::operands::common::COMPONENT_LABEL: driver::COMPONENT}},
+            "status": {"observedGeneration": 1, "desiredNumberScheduled": 2,
+                "currentNumberScheduled": 2, "numberMisscheduled": 0, "numberReady": available,
+                "updatedNumberScheduled": updated, "numberAvailable": available}
+        }))
+        .unwrap();
+        BTreeMap::from([("nvidia-driver-daemonset".to_owned(), ds)])
+    }
+
+    fn node(state: Option<&str>) -> NodeView {
+        let mut labels =
+            BTreeMap::from([(crate::nodes::DEPLOY_DRIVER.to_owned(), "true".to_owned())]);
+        if let Some(state) = state {
+            labels.insert(STATE_LABEL.to_owned(), state.to_owned());
+        }
+        NodeView::from_labels("n", None, &labels)
+    }
+
+    #[test]
+    fn the_upgrade_stage_is_quiet_only_when_every_driver_node_is_done_and_current() {
+        let done = [node(Some("upgrade-done")), node(Some("upgrade-done"))];
+        assert!(quiet(&driver(2, 2), &done));
+        assert!(!quiet(&driver(1, 2), &done), "a pod on an old revision");
+        assert!(!quiet(&driver(2, 1), &done), "a driver pod not available");
+        assert!(!quiet(
+            &driver(2, 2),
+            &[node(Some("upgrade-done")), node(None)]
+        ));
+        assert!(!quiet(
+            &driver(2, 2),
+            &[node(Some("upgrade-done")), node(Some("upgrade-required"))]
+        ));
     }
 }
