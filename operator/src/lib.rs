@@ -7,11 +7,13 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod crd_upgrade;
 pub mod facts;
 pub mod health;
 pub mod http;
+pub mod leader;
 pub mod json_diff;
 pub mod metrics;
 pub mod model;

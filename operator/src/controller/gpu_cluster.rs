@@ -393,6 +393,7 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
         failures: &[],
         config_problems: &BTreeMap::new(),
         notes: &[],
+        warnings: &[],
         unsupported: &unsupported,
         diagnoses: &observed.diagnoses,
         rejected: &applied.rejected,
