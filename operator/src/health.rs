@@ -184,6 +184,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         assert!(health.live().is_err());
         health.controller_stopped();
-        assert_eq!(health.live(), Ok(()), "a replica that stepped down has no work");
+        assert_eq!(
+            health.live(),
+            Ok(()),
+            "a replica that stepped down has no work"
+        );
     }
 }

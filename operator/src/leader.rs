@@ -489,7 +489,10 @@ impl Elector {
         let Some(mut lease) = self.lease.clone() else {
             return Ok(());
         };
-        if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+        if lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
             != Some(&self.settings.identity)
         {
             return Ok(());

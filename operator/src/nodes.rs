@@ -278,7 +278,11 @@ impl Breaker {
             self.gpu_nodes,
             self.held_back.len(),
             shown.join(", "),
-            if more > 0 { format!(" and {more} more") } else { String::new() },
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
             self.limit,
             if self.limit == 1 { "" } else { "s" },
         ))
@@ -584,7 +588,10 @@ mod tests {
         assert_eq!(first.held_back.len(), 2);
         assert_eq!(first.reopens, Some(t1 + GRACE));
         let warning = first.warning(GRACE).unwrap();
-        assert!(warning.contains("from 3 of 6 GPU nodes: 2 held back"), "{warning}");
+        assert!(
+            warning.contains("from 3 of 6 GPU nodes: 2 held back"),
+            "{warning}"
+        );
         // The same pass again (the patch not yet seen): the admitted node does not count twice.
         let again = loss.breaker(6, GRACE, t1 + Duration::from_secs(1));
         assert_eq!(again.admitted, first.admitted);
@@ -624,14 +631,23 @@ mod tests {
         let mut loss = GpuLabelLoss::default();
         let t0 = Instant::now();
         loss.observe(&named("gone", &[(GPU_PRESENT, "true")]), t0);
-        loss.observe(&named("kept", &[(GPU_PRESENT, "true")]), t0 + Duration::from_secs(5));
+        loss.observe(
+            &named("kept", &[(GPU_PRESENT, "true")]),
+            t0 + Duration::from_secs(5),
+        );
         loss.retain_nodes(|n| n == "kept");
-        assert_eq!(loss.next_deadline(GRACE, t0), Some(t0 + Duration::from_secs(5) + GRACE));
+        assert_eq!(
+            loss.next_deadline(GRACE, t0),
+            Some(t0 + Duration::from_secs(5) + GRACE)
+        );
         loss.retain_nodes(|_| false);
         assert_eq!(loss.next_deadline(GRACE, t0), None);
         // A deadline in the past is no reason to wake (the breaker decides those nodes).
         loss.observe(&named("due", &[(GPU_PRESENT, "true")]), t0);
-        assert_eq!(loss.next_deadline(GRACE, t0 + GRACE + Duration::from_secs(1)), None);
+        assert_eq!(
+            loss.next_deadline(GRACE, t0 + GRACE + Duration::from_secs(1)),
+            None
+        );
     }
 
     #[test]

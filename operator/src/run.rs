@@ -141,7 +141,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             match reconcile.run(stopped()).await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::error!(error = format!("{e:#}"), "the controller failed; starting it again");
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "the controller failed; starting it again"
+                    );
                     if wait_or_stopped(CONTROLLER_RESTART, stopped()).await {
                         break;
                     }
@@ -176,7 +179,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                 break;
             }
             Led::Ended(Err(e)) => {
-                tracing::error!(error = format!("{e:#}"), "the controller failed; giving up the Lease and starting again");
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "the controller failed; giving up the Lease and starting again"
+                );
                 release(&mut elector).await;
                 if wait_or_stopped(CONTROLLER_RESTART, stopped()).await {
                     break;

@@ -29,10 +29,7 @@ const DEFAULT_DURATION_SECONDS: i64 = 15;
 
 /// The live holder among `leases` at `now` (the first by namespace), and when the answer
 /// changes next unless a Lease is written meanwhile (the earliest expiry of a live one).
-pub fn live_holder(
-    leases: &[Arc<Lease>],
-    now: Timestamp,
-) -> (Option<String>, Option<Timestamp>) {
+pub fn live_holder(leases: &[Arc<Lease>], now: Timestamp) -> (Option<String>, Option<Timestamp>) {
     let mut live: Vec<(String, String, Timestamp)> = leases
         .iter()
         .filter_map(|lease| {
@@ -108,7 +105,9 @@ impl NvidiaOperator {
                 if appeared {
                     tracing::warn!(holder = ?holder, "NVIDIA's GPU Operator is live: this operator stops changing the cluster");
                 } else {
-                    tracing::info!("NVIDIA's GPU Operator is no longer live: this operator resumes");
+                    tracing::info!(
+                        "NVIDIA's GPU Operator is no longer live: this operator resumes"
+                    );
                 }
                 changed();
             }
@@ -130,7 +129,12 @@ mod tests {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    fn lease(namespace: &str, holder: Option<&str>, renewed: i64, seconds: Option<i32>) -> Arc<Lease> {
+    fn lease(
+        namespace: &str,
+        holder: Option<&str>,
+        renewed: i64,
+        seconds: Option<i32>,
+    ) -> Arc<Lease> {
         let mut lease = Lease {
             spec: Some(LeaseSpec {
                 holder_identity: holder.map(str::to_owned),

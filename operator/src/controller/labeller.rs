@@ -196,8 +196,7 @@ pub async fn label_nodes(
         .unwrap_or_default();
     for (node, gone_for) in nodes.iter().zip(gone) {
         // Past the grace but held back by the breaker: left exactly as it is for now.
-        let gone_for =
-            gone_for.filter(|g| *g < grace || breaker.admitted.contains(&node.name));
+        let gone_for = gone_for.filter(|g| *g < grace || breaker.admitted.contains(&node.name));
         let changes = changes_for(node, gone_for, grace, mig_default_layout);
         if changes.is_empty() {
             // The cache shows the labels this node needs: nothing of ours is in flight for it.

@@ -497,9 +497,7 @@ async fn label(policy: &ClusterPolicy, ctx: &Context) -> Result<Labelled, Error>
         .map(|a| a.in_flight(&nodes))
         .unwrap_or_default();
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
-    if (psa || ctx.resolver.discovered.openshift)
-        && ctx.nvidia.holder().is_none()
-    {
+    if (psa || ctx.resolver.discovered.openshift) && ctx.nvidia.holder().is_none() {
         namespace::ensure_privileged(&ctx.client, &ctx.settings.namespace)
             .await
             .map_err(|source| Error::Namespace {
@@ -611,8 +609,7 @@ async fn report_status(
     if !still_in_force(ctx, policy) {
         return Ok(());
     }
-    if ctx.nvidia.holder().is_some() && resolve::says_nvidia_operator_runs(policy.status.as_ref())
-    {
+    if ctx.nvidia.holder().is_some() && resolve::says_nvidia_operator_runs(policy.status.as_ref()) {
         // Standing aside (decision 14): status said so once; NVIDIA's operator writes the
         // same ClusterPolicy's status, and answering each of its writes would be a fight.
         return Ok(());

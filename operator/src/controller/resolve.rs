@@ -128,10 +128,10 @@ async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::E
     use k8s_openapi::api::coordination::v1::Lease;
     let api: Api<Lease> = Api::all(client.clone());
     let leases = api
-        .list(
-            &kube::api::ListParams::default()
-                .fields(&format!("metadata.name={}", super::coexist::NVIDIA_OPERATOR_LEASE)),
-        )
+        .list(&kube::api::ListParams::default().fields(&format!(
+            "metadata.name={}",
+            super::coexist::NVIDIA_OPERATOR_LEASE
+        )))
         .await?;
     let leases: Vec<std::sync::Arc<Lease>> =
         leases.items.into_iter().map(std::sync::Arc::new).collect();

@@ -1263,12 +1263,16 @@ mod tests {
             assert!(text.contains("past the highest GPU index"), "{text}");
         }
         // The highest accepted index still parses.
-        parse("version: v1\nmig-configs:\n  x:\n    - devices: [0, 255]\n      mig-enabled: false\n");
+        parse(
+            "version: v1\nmig-configs:\n  x:\n    - devices: [0, 255]\n      mig-enabled: false\n",
+        );
     }
 
     #[test]
     fn a_huge_gpu_count_label_is_reported_not_iterated() {
-        let file = parse("version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: false\n");
+        let file = parse(
+            "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: false\n",
+        );
         let started = std::time::Instant::now();
         let e = check_node(&file, "x", "NVIDIA-H100-80GB-HBM3", Some("4000000000")).unwrap_err();
         assert!(e.contains("nvidia.com/gpu.count=4000000000"), "{e}");

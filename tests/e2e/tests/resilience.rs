@@ -36,13 +36,19 @@ const CONVERGENCE_BOUND: Duration = Duration::from_secs(90);
 /// Sets an env var on the dcgm-exporter: every value rolls its DaemonSet, so the leader has a
 /// write to make for each.
 async fn tick(s: &Setup, n: u32) {
-    s.patch_policy(json!({"spec": {"dcgmExporter": {"env": [{"name": "E2E_TICK", "value": n.to_string()}]}}}))
-        .await;
+    s.patch_policy(
+        json!({"spec": {"dcgmExporter": {"env": [{"name": "E2E_TICK", "value": n.to_string()}]}}}),
+    )
+    .await;
 }
 
 /// The E2E_TICK value the live dcgm-exporter DaemonSet carries.
 async fn live_tick(s: &Setup) -> Option<String> {
-    let ds: DaemonSet = s.daemonsets().get_opt("nvidia-dcgm-exporter").await.ok()??;
+    let ds: DaemonSet = s
+        .daemonsets()
+        .get_opt("nvidia-dcgm-exporter")
+        .await
+        .ok()??;
     ds.spec?
         .template
         .spec?
@@ -143,20 +149,26 @@ async fn api_server_restart_mid_rollout_recovers_and_converges() {
     // A change that rolls a DaemonSet, and the API server restarted as the leader applies it.
     let reconciles = s.operator.reconciles().await;
     tick(&s, 7).await;
-    wait::until(TIMEOUT, "the leader started a pass for the change", || async {
-        let n = s.operator.reconciles().await;
-        Ok(if n > reconciles {
-            Ok(())
-        } else {
-            Err(format!("{n} reconciles"))
-        })
-    })
+    wait::until(
+        TIMEOUT,
+        "the leader started a pass for the change",
+        || async {
+            let n = s.operator.reconciles().await;
+            Ok(if n > reconciles {
+                Ok(())
+            } else {
+                Err(format!("{n} reconciles"))
+            })
+        },
+    )
     .await
     .unwrap();
     let outage = faults::restart_apiserver(&harness).await.unwrap();
     eprintln!("API server unavailable for {:?}", outage.unavailable);
     let converged = await_converged(&s, 7, "rollout converged after the restart").await;
-    eprintln!("mid-rollout API server restart: converged {converged:?} after the API server was ready");
+    eprintln!(
+        "mid-rollout API server restart: converged {converged:?} after the API server was ready"
+    );
     assert_alive(&mut s.operator, "first replica");
     assert_alive(&mut standby, "second replica");
     standby.terminate(Duration::from_secs(20)).unwrap();
@@ -190,7 +202,7 @@ async fn second_identity(s: &Setup, name: &str) -> (OperatorIdentity, String) {
                     ..ObjectMeta::default()
                 },
                 role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
                     kind: "ClusterRole".into(),
                     name: "cluster-admin".into(),
                 },
@@ -219,7 +231,7 @@ async fn a_black_holed_lease_renewal_stops_the_old_leader_before_the_standby_wri
     let mut s = start(json!({}), &LEASE).await;
     s.await_state(State::Ready, "policy ready").await;
     let (standby_identity, binding) = second_identity(&s, "gpu-operator-standby").await;
-    let mut standby = Operator::start(&standby_identity, &LEASE).unwrap();
+    let standby = Operator::start(&standby_identity, &LEASE).unwrap();
     await_log_count(&standby, "waiting to become leader", 1, TIMEOUT).await;
     let log = AuditLog::from_env().unwrap();
     let mark = log.mark().unwrap();
@@ -459,7 +471,10 @@ async fn nfd_labels_gone_from_half_the_gpu_nodes_past_the_grace_are_held_by_the_
     let mut gpu = nodes::gpu_node_names(&s.admin).await.unwrap();
     gpu.sort();
     let half: Vec<String> = gpu.iter().take(gpu.len() / 2).cloned().collect();
-    assert!(half.len() >= 3, "the standard fleet has 6 GPU nodes: {gpu:?}");
+    assert!(
+        half.len() >= 3,
+        "the standard fleet has 6 GPU nodes: {gpu:?}"
+    );
     set_nfd_labels(&s.admin, &half, false).await;
     let lost = Instant::now();
     // Past the grace period and well inside the second window.
@@ -497,7 +512,9 @@ async fn nfd_labels_gone_from_half_the_gpu_nodes_past_the_grace_are_held_by_the_
     })
     .await
     .unwrap();
-    let policy = s.await_state(State::Ready, "ready with the labels back").await;
+    let policy = s
+        .await_state(State::Ready, "ready with the labels back")
+        .await;
     let message = ready_condition(&policy).unwrap().message.clone();
     assert!(!message.contains("held back"), "{message}");
     s.teardown().await;
@@ -510,15 +527,16 @@ async fn a_node_deleted_during_the_grace_leaves_the_reconcile_loop_idle() {
     let s = start(json!({}), &["--gpu-label-grace-seconds", "6"]).await;
     s.await_state(State::Ready, "policy ready").await;
     let name = unique_name("gpu-doomed");
-    nodes::create(
-        &s.admin,
-        &[ephemeral_gpu_node(&name, nodes::GpuModel::T4)],
-    )
-    .await
-    .unwrap();
+    nodes::create(&s.admin, &[ephemeral_gpu_node(&name, nodes::GpuModel::T4)])
+        .await
+        .unwrap();
     wait::until(TIMEOUT, "new node marked", || async {
         let m = marked(&s.admin, std::slice::from_ref(&name)).await;
-        Ok(if m.is_empty() { Err("not yet".into()) } else { Ok(()) })
+        Ok(if m.is_empty() {
+            Err("not yet".into())
+        } else {
+            Ok(())
+        })
     })
     .await
     .unwrap();
@@ -534,7 +552,10 @@ async fn a_node_deleted_during_the_grace_leaves_the_reconcile_loop_idle() {
     let before = s.operator.reconciles().await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = s.operator.reconciles().await;
-    eprintln!("reconciles in 10 s after the deleted node's grace ended: {}", after - before);
+    eprintln!(
+        "reconciles in 10 s after the deleted node's grace ended: {}",
+        after - before
+    );
     assert!(
         after - before <= 2.0,
         "the loop kept running: {} passes in 10 s\n{}",
