@@ -95,7 +95,8 @@ impl NvidiaOperator {
         let config =
             watcher::Config::default().fields(&format!("metadata.name={NVIDIA_OPERATOR_LEASE}"));
         let (store, mut events) = stores::watched(api, config);
-        if store.wait_until_ready().await.is_err() {
+        // The store fills as the stream is driven: the first list ends in an event.
+        if events.next().await.is_none() {
             return;
         }
         loop {
