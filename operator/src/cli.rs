@@ -86,6 +86,15 @@ pub struct RunArgs {
     /// remove and re-add labels).
     #[arg(long, default_value_t = 60)]
     pub gpu_label_grace_seconds: u64,
+    /// Seconds one reconcile pass may run before it is abandoned (its requests cancelled) and
+    /// retried with backoff.
+    #[arg(long, default_value_t = 300)]
+    pub pass_deadline_seconds: u64,
+    /// Seconds work may wait with no reconcile pass completing before /healthz fails (a wedged
+    /// loop; the kubelet then restarts the process). Keep it above the pass deadline plus the
+    /// longest retry backoff (60 s).
+    #[arg(long, default_value_t = 600)]
+    pub stall_seconds: u64,
     /// Log as JSON lines (as in a cluster) instead of text.
     #[arg(long, env = "LOG_JSON")]
     pub json_logs: bool,
@@ -275,6 +284,8 @@ impl Cli {
                     lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds),
                     identity: args.identity,
                     gpu_label_grace: std::time::Duration::from_secs(args.gpu_label_grace_seconds),
+                    pass_deadline: std::time::Duration::from_secs(args.pass_deadline_seconds),
+                    stall: std::time::Duration::from_secs(args.stall_seconds),
                     json_logs: args.json_logs,
                     upgrade_crd: args.upgrade_crd,
                 };

@@ -7,12 +7,14 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod crd_upgrade;
 pub mod facts;
 pub mod health;
 pub mod http;
 pub mod json_diff;
+pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod node_pools;

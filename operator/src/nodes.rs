@@ -238,10 +238,68 @@ pub fn mig_config_default(node: &NodeView, default_layout: Option<&str>) -> Labe
     patch
 }
 
-/// Tracks since when marked GPU nodes have been missing NFD's GPU labels.
+/// At most this share (percent) of the GPU nodes is unmarked for a lost NFD label within one
+/// grace window, and at least one node: the circuit breaker on GPU-label loss.
+pub const UNMARK_SHARE_PERCENT: usize = 10;
+
+/// How many nodes may be unmarked per grace window on a fleet of `gpu_nodes`.
+pub fn unmark_limit(gpu_nodes: usize) -> usize {
+    (gpu_nodes.saturating_mul(UNMARK_SHARE_PERCENT) / 100).max(1)
+}
+
+/// How many of `due` nodes may be unmarked now, when `recent` were unmarked within the current
+/// grace window on a fleet of `gpu_nodes`.
+pub fn unmark_budget(gpu_nodes: usize, recent: usize, due: usize) -> usize {
+    unmark_limit(gpu_nodes).saturating_sub(recent).min(due)
+}
+
+/// What the breaker decided for the nodes whose GPU label has been gone past the grace period.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Breaker {
+    /// Nodes that may be unmarked now.
+    pub admitted: std::collections::BTreeSet<String>,
+    /// Nodes past the grace period that stay marked for now, sorted.
+    pub held_back: Vec<String>,
+    /// The limit per grace window.
+    pub limit: usize,
+    /// The GPU nodes the limit was computed from.
+    pub gpu_nodes: usize,
+    /// When the window lets the next held-back node go.
+    pub reopens: Option<Instant>,
+}
+
+impl Breaker {
+    /// The status warning while nodes are held back; `None` when none is.
+    pub fn warning(&self, grace: Duration) -> Option<String> {
+        if self.held_back.is_empty() {
+            return None;
+        }
+        let shown: Vec<&str> = self.held_back.iter().take(5).map(String::as_str).collect();
+        let more = self.held_back.len().saturating_sub(shown.len());
+        Some(format!(
+            "NFD's GPU labels have been gone for longer than the grace period ({}s) from {} of {} GPU nodes: {} held back by the label-loss breaker ({}{}), which unmarks at most {} node{} per grace period ({UNMARK_SHARE_PERCENT} % of the GPU nodes, at least 1); check node-feature-discovery, the nodes keep their operands until their labels return or the breaker lets them go",
+            grace.as_secs(),
+            self.held_back.len() + self.admitted.len(),
+            self.gpu_nodes,
+            self.held_back.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
+            self.limit,
+            if self.limit == 1 { "" } else { "s" },
+        ))
+    }
+}
+
+/// Tracks since when marked GPU nodes have been missing NFD's GPU labels, and which nodes were
+/// unmarked for it within the last grace window (the breaker's memory).
 #[derive(Debug, Default)]
 pub struct GpuLabelLoss {
     since: BTreeMap<String, Instant>,
+    unmarked: BTreeMap<String, Instant>,
 }
 
 impl GpuLabelLoss {
@@ -260,9 +318,63 @@ impl GpuLabelLoss {
         self.since.remove(node);
     }
 
-    /// The earliest moment a pending loss reaches `grace`, to requeue then.
-    pub fn next_deadline(&self, grace: Duration) -> Option<Instant> {
-        self.since.values().min().map(|since| *since + grace)
+    /// Drops what is remembered about nodes that no longer exist: a node deleted while its
+    /// label was gone must not keep a deadline (and so the loop) alive.
+    pub fn retain_nodes(&mut self, exists: impl Fn(&str) -> bool) {
+        self.since.retain(|name, _| exists(name));
+    }
+
+    /// Decides which of the nodes past `grace` may be unmarked now: the longest gone first, at
+    /// most [`unmark_limit`] per grace window counting the nodes already unmarked in it. A node
+    /// admitted before and still pending (its patch not yet seen) stays admitted without
+    /// counting twice.
+    pub fn breaker(&mut self, gpu_nodes: usize, grace: Duration, now: Instant) -> Breaker {
+        self.unmarked
+            .retain(|_, at| now.saturating_duration_since(*at) < grace);
+        let mut due: Vec<(&String, &Instant)> = self
+            .since
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= grace)
+            .collect();
+        due.sort_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)));
+        let (already, fresh): (Vec<_>, Vec<_>) = due
+            .into_iter()
+            .partition(|(name, _)| self.unmarked.contains_key(*name));
+        let budget = unmark_budget(gpu_nodes, self.unmarked.len(), fresh.len());
+        let mut admitted: std::collections::BTreeSet<String> =
+            already.iter().map(|(n, _)| (*n).clone()).collect();
+        let mut held_back = Vec::new();
+        for (i, (name, _)) in fresh.into_iter().enumerate() {
+            if i < budget {
+                admitted.insert(name.clone());
+            } else {
+                held_back.push(name.clone());
+            }
+        }
+        for name in &admitted {
+            self.unmarked.entry(name.clone()).or_insert(now);
+        }
+        held_back.sort();
+        let reopens = (!held_back.is_empty())
+            .then(|| self.unmarked.values().min().map(|at| *at + grace))
+            .flatten();
+        Breaker {
+            admitted,
+            held_back,
+            limit: unmark_limit(gpu_nodes),
+            gpu_nodes,
+            reopens,
+        }
+    }
+
+    /// The earliest moment a pending loss reaches `grace`, to requeue then (losses already past
+    /// it wait for the breaker, [`Breaker::reopens`]).
+    pub fn next_deadline(&self, grace: Duration, now: Instant) -> Option<Instant> {
+        self.since
+            .values()
+            .map(|since| *since + grace)
+            .filter(|deadline| *deadline > now)
+            .min()
     }
 }
 
@@ -437,10 +549,110 @@ mod tests {
             loss.observe(&marked, t0 + Duration::from_secs(10)),
             Some(Duration::from_secs(10))
         );
-        assert_eq!(loss.next_deadline(GRACE), Some(t0 + GRACE));
+        assert_eq!(loss.next_deadline(GRACE, t0), Some(t0 + GRACE));
         let back = node(&[(GPU_PRESENT, "true"), (NFD_GPU_LABELS[1], "true")]);
         assert_eq!(loss.observe(&back, t0 + Duration::from_secs(11)), None);
-        assert_eq!(loss.next_deadline(GRACE), None);
+        assert_eq!(loss.next_deadline(GRACE, t0), None);
+    }
+
+    fn named(name: &str, labels: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ..node(labels)
+        }
+    }
+
+    #[test]
+    fn the_unmark_limit_is_ten_percent_of_gpu_nodes_and_at_least_one() {
+        assert_eq!(unmark_limit(0), 1);
+        assert_eq!(unmark_limit(6), 1);
+        assert_eq!(unmark_limit(19), 1);
+        assert_eq!(unmark_limit(20), 2);
+        assert_eq!(unmark_limit(1000), 100);
+        assert_eq!(unmark_budget(1000, 40, 500), 60);
+        assert_eq!(unmark_budget(1000, 40, 7), 7);
+        assert_eq!(unmark_budget(1000, 120, 7), 0);
+        assert_eq!(unmark_limit(usize::MAX), usize::MAX / 100);
+    }
+
+    #[test]
+    fn the_breaker_holds_back_all_but_the_limit_and_reopens_one_grace_later() {
+        let mut loss = GpuLabelLoss::default();
+        let t0 = Instant::now();
+        // 3 of 6 GPU nodes lose their label at t0 (n1 first).
+        for name in ["n1", "n2", "n3"] {
+            loss.observe(&named(name, &[(GPU_PRESENT, "true")]), t0);
+        }
+        // Within the grace: nothing is due.
+        let early = loss.breaker(6, GRACE, t0 + Duration::from_secs(30));
+        assert!(early.admitted.is_empty() && early.held_back.is_empty());
+        assert_eq!(early.warning(GRACE), None);
+        let t1 = t0 + GRACE;
+        let first = loss.breaker(6, GRACE, t1);
+        assert_eq!(first.admitted.len(), 1, "{first:?}");
+        assert_eq!(first.held_back.len(), 2);
+        assert_eq!(first.reopens, Some(t1 + GRACE));
+        let warning = first.warning(GRACE).unwrap();
+        assert!(
+            warning.contains("from 3 of 6 GPU nodes: 2 held back"),
+            "{warning}"
+        );
+        // The same pass again (the patch not yet seen): the admitted node does not count twice.
+        let again = loss.breaker(6, GRACE, t1 + Duration::from_secs(1));
+        assert_eq!(again.admitted, first.admitted);
+        assert_eq!(again.held_back, first.held_back);
+        // The admitted node is unmarked; the window is still full.
+        let gone = first.admitted.iter().next().unwrap().clone();
+        loss.forget(&gone);
+        let full = loss.breaker(6, GRACE, t1 + Duration::from_secs(30));
+        assert!(full.admitted.is_empty());
+        assert_eq!(full.held_back.len(), 2);
+        // One grace later the next node may go.
+        let next = loss.breaker(6, GRACE, t1 + GRACE);
+        assert_eq!(next.admitted.len(), 1);
+        assert_eq!(next.held_back.len(), 1);
+    }
+
+    #[test]
+    fn labels_coming_back_clear_the_breaker() {
+        let mut loss = GpuLabelLoss::default();
+        let t0 = Instant::now();
+        for name in ["n1", "n2", "n3"] {
+            loss.observe(&named(name, &[(GPU_PRESENT, "true")]), t0);
+        }
+        let held = loss.breaker(6, GRACE, t0 + GRACE);
+        assert_eq!(held.held_back.len(), 2);
+        for name in &held.held_back {
+            let back = named(name, &[(GPU_PRESENT, "true"), (NFD_GPU_LABELS[0], "true")]);
+            assert_eq!(loss.observe(&back, t0 + GRACE), None);
+        }
+        let cleared = loss.breaker(6, GRACE, t0 + GRACE + Duration::from_secs(1));
+        assert!(cleared.held_back.is_empty());
+        assert_eq!(cleared.warning(GRACE), None);
+    }
+
+    #[test]
+    fn a_deleted_node_leaves_no_deadline_behind() {
+        let mut loss = GpuLabelLoss::default();
+        let t0 = Instant::now();
+        loss.observe(&named("gone", &[(GPU_PRESENT, "true")]), t0);
+        loss.observe(
+            &named("kept", &[(GPU_PRESENT, "true")]),
+            t0 + Duration::from_secs(5),
+        );
+        loss.retain_nodes(|n| n == "kept");
+        assert_eq!(
+            loss.next_deadline(GRACE, t0),
+            Some(t0 + Duration::from_secs(5) + GRACE)
+        );
+        loss.retain_nodes(|_| false);
+        assert_eq!(loss.next_deadline(GRACE, t0), None);
+        // A deadline in the past is no reason to wake (the breaker decides those nodes).
+        loss.observe(&named("due", &[(GPU_PRESENT, "true")]), t0);
+        assert_eq!(
+            loss.next_deadline(GRACE, t0 + GRACE + Duration::from_secs(1)),
+            None
+        );
     }
 
     #[test]

@@ -1,22 +1,25 @@
 //! `gpu-operator run` (IO): logging, the HTTP endpoints, Lease-based leader election and the
 //! controller.
 //!
-//! Leadership: a replica reconciles only while it holds the Lease. If a renewal fails or the
-//! Lease is lost, it stops writing at once by exiting (its replacement starts clean). On SIGTERM
-//! or SIGINT it finishes in-flight reconciles, releases the Lease so a standby takes over
-//! without waiting for expiry, and exits 0.
+//! Leadership (crate::leader): a replica reconciles only while it holds the Lease, and every
+//! write it sends passes a write gate that closes a safety margin before its Lease could expire
+//! without a renewal. API errors and hung renewals are ridden out until then; a leader whose
+//! window closes, or that finds the Lease held by another, cancels the controller (the pass in
+//! flight and its watches) and waits as a standby again, in the same process: an API server
+//! outage longer than the Lease makes no replica exit. On SIGTERM or SIGINT the leader finishes
+//! the pass in flight, releases the Lease so a standby takes over without waiting for expiry,
+//! and exits 0.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
+use anyhow::bail;
 use tokio::sync::watch;
 
+use crate::client::{Clients, Timeouts};
 use crate::controller::{self, Settings};
 use crate::health::Health;
+use crate::leader::{Elector, LeaseSettings, WriteGate};
 use crate::metrics::Metrics;
 
 /// Settings of `gpu-operator run`.
@@ -29,10 +32,17 @@ pub struct RunOptions {
     pub lease_duration: Duration,
     pub identity: Option<String>,
     pub gpu_label_grace: Duration,
+    /// The longest one reconcile pass may run before it is abandoned and retried.
+    pub pass_deadline: Duration,
+    /// How long work may wait with no pass completing before `/healthz` fails.
+    pub stall: Duration,
     pub json_logs: bool,
     /// Check the served ClusterPolicy CRD and upgrade it when it is ours ([`crate::crd_upgrade`]).
     pub upgrade_crd: bool,
 }
+
+/// How long a controller that failed (not stopped) waits before it starts again.
+const CONTROLLER_RESTART: Duration = Duration::from_secs(5);
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -69,13 +79,27 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
              downward API (env valueFrom fieldRef metadata.namespace); outside a cluster, export OPERATOR_NAMESPACE or pass --namespace"
         );
     };
-    let client = Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let identity = options
+        .identity
+        .clone()
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+    let lease = LeaseSettings {
+        name: options.lease_name.clone(),
+        namespace: namespace.clone(),
+        identity: identity.clone(),
+        duration: options.lease_duration.max(Duration::from_secs(2)),
+    };
+    let gate = if options.leader_elect {
+        WriteGate::leased(lease.write_window())
+    } else {
+        WriteGate::always_open()
+    };
+    let clients = crate::client::clients(Timeouts::default(), &gate).await?;
     let metrics = Metrics::default();
     // Not ready until the controller's first pass (or, for a standby, until it waits for the
     // Lease): crate::health.
-    let health = Health::default();
+    let health = Health::new(options.stall);
     let http = tokio::spawn(crate::http::serve(
         options.metrics_addr,
         metrics.clone(),
@@ -102,85 +126,130 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         namespace: namespace.clone(),
         gpu_label_grace: options.gpu_label_grace,
         not_ready_requeue: Duration::from_secs(30),
+        pass_deadline: options.pass_deadline,
+    };
+    let reconcile = Reconcile {
+        clients: &clients,
+        settings: &settings,
+        metrics: &metrics,
+        health: &health,
+        upgrade_crd: options.upgrade_crd,
     };
 
     if !options.leader_elect {
-        if options.upgrade_crd {
-            crate::crd_upgrade::ensure_and_log(&client).await;
+        loop {
+            match reconcile.run(stopped()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "the controller failed; starting it again"
+                    );
+                    if wait_or_stopped(CONTROLLER_RESTART, stopped()).await {
+                        break;
+                    }
+                }
+            }
         }
-        controller::run(client, settings, metrics, health, stopped()).await?;
         http.abort();
         return Ok(());
     }
 
-    let identity = options
-        .identity
-        .clone()
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-    let seconds = options.lease_duration.as_secs().max(2);
-    let lease = Arc::new(
-        LeaseManagerBuilder::new(client.clone(), &options.lease_name)
-            .with_namespace(&namespace)
-            .with_identity(&identity)
-            .with_duration(seconds)
-            .with_grace((seconds / 3).max(1))
-            .with_field_manager("gpu-operator-leader-election")
-            .build()
-            .await
-            .context("setting up leader election")?,
-    );
-    // A standby is ready (a rolling update waits for it while the old leader holds the Lease).
-    health.set_ready(true);
-    tracing::info!(%identity, lease = %options.lease_name, "waiting to become leader");
-    tokio::select! {
-        acquired = async {
-            loop {
-                if lease.changed().await? {
-                    break Ok::<(), kube_lease_manager::LeaseManagerError>(());
-                }
-            }
-        } => acquired.context("acquiring the leader Lease")?,
-        _ = stopped() => {
-            http.abort();
-            return Ok(());
+    let mut elector = Elector::new(clients.lease.clone(), lease, gate);
+    loop {
+        // A standby is ready (a rolling update waits for it while the old leader holds the
+        // Lease).
+        health.set_ready(true);
+        tracing::info!(%identity, lease = %options.lease_name, "waiting to become leader");
+        tokio::select! {
+            () = elector.acquire() => {},
+            () = stopped() => break,
         }
-    }
-    tracing::info!(%identity, "became leader");
-    // The leader is ready again once its caches are filled and its first pass finished.
-    health.set_ready(false);
-
-    // Keep renewing; losing the Lease or failing to renew ends the process at once, so no two
-    // replicas ever write together.
-    let renewer = {
-        let lease = lease.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            let outcome = lease.changed().await;
-            health.set_ready(false);
-            match outcome {
-                Ok(_) => tracing::error!("leader Lease lost; exiting so no two replicas write"),
-                Err(e) => {
-                    tracing::error!(error = %e, "renewing the leader Lease failed; exiting so no two replicas write")
+        tracing::info!(%identity, "became leader");
+        // The leader is ready again once its caches are filled and its first pass finished.
+        health.set_ready(false);
+        let outcome = tokio::select! {
+            ended = reconcile.run(stopped()) => Led::Ended(ended),
+            lost = elector.keep() => Led::Lost(lost),
+        };
+        health.controller_stopped();
+        match outcome {
+            Led::Ended(Ok(())) => {
+                release(&mut elector).await;
+                break;
+            }
+            Led::Ended(Err(e)) => {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "the controller failed; giving up the Lease and starting again"
+                );
+                release(&mut elector).await;
+                if wait_or_stopped(CONTROLLER_RESTART, stopped()).await {
+                    break;
                 }
             }
-            std::process::exit(1);
-        })
-    };
-
-    // Only the leader writes the CRD, before the controller probes its schema.
-    if options.upgrade_crd {
-        crate::crd_upgrade::ensure_and_log(&client).await;
-    }
-    controller::run(client, settings, metrics, health, stopped()).await?;
-    renewer.abort();
-    if let Err(e) = lease.release().await {
-        tracing::warn!(error = %e, "releasing the leader Lease failed; a standby takes over when it expires");
-    } else {
-        tracing::info!("leader Lease released");
+            Led::Lost(why) => {
+                tracing::error!(reason = %why, "stepped down as leader: the write gate is closed and the controller stopped; waiting as a standby");
+            }
+        }
     }
     http.abort();
     Ok(())
+}
+
+/// How a term as leader ended.
+enum Led {
+    /// The controller returned (stopped, or failed).
+    Ended(anyhow::Result<()>),
+    /// Leadership was lost while the controller ran.
+    Lost(crate::leader::Lost),
+}
+
+/// What a leader (or the single replica) runs.
+struct Reconcile<'a> {
+    clients: &'a Clients,
+    settings: &'a Settings,
+    metrics: &'a Metrics,
+    health: &'a Health,
+    upgrade_crd: bool,
+}
+
+impl Reconcile<'_> {
+    async fn run(&self, stopped: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        // Only the leader writes the CRD, before the controller probes its schema.
+        if self.upgrade_crd {
+            crate::crd_upgrade::ensure_and_log(&self.clients.requests).await;
+        }
+        controller::run(
+            controller::Clients {
+                requests: self.clients.requests.clone(),
+                watches: self.clients.watches.clone(),
+            },
+            self.settings.clone(),
+            self.metrics.clone(),
+            self.health.clone(),
+            stopped,
+        )
+        .await
+    }
+}
+
+/// Releases the Lease so a standby takes over without waiting for it to expire.
+async fn release(elector: &mut Elector) {
+    match elector.release().await {
+        Ok(()) => tracing::info!("leader Lease released"),
+        Err(e) => {
+            tracing::warn!(error = %e, "releasing the leader Lease failed; a standby takes over when it expires");
+        }
+    }
+}
+
+/// Sleeps for `wait`; `true` when a termination signal came first.
+async fn wait_or_stopped(wait: Duration, stopped: impl Future<Output = ()>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => false,
+        () = stopped => true,
+    }
 }
 
 fn hostname() -> String {

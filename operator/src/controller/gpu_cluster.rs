@@ -395,6 +395,7 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
         failures: &[],
         config_problems: &BTreeMap::new(),
         notes: &[],
+        warnings: &[],
         unsupported: &unsupported,
         diagnoses: &observed.diagnoses,
         rejected: &applied.rejected,

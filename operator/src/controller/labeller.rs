@@ -4,7 +4,7 @@
 //! is not an error: the node is re-read and patched once more at once, and should that conflict
 //! too, the node's newer version arrives through the watch and a pass shortly after retries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
-use crate::nodes::{GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default};
+use crate::nodes::{
+    Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
+};
 
 fn merge_patch(node: &NodeView, changes: &LabelPatch) -> Value {
     let labels: Map<String, Value> = changes
@@ -66,6 +68,11 @@ impl Attempts {
             .iter()
             .filter(|n| self.at_version.get(&n.name) == Some(&n.resource_version))
             .count()
+    }
+
+    /// Forgets nodes that no longer exist.
+    fn retain_nodes(&mut self, exists: impl Fn(&str) -> bool) {
+        self.at_version.retain(|name, _| exists(name));
     }
 
     fn settled(&mut self, node: &NodeView) {
@@ -144,9 +151,19 @@ async fn label_node(
 /// flight.
 const PATCH_CONCURRENCY: usize = 16;
 
-/// Labels every node that needs it, [`PATCH_CONCURRENCY`] at a time. Returns when to look
-/// again, if needed: when a node's vanished GPU label reaches the grace period, or shortly after
-/// a conflict.
+/// What labelling found beyond the writes: when to look again, and the label-loss breaker.
+#[derive(Debug, Default)]
+pub struct Labelling {
+    /// When a node's vanished GPU label reaches the grace period, the breaker lets the next
+    /// node go, or a conflict is retried.
+    pub again_at: Option<Instant>,
+    pub breaker: Breaker,
+}
+
+/// Labels every node that needs it, [`PATCH_CONCURRENCY`] at a time. A node whose NFD GPU
+/// label has been gone past the grace period is unmarked only when the label-loss breaker
+/// admits it ([`GpuLabelLoss::breaker`]): a mass loss (an NFD upgrade or outage) unmarks a
+/// bounded share of the fleet per grace window instead of all of it.
 pub async fn label_nodes(
     client: &Client,
     nodes: &[NodeView],
@@ -154,13 +171,33 @@ pub async fn label_nodes(
     attempts: &Mutex<Attempts>,
     grace: Duration,
     mig_default_layout: Option<&str>,
-) -> Result<Option<Instant>, kube::Error> {
+) -> Result<Labelling, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let now = Instant::now();
     let mut retry = None;
     let mut work = Vec::new();
-    for node in nodes {
-        let gone_for = loss.lock().ok().and_then(|mut l| l.observe(node, now));
+    let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    if let Ok(mut l) = loss.lock() {
+        l.retain_nodes(|n| names.contains(n));
+    }
+    if let Ok(mut a) = attempts.lock() {
+        a.retain_nodes(|n| names.contains(n));
+    }
+    let gone: Vec<Option<Duration>> = nodes
+        .iter()
+        .map(|node| loss.lock().ok().and_then(|mut l| l.observe(node, now)))
+        .collect();
+    let gpu_nodes = nodes
+        .iter()
+        .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
+        .count();
+    let breaker = loss
+        .lock()
+        .map(|mut l| l.breaker(gpu_nodes, grace, now))
+        .unwrap_or_default();
+    for (node, gone_for) in nodes.iter().zip(gone) {
+        // Past the grace but held back by the breaker: left exactly as it is for now.
+        let gone_for = gone_for.filter(|g| *g < grace || breaker.admitted.contains(&node.name));
         let changes = changes_for(node, gone_for, grace, mig_default_layout);
         if changes.is_empty() {
             // The cache shows the labels this node needs: nothing of ours is in flight for it.
@@ -218,8 +255,18 @@ pub async fn label_nodes(
     if let Some(e) = failure {
         return Err(e);
     }
-    let grace_deadline = loss.lock().ok().and_then(|l| l.next_deadline(grace));
-    Ok(grace_deadline.into_iter().chain(retry).min())
+    let grace_deadline = loss.lock().ok().and_then(|l| l.next_deadline(grace, now));
+    if !breaker.held_back.is_empty() {
+        tracing::warn!(held_back = ?breaker.held_back, limit = breaker.limit, "GPU label loss on many nodes: the breaker holds them marked");
+    }
+    Ok(Labelling {
+        again_at: grace_deadline
+            .into_iter()
+            .chain(retry)
+            .chain(breaker.reopens)
+            .min(),
+        breaker,
+    })
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 //!   active.
 
 mod apply;
+pub mod coexist;
 mod gpu_cluster;
 mod labeller;
 mod namespace;
@@ -68,6 +69,9 @@ pub struct Settings {
     pub gpu_label_grace: Duration,
     /// Requeue interval while something is not ready.
     pub not_ready_requeue: Duration,
+    /// The longest one pass may run: past it, the pass is abandoned (its requests cancelled)
+    /// and retried with backoff.
+    pub pass_deadline: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +142,8 @@ pub struct Context {
     stores: Stores,
     policies: Store<DeserializeGuard<ClusterPolicy>>,
     resolver: Resolver,
+    /// Whether NVIDIA's operator is live now (controller::coexist).
+    nvidia: coexist::NvidiaOperator,
     label_loss: Mutex<GpuLabelLoss>,
     label_attempts: Mutex<labeller::Attempts>,
     pool_attempts: Mutex<node_pools::Attempts>,
@@ -324,6 +330,7 @@ async fn report_failure(
         failures: &[error.to_string()],
         config_problems: &BTreeMap::new(),
         notes: &[],
+        warnings: &[],
         unsupported: &unsupported,
         diagnoses: &BTreeMap::new(),
         rejected: &BTreeMap::new(),
@@ -433,9 +440,13 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         daemon_sets: &observed.daemon_sets,
         deployments: &observed.deployments,
         nodes: &nodes,
-        failures: &ctx.resolver.discovered.coexistence_problems(),
+        failures: &ctx
+            .resolver
+            .discovered
+            .coexistence_problems(ctx.nvidia.holder().as_deref()),
         config_problems: &validated.reported,
         notes: &notes,
+        warnings: labelled.label_loss_warning.as_slice(),
         unsupported: &unsupported_lines(&policy.spec),
         diagnoses: &observed.diagnoses,
         rejected: &applied.rejected,
@@ -472,7 +483,7 @@ async fn upgrade_drivers(
     observed: &observe::Observed,
     nodes: &[crate::nodes::NodeView],
 ) -> Result<upgrade::Report, Error> {
-    if ctx.resolver.discovered.nvidia_operator.is_some() || !still_in_force(ctx, policy) {
+    if ctx.nvidia.holder().is_some() || !still_in_force(ctx, policy) {
         return Ok(upgrade::Report::default());
     }
     // Nothing to upgrade by the caches: the last report stands, without the stage's reads.
@@ -507,6 +518,8 @@ struct Labelled {
     in_flight: usize,
     /// When a node's vanished GPU label reaches its grace period.
     deadline: Option<Instant>,
+    /// The label-loss breaker holds nodes marked (nodes::Breaker::warning).
+    label_loss_warning: Option<String>,
 }
 
 /// Label stage: the GPU nodes' deploy labels (they decide where operands run), on `nodes`, the
@@ -516,7 +529,15 @@ async fn label(
     ctx: &Context,
     nodes: &[crate::nodes::NodeView],
 ) -> Result<Labelled, Error> {
-    let deadline = labeller::label_nodes(
+    if ctx.nvidia.holder().is_some() {
+        // NVIDIA's operator labels the same keys: leave the nodes to it (decision 14).
+        return Ok(Labelled {
+            in_flight: 0,
+            deadline: None,
+            label_loss_warning: None,
+        });
+    }
+    let labelling = labeller::label_nodes(
         &ctx.client,
         nodes,
         &ctx.label_loss,
@@ -526,6 +547,8 @@ async fn label(
     )
     .await
     .map_err(Error::Labels)?;
+    let label_loss_warning = labelling.breaker.warning(ctx.settings.gpu_label_grace);
+    let deadline = labelling.again_at;
     // Node pools and the GPU memory resource (our extension), on the same snapshot.
     let pool_retry =
         node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &ctx.pool_attempts)
@@ -543,6 +566,7 @@ async fn label(
     Ok(Labelled {
         in_flight,
         deadline,
+        label_loss_warning,
     })
 }
 
@@ -550,9 +574,7 @@ async fn label(
 /// admits them, before their DaemonSets are applied.
 async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Context) -> Result<(), Error> {
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
-    if (psa || ctx.resolver.discovered.openshift)
-        && ctx.resolver.discovered.nvidia_operator.is_none()
-    {
+    if (psa || ctx.resolver.discovered.openshift) && ctx.nvidia.holder().is_none() {
         namespace::ensure_privileged(&ctx.client, &ctx.settings.namespace)
             .await
             .map_err(|source| Error::Namespace {
@@ -571,7 +593,7 @@ async fn apply(
     ctx: &Context,
     desired: &render::DesiredState,
 ) -> Result<apply::ApplyReport, Error> {
-    if ctx.resolver.discovered.nvidia_operator.is_some() {
+    if ctx.nvidia.holder().is_some() {
         return Ok(apply::ApplyReport::default());
     }
     let deploys_nfd = desired.operands.iter().any(|s| {
@@ -657,6 +679,11 @@ async fn report_status(
     );
     let previous_state = policy.status.as_ref().map(|s| s.state);
     if !still_in_force(ctx, policy) {
+        return Ok(());
+    }
+    if ctx.nvidia.holder().is_some() && resolve::says_nvidia_operator_runs(policy.status.as_ref()) {
+        // Standing aside (decision 14): status said so once; NVIDIA's operator writes the
+        // same ClusterPolicy's status, and answering each of its writes would be a fight.
         return Ok(());
     }
     if status::differs(policy.status.as_ref(), status) {
@@ -765,6 +792,7 @@ async fn reconcile_nvidia_drivers(
         }
         _ => None,
     };
+    let nvidia_holder = ctx.nvidia.holder();
     let pass = nvidia_driver::Pass {
         client: &ctx.client,
         stores: &ctx.stores,
@@ -772,7 +800,7 @@ async fn reconcile_nvidia_drivers(
         memory: &ctx.nvidia_driver,
         env: &ctx.gpu_cluster_env,
         namespace: &ctx.settings.namespace,
-        nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
+        nvidia_operator: nvidia_holder.as_deref(),
         policy,
         not_ready_requeue: ctx.settings.not_ready_requeue,
         diagnoser: &ctx.diagnoser,
@@ -783,25 +811,100 @@ async fn reconcile_nvidia_drivers(
     })
 }
 
+/// One pass over every policy and GPUCluster: when to look again, and whether any failed.
+async fn pass(ctx: &Context) -> (Option<Duration>, bool) {
+    let mut next: Option<Duration> = None;
+    let mut failed = false;
+    if ctx.policies.is_empty() {
+        ctx.metrics
+            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
+    }
+    for guard in ctx.policies.state() {
+        match reconcile(&guard, ctx).await {
+            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+            Err(e) => {
+                // Counted here, once, for the active and the ignored policies alike.
+                ctx.metrics.observe_error(e.reason());
+                failed = true;
+            }
+        }
+    }
+    let active = active_policy(&ctx.policies);
+    let nvidia_holder = ctx.nvidia.holder();
+    let pass = gpu_cluster::Pass {
+        client: &ctx.client,
+        stores: &ctx.stores,
+        clusters: ctx.gpu_clusters.as_ref(),
+        memory: &ctx.gpu_cluster,
+        env: &ctx.gpu_cluster_env,
+        namespace: &ctx.settings.namespace,
+        openshift: ctx.resolver.discovered.openshift,
+        nvidia_operator: nvidia_holder.as_deref(),
+        policy: active.as_deref(),
+        not_ready_requeue: ctx.settings.not_ready_requeue,
+        diagnoser: &ctx.diagnoser,
+    };
+    match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
+        tracing::warn!(error = %e, "GPUCluster reconcile failed");
+        Error::from(e)
+    }) {
+        Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+        Err(e) => {
+            ctx.metrics.observe_error(e.reason());
+            failed = true;
+        }
+    }
+    match reconcile_nvidia_drivers(ctx, active.as_deref()).await {
+        Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+        Err(e) => {
+            ctx.metrics.observe_error(e.reason());
+            failed = true;
+        }
+    }
+    (next, failed)
+}
+
+/// A spawned task that is aborted when the handle is dropped: a controller cancelled by its
+/// caller (a leader stepping down) leaves no watch running behind.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The clients the controller uses (crate::client): request/response calls, and watches.
+#[derive(Clone)]
+pub struct Clients {
+    pub requests: Client,
+    pub watches: Client,
+}
+
 /// Runs the controller until `shutdown` resolves; the pass in flight is finished first.
+/// Dropping the future instead cancels the pass in flight and every watch.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     settings: Settings,
     metrics: Metrics,
     health: crate::health::Health,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let Clients {
+        requests: client,
+        watches: watch_client,
+    } = clients;
     let discovered = Discovered::probe(&client).await?;
     tracing::info!(?discovered, namespace = %settings.namespace, "starting controller");
-    let (stores, triggers) = Stores::start(&client, &settings.namespace);
+    let (stores, triggers) = Stores::start(&watch_client, &settings.namespace);
     let (policies, policy_changes) = stores::watched(
-        Api::<DeserializeGuard<ClusterPolicy>>::all(client.clone()),
+        Api::<DeserializeGuard<ClusterPolicy>>::all(watch_client.clone()),
         watcher::Config::default(),
     );
     let mut triggers = futures::stream::select(triggers, policy_changes).boxed();
     let gpu_clusters = if gpu_cluster::served(&client).await {
         let (clusters, changes) = stores::watched(
-            Api::<DeserializeGuard<crate::api::GPUCluster>>::all(client.clone()),
+            Api::<DeserializeGuard<crate::api::GPUCluster>>::all(watch_client.clone()),
             watcher::Config::default(),
         );
         triggers = futures::stream::select(triggers, changes).boxed();
@@ -846,7 +949,16 @@ pub async fn run(
         "caches ready"
     );
 
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let nvidia = coexist::NvidiaOperator::fixed(discovered.nvidia_operator.clone());
+    let _nvidia_watch = {
+        let (nvidia, wake, client) = (nvidia.clone(), wake.clone(), watch_client.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            nvidia.watch(client, move || wake.notify_one()).await;
+        }))
+    };
     let ctx = Context {
+        nvidia,
         resolver: Resolver::new(
             client.clone(),
             settings.namespace.clone(),
@@ -886,16 +998,16 @@ pub async fn run(
     // The watches run on their own task, so the caches stay current while a pass runs (a pass
     // that patches a thousand nodes must see the versions its own writes produced); they
     // leave one wake-up for the loop however many events arrive meanwhile.
-    let wake = Arc::new(tokio::sync::Notify::new());
     let (ended_tx, mut watches_ended) = tokio::sync::oneshot::channel::<()>();
-    let watches = {
-        let wake = wake.clone();
-        tokio::spawn(async move {
+    let _watches = {
+        let (wake, health) = (wake.clone(), health.clone());
+        AbortOnDrop(tokio::spawn(async move {
             while triggers.next().await.is_some() {
+                health.work_arrived();
                 wake.notify_one();
             }
             let _ = ended_tx.send(());
-        })
+        }))
     };
 
     let mut shutdown = std::pin::pin!(shutdown.fuse());
@@ -910,67 +1022,26 @@ pub async fn run(
         };
         tokio::select! {
             () = &mut shutdown => break,
-            _ = &mut watches_ended => {
-                watches.abort();
-                anyhow::bail!("the watches ended");
-            }
+            _ = &mut watches_ended => anyhow::bail!("the watches ended"),
             () = wake.notified() => {},
-            () = sleep => {},
+            () = sleep => health.work_arrived(),
         }
         // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
         // one pass: give stragglers a moment, then take the wake-up they left.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _ = wake.notified().now_or_never();
 
-        let mut next: Option<Duration> = None;
-        let mut failed = false;
         // Readiness after the first pass, liveness while passes end (crate::health).
         health.pass_started();
-        if ctx.policies.is_empty() {
-            ctx.metrics
-                .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        }
-        for guard in ctx.policies.state() {
-            match reconcile(&guard, &ctx).await {
-                Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-                Err(e) => {
-                    // Counted here, once, for the active and the ignored policies alike.
-                    ctx.metrics.observe_error(e.reason());
-                    failed = true;
-                }
+        let deadline = ctx.settings.pass_deadline;
+        let (mut next, failed) = match tokio::time::timeout(deadline, pass(&ctx)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::error!(deadline = ?deadline, "a reconcile pass ran past its deadline; abandoned, retrying with backoff");
+                ctx.metrics.observe_error("PassDeadline");
+                (None, true)
             }
-        }
-        let active = active_policy(&ctx.policies);
-        let pass = gpu_cluster::Pass {
-            client: &ctx.client,
-            stores: &ctx.stores,
-            clusters: ctx.gpu_clusters.as_ref(),
-            memory: &ctx.gpu_cluster,
-            env: &ctx.gpu_cluster_env,
-            namespace: &ctx.settings.namespace,
-            openshift: ctx.resolver.discovered.openshift,
-            nvidia_operator: ctx.resolver.discovered.nvidia_operator.as_deref(),
-            policy: active.as_deref(),
-            not_ready_requeue: ctx.settings.not_ready_requeue,
-            diagnoser: &ctx.diagnoser,
         };
-        match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
-            tracing::warn!(error = %e, "GPUCluster reconcile failed");
-            Error::from(e)
-        }) {
-            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-            Err(e) => {
-                ctx.metrics.observe_error(e.reason());
-                failed = true;
-            }
-        }
-        match reconcile_nvidia_drivers(&ctx, active.as_deref()).await {
-            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-            Err(e) => {
-                ctx.metrics.observe_error(e.reason());
-                failed = true;
-            }
-        }
         health.pass_finished();
         // Failures retry with exponential backoff (1 s doubling to 60 s); success resets it.
         failures = if failed {
@@ -985,7 +1056,6 @@ pub async fn run(
         }
         wake_at = next.map(|d| tokio::time::Instant::now() + d);
     }
-    watches.abort();
     tracing::info!("controller stopped");
     Ok(())
 }

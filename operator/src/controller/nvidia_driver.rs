@@ -506,6 +506,7 @@ async fn report(
         failures: &[],
         config_problems: &BTreeMap::new(),
         notes: &notes,
+        warnings: &[],
         unsupported: &unsupported,
         diagnoses: &observed.diagnoses,
         rejected: &applied.rejected,

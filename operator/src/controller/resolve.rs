@@ -27,12 +27,10 @@ pub struct Discovered {
     /// Fields of ours the served ClusterPolicy CRD lacks (an older or NVIDIA-installed CRD
     /// would silently prune them from every policy).
     pub crd_missing_fields: Vec<String>,
-    /// Holder of NVIDIA's own operator's leader Lease, when it is live.
+    /// Holder of NVIDIA's own operator's leader Lease at start-up, when it is live; the
+    /// controller keeps it current from then on (controller::coexist).
     pub nvidia_operator: Option<String>,
 }
-
-/// Name of the leader-election Lease of NVIDIA's GPU Operator.
-const NVIDIA_OPERATOR_LEASE: &str = "53822513.nvidia.com";
 
 impl Discovered {
     pub async fn probe(client: &Client) -> Result<Self, kube::Error> {
@@ -61,8 +59,9 @@ impl Discovered {
         .collect()
     }
 
-    /// Problems that stop this operator from acting safely, for status.
-    pub fn coexistence_problems(&self) -> Vec<String> {
+    /// Problems that stop this operator from acting safely, for status; `nvidia_operator` is
+    /// the live holder of NVIDIA's operator Lease now.
+    pub fn coexistence_problems(&self, nvidia_operator: Option<&str>) -> Vec<String> {
         let mut problems = Vec::new();
         if !self.crd_missing_fields.is_empty() {
             problems.push(format!(
@@ -70,13 +69,25 @@ impl Discovered {
                 self.crd_missing_fields.join(", ")
             ));
         }
-        if let Some(holder) = &self.nvidia_operator {
+        if let Some(holder) = nvidia_operator {
             problems.push(format!(
-                "NVIDIA's GPU Operator is running (Lease {NVIDIA_OPERATOR_LEASE} held by {holder}); this operator makes no changes while it does: uninstall one of the two"
+                "{NVIDIA_OPERATOR_RUNS} (held by {holder}); this operator makes no changes while it does: uninstall one of the two"
             ));
         }
         problems
     }
+}
+
+/// How status starts to say that NVIDIA's operator is live.
+const NVIDIA_OPERATOR_RUNS: &str = "NVIDIA's GPU Operator is running";
+
+/// Whether `status` already says that NVIDIA's operator is live (its Ready condition).
+pub fn says_nvidia_operator_runs(status: Option<&crate::api::ClusterPolicyStatus>) -> bool {
+    status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == super::status::READY && c.message.contains(NVIDIA_OPERATOR_RUNS))
 }
 
 /// Our fields that must be in the served schema: a sample across spec and status.
@@ -117,22 +128,14 @@ async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::E
     use k8s_openapi::api::coordination::v1::Lease;
     let api: Api<Lease> = Api::all(client.clone());
     let leases = api
-        .list(
-            &kube::api::ListParams::default()
-                .fields(&format!("metadata.name={NVIDIA_OPERATOR_LEASE}")),
-        )
+        .list(&kube::api::ListParams::default().fields(&format!(
+            "metadata.name={}",
+            super::coexist::NVIDIA_OPERATOR_LEASE
+        )))
         .await?;
-    let now = k8s_openapi::jiff::Timestamp::now();
-    Ok(leases.items.into_iter().find_map(|lease| {
-        let spec = lease.spec?;
-        let renewed = spec.renew_time?.0;
-        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-        let live = now.as_second() - renewed.as_second() <= duration;
-        live.then(|| {
-            spec.holder_identity
-                .unwrap_or_else(|| "an unknown holder".into())
-        })
-    }))
+    let leases: Vec<std::sync::Arc<Lease>> =
+        leases.items.into_iter().map(std::sync::Arc::new).collect();
+    Ok(super::coexist::live_holder(&leases, k8s_openapi::jiff::Timestamp::now()).0)
 }
 
 /// An NFD master workload someone else deployed (NFD's Helm chart or kustomize manifests, or

@@ -48,6 +48,9 @@ pub struct StatusInputs<'a> {
     pub config_problems: &'a BTreeMap<Operand, String>,
     /// Warnings that do not make the policy unready (e.g. "default inferred").
     pub notes: &'a [String],
+    /// Warnings shown in the Ready message whatever the state (the label-loss breaker holding
+    /// nodes): they matter most while something is not ready.
+    pub warnings: &'a [String],
     /// What the policy sets that this operator does not act on, one line per field path
     /// (`ClusterPolicySpec::unsupported_fields`).
     pub unsupported: &'a [String],
@@ -498,6 +501,10 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
         }
         (true, reason::READY, m)
     };
+    let message = inputs
+        .warnings
+        .iter()
+        .fold(message, |m, w| format!("{m}; {w}"));
     let error = !inputs.failures.is_empty() || !invalid.is_empty() || !frozen.is_empty();
     let conditions = vec![
         condition(

@@ -22,6 +22,13 @@ pub const MIG_CONFIG_KEY: &str = "config.yaml";
 /// Layouts named in one message before the rest are counted.
 const LAYOUTS_IN_MESSAGE: usize = 12;
 
+/// The highest GPU index a config may name, and the most GPUs a node is judged for. No node
+/// holds more than a few dozen GPUs; the bound keeps a hostile or mistyped config
+/// (`devices: [0, 4294967295]`, `nvidia.com/gpu.count=4000000000`) from making the per-GPU
+/// check loop for minutes. mig-parted accepts any integer, but an index this high matches no
+/// GPU anywhere, so rejecting it loses nothing.
+pub const MAX_GPU_INDEX: i64 = 255;
+
 const TOP_FIELDS: &[&str] = &["version", "mig-configs"];
 const ENTRY_FIELDS: &[&str] = &["device-filter", "devices", "mig-enabled", "mig-devices"];
 
@@ -459,6 +466,16 @@ impl Parser<'_> {
                     match item {
                         Node::Null => indexes.push(0),
                         _ => match item.as_integer().and_then(|n| i64::try_from(n).ok()) {
+                            Some(n) if n > MAX_GPU_INDEX => {
+                                self.fatal(
+                                    &format!("{field}[{i}]"),
+                                    ProblemReason::InvalidValue,
+                                    format!(
+                                        "is {n}, past the highest GPU index the operator accepts ({MAX_GPU_INDEX}); list the indexes of the node's GPUs (0 to gpu.count - 1) or write `devices: all`"
+                                    ),
+                                );
+                                return None;
+                            }
                             Some(n) => indexes.push(n),
                             None => {
                                 self.fatal(
@@ -637,6 +654,14 @@ pub fn check_node(
     } else {
         gpu_count_label.and_then(|c| c.trim().parse().ok())
     };
+    if let Some(count) = count
+        && i64::from(count) > MAX_GPU_INDEX + 1
+    {
+        return Err(format!(
+            "the node's nvidia.com/gpu.count={count} is more GPUs than the operator judges a layout for ({}); fix the label",
+            MAX_GPU_INDEX + 1
+        ));
+    }
 
     let applies: Vec<bool> = entries.iter().map(|e| filter_matches(e, model)).collect();
     let mut errors = Vec::new();
@@ -675,7 +700,7 @@ pub fn check_node(
                 MigDevices::All => None,
             })
             .filter_map(|max| u32::try_from(max).ok())
-            .map(|max| max + 1)
+            .map(|max| max.saturating_add(1))
             .max()
             .unwrap_or(1)
     });
@@ -1223,6 +1248,35 @@ mod tests {
             check_node(&file, "inference-8", "NVIDIA-A100-SXM4-40GB", Some("8")),
             Err("MIG layout \"inference-8\" is not in the MIG config (it defines inference-7 and training-4); fix the nvidia.com/mig.config label or add the layout".to_string())
         );
+    }
+
+    #[test]
+    fn a_huge_device_index_is_rejected_by_the_parser_naming_the_field() {
+        for devices in ["[0, 4294967295]", "[256]", "[0, 9223372036854775807]"] {
+            let text = format!(
+                "version: v1\nmig-configs:\n  x:\n    - devices: {devices}\n      mig-enabled: true\n      mig-devices: {{\"1g.10gb\": 7}}\n"
+            );
+            let problems = parse_yaml("mig", MIG_CONFIG_KEY, &text).expect_err(devices);
+            let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            let text = text.join("\n");
+            assert!(text.contains(".devices["), "{text}");
+            assert!(text.contains("past the highest GPU index"), "{text}");
+        }
+        // The highest accepted index still parses.
+        parse(
+            "version: v1\nmig-configs:\n  x:\n    - devices: [0, 255]\n      mig-enabled: false\n",
+        );
+    }
+
+    #[test]
+    fn a_huge_gpu_count_label_is_reported_not_iterated() {
+        let file = parse(
+            "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: false\n",
+        );
+        let started = std::time::Instant::now();
+        let e = check_node(&file, "x", "NVIDIA-H100-80GB-HBM3", Some("4000000000")).unwrap_err();
+        assert!(e.contains("nvidia.com/gpu.count=4000000000"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]

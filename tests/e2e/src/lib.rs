@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod contract;
 pub mod crd;
 pub mod dra;
+pub mod faults;
 pub mod helm;
 pub mod nfd;
 pub mod nodes;
