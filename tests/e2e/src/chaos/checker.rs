@@ -130,7 +130,10 @@ pub async fn check(admin: &Client, namespace: &str, policy: &str) -> Result<Verd
         }
     }
     for key in expected.keys().filter(|k| !seen.contains(*k)) {
-        problems.push(format!("{} {}/{} is rendered but not live", key.0, key.1, key.2));
+        problems.push(format!(
+            "{} {}/{} is rendered but not live",
+            key.0, key.1, key.2
+        ));
     }
     for ((kind, app), names) in apps {
         if names.len() > 1 {
@@ -263,13 +266,14 @@ pub async fn live_facts(
         runtimes.first().copied().unwrap_or_default()
     };
 
-    let config_maps: BTreeMap<String, ConfigMap> = Api::<ConfigMap>::namespaced(admin.clone(), namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(|cm| (cm.name_any(), cm))
-        .collect();
+    let config_maps: BTreeMap<String, ConfigMap> =
+        Api::<ConfigMap>::namespaced(admin.clone(), namespace)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|cm| (cm.name_any(), cm))
+            .collect();
     let present = |name: Option<&str>| -> Option<ConfigMapData> {
         let name = name.filter(|n| !n.is_empty())?;
         let cm = config_maps.get(name)?;
@@ -285,7 +289,11 @@ pub async fn live_facts(
             .and_then(|d| d.config.as_ref())
             .and_then(|c| c.name.as_deref()),
     );
-    let mig_config = present(spec.mig_manager.as_ref().and_then(mig_manager::custom_config_name));
+    let mig_config = present(
+        spec.mig_manager
+            .as_ref()
+            .and_then(mig_manager::custom_config_name),
+    );
     let dcgm_metrics = present(
         spec.dcgm_exporter
             .as_ref()
@@ -303,13 +311,14 @@ pub async fn live_facts(
         })
         .unwrap_or_default();
 
-    let daemonsets: BTreeMap<String, DaemonSet> = Api::<DaemonSet>::namespaced(admin.clone(), namespace)
-        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
-        .await?
-        .items
-        .into_iter()
-        .map(|ds| (ds.name_any(), ds))
-        .collect();
+    let daemonsets: BTreeMap<String, DaemonSet> =
+        Api::<DaemonSet>::namespaced(admin.clone(), namespace)
+            .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
+            .await?
+            .items
+            .into_iter()
+            .map(|ds| (ds.name_any(), ds))
+            .collect();
     let live_os = daemonsets.get(driver::NAME).and_then(|ds| {
         let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
         let main = pod

@@ -70,15 +70,16 @@ impl Settings {
             .max(5);
         let skip_names = std::env::var("CHAOS_SKIP").unwrap_or_default();
         let mut skip = Vec::new();
-        for name in skip_names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        for name in skip_names
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
             let fault = Fault::DRAWN
                 .into_iter()
                 .find(|f| format!("{f:?}") == name)
                 .with_context(|| {
-                    format!(
-                        "CHAOS_SKIP: no fault {name}; known: {:?}",
-                        Fault::DRAWN
-                    )
+                    format!("CHAOS_SKIP: no fault {name}; known: {:?}", Fault::DRAWN)
                 })?;
             skip.push(fault);
         }
@@ -284,11 +285,18 @@ impl Run<'_> {
                 checker::check(&world.admin, world.replicas.namespace(), &world.policy),
             )
             .await;
-            let problems = match verdict {
+            let mut problems = match verdict {
                 Ok(Ok(v)) => v.problems,
                 Ok(Err(e)) => vec![format!("checking failed: {e:#}")],
                 Err(_) => vec!["checking took over 30s".to_owned()],
             };
+            // Nothing changes without an operator, so the invariants alone would hold with
+            // both replicas down: one must hold a fresh Lease.
+            match world.replicas.live_leader().await {
+                Ok(Some(_)) => {}
+                Ok(None) => problems.push("no running replica holds a fresh Lease".to_owned()),
+                Err(e) => problems.push(format!("reading the Lease: {e}")),
+            }
             if problems.is_empty() {
                 let held = Instant::now();
                 let mark = self.audit.mark()?;
@@ -304,9 +312,7 @@ impl Run<'_> {
                 if writes.is_empty() && again.is_empty() {
                     return Ok(held);
                 }
-                last = format!(
-                    "in the quiet window: writes {writes:?}, problems {again:?}"
-                );
+                last = format!("in the quiet window: writes {writes:?}, problems {again:?}");
             } else {
                 last = problems.join("\n  ");
             }
@@ -352,7 +358,10 @@ async fn teardown(world: World) -> Result<()> {
     if let Err(e) = crate::chaos::remove_all(&admin).await {
         errors.push(format!("crash-loop stages: {e}"));
     }
-    if let Err(e) = policies(&admin).delete(&policy, &DeleteParams::default()).await {
+    if let Err(e) = policies(&admin)
+        .delete(&policy, &DeleteParams::default())
+        .await
+    {
         errors.push(format!("policy: {e}"));
     }
     if let Err(e) = crate::nodes::delete(&admin, &added_nodes).await {
@@ -389,7 +398,8 @@ mod tests {
         let a = schedule(&mut StdRng::seed_from_u64(42), 40, &[]);
         let b = schedule(&mut StdRng::seed_from_u64(42), 40, &[]);
         assert_eq!(a, b);
-        let round: std::collections::BTreeSet<Fault> = a[..Fault::DRAWN.len()].iter().copied().collect();
+        let round: std::collections::BTreeSet<Fault> =
+            a[..Fault::DRAWN.len()].iter().copied().collect();
         assert_eq!(round.len(), Fault::DRAWN.len());
         assert_ne!(a, schedule(&mut StdRng::seed_from_u64(43), 40, &[]));
         let skipped = schedule(&mut StdRng::seed_from_u64(42), 40, &[Fault::EtcdStop]);

@@ -187,7 +187,11 @@ pub async fn write_config_map(
         ..ConfigMap::default()
     };
     Api::<ConfigMap>::namespaced(admin.clone(), namespace)
-        .patch(name, &PatchParams::apply("chaos").force(), &Patch::Apply(&cm))
+        .patch(
+            name,
+            &PatchParams::apply("chaos").force(),
+            &Patch::Apply(&cm),
+        )
         .await
         .with_context(|| format!("writing ConfigMap {name}"))?;
     Ok(())
@@ -248,9 +252,16 @@ impl World {
                 let leader = self.replicas.await_leader(Duration::from_secs(120)).await?;
                 let pause = Duration::from_secs(self.settings.lease_seconds + 3);
                 self.replicas.pause(leader, pause).await?;
+                // Give the resumed process the time to notice it lost the Lease, so that its
+                // exit (if it exits) is counted for this fault.
+                let exited = self
+                    .replicas
+                    .await_exit(leader, Duration::from_secs(5))
+                    .await;
                 Ok(format!(
-                    "stopped {} for {pause:?}",
-                    self.replicas.slots[leader].name
+                    "stopped {} for {pause:?}; after SIGCONT it {}",
+                    self.replicas.slots[leader].name,
+                    if exited { "exited" } else { "kept running" }
                 ))
             }
             Fault::ApiServerRestart => {
@@ -258,7 +269,10 @@ impl World {
                 self.control_plane
                     .restart_apiserver(&self.admin, down)
                     .await?;
-                Ok(format!("down {down:?} beyond its shutdown"))
+                self.control_plane.restart_kwok().await?;
+                Ok(format!(
+                    "down {down:?} beyond its shutdown (kwok restarted after)"
+                ))
             }
             Fault::EtcdStop => {
                 let (low, high) = self.settings.etcd_stop_seconds;
@@ -466,18 +480,22 @@ impl World {
     /// Waits until the policy's status names ConfigMap `name` (an invalid config reported).
     async fn await_reported(&self, name: &str) -> Result<String> {
         let api = policies(&self.admin);
-        wait::until(REPORT_TIMEOUT, &format!("status reports {name} invalid"), || {
-            let api = api.clone();
-            async move {
-                let p = api.get(&self.policy).await?;
-                let line = status_line(&p);
-                Ok(if !ready_now(&p) && line.contains(name) {
-                    Ok(line)
-                } else {
-                    Err(line)
-                })
-            }
-        })
+        wait::until(
+            REPORT_TIMEOUT,
+            &format!("status reports {name} invalid"),
+            || {
+                let api = api.clone();
+                async move {
+                    let p = api.get(&self.policy).await?;
+                    let line = status_line(&p);
+                    Ok(if !ready_now(&p) && line.contains(name) {
+                        Ok(line)
+                    } else {
+                        Err(line)
+                    })
+                }
+            },
+        )
         .await
     }
 
@@ -588,17 +606,21 @@ impl World {
     /// Waits until the policy says it is not ready (an operand crash-loops).
     async fn await_not_ready(&self) -> Result<String> {
         let api = policies(&self.admin);
-        wait::until(REPORT_TIMEOUT, "policy not ready while an operand crash-loops", || {
-            let api = api.clone();
-            async move {
-                let p = api.get(&self.policy).await?;
-                Ok(if ready_now(&p) {
-                    Err(status_line(&p))
-                } else {
-                    Ok(status_line(&p))
-                })
-            }
-        })
+        wait::until(
+            REPORT_TIMEOUT,
+            "policy not ready while an operand crash-loops",
+            || {
+                let api = api.clone();
+                async move {
+                    let p = api.get(&self.policy).await?;
+                    Ok(if ready_now(&p) {
+                        Err(status_line(&p))
+                    } else {
+                        Ok(status_line(&p))
+                    })
+                }
+            },
+        )
         .await
     }
 }

@@ -105,8 +105,8 @@ impl Replicas {
             ("replica-a", identity.service_account.clone()),
             ("replica-b", SECOND_SERVICE_ACCOUNT.to_owned()),
         ] {
-            let token = service_account_token_valid_for(admin, &namespace, &sa, TOKEN_SECONDS)
-                .await?;
+            let token =
+                service_account_token_valid_for(admin, &namespace, &sa, TOKEN_SECONDS).await?;
             let kubeconfig = write_token_kubeconfig(&format!("{namespace}-{sa}-chaos"), &token)?;
             slots.push(Slot {
                 name: name.to_owned(),
@@ -167,7 +167,9 @@ impl Replicas {
                 "--gpu-label-grace-seconds",
                 &settings.gpu_label_grace_seconds.to_string(),
             ])
-            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn");
+            .env("RUST_LOG", "info,gpu_operator=debug,kube=warn")
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_BACKTRACE");
         slot.operator = Some(Operator::launch_with_kubeconfig(
             command,
             &slot.kubeconfig,
@@ -189,8 +191,33 @@ impl Replicas {
         let Some(lease) = api.get_opt(LEASE).await? else {
             return Ok(None);
         };
-        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        let holder = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
         Ok(self.slots.iter().position(|s| s.identity == holder))
+    }
+
+    /// The index of the replica that holds the Lease, runs, and renewed it within the lease
+    /// duration: a leader that is operating.
+    pub async fn live_leader(&mut self) -> Result<Option<usize>> {
+        let api: Api<Lease> = Api::namespaced(self.admin.clone(), self.namespace());
+        let Some(spec) = api.get_opt(LEASE).await?.and_then(|l| l.spec) else {
+            return Ok(None);
+        };
+        let holder = spec.holder_identity.unwrap_or_default();
+        let Some(index) = self.slots.iter().position(|s| s.identity == holder) else {
+            return Ok(None);
+        };
+        let fresh = spec.renew_time.is_some_and(|t| {
+            let age = k8s_openapi::jiff::Timestamp::now().as_second() - t.0.as_second();
+            age <= self.settings.lease_seconds as i64
+        });
+        let running = self.slots[index]
+            .operator
+            .as_mut()
+            .is_some_and(Operator::is_running);
+        Ok((fresh && running).then_some(index))
     }
 
     /// Waits until a replica holds the Lease, returning its index.
@@ -225,6 +252,24 @@ impl Replicas {
         signal(pid, "-CONT")
     }
 
+    /// Waits up to `timeout` for replica `index`'s process to exit; whether it did.
+    pub async fn await_exit(&mut self, index: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let running = self.slots[index]
+                .operator
+                .as_mut()
+                .is_some_and(Operator::is_running);
+            if !running {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Starts every replica whose process has exited, counting the exit; returns the names and
     /// last log lines of those that had exited.
     pub fn supervise(&mut self) -> Result<Vec<String>> {
@@ -251,8 +296,17 @@ impl Replicas {
         self.slots
             .iter()
             .map(|s| {
-                let text = s.operator.as_ref().map(Operator::log_text).unwrap_or_default();
-                format!("--- {} ({}):\n{}", s.name, s.service_account, last_lines(&text, lines))
+                let text = s
+                    .operator
+                    .as_ref()
+                    .map(Operator::log_text)
+                    .unwrap_or_default();
+                format!(
+                    "--- {} ({}):\n{}",
+                    s.name,
+                    s.service_account,
+                    last_lines(&text, lines)
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -278,7 +332,35 @@ fn second_binding(namespace: &str) -> String {
     format!("{namespace}-{SECOND_SERVICE_ACCOUNT}")
 }
 
+/// The last `n` lines of `text`, without terminal colour codes.
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    strip_ansi(&lines[lines.len().saturating_sub(n)..].join("\n"))
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI sequences end with a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_tails_lose_colour_codes() {
+        let text = "a\n\u{1b}[2m2026\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m lost\nb";
+        assert_eq!(super::last_lines(text, 2), "2026 ERROR lost\nb");
+    }
 }

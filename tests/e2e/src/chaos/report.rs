@@ -91,7 +91,13 @@ mod tests {
         assert_eq!(report.faults(), 3);
         let text = report.to_string();
         assert!(text.contains("CHAOS_SEED=7"), "{text}");
-        let etcd = text.lines().find(|l| l.starts_with("etcd stopped")).unwrap_or_default();
-        assert!(etcd.contains(" 2 ") && etcd.contains("4.0") && etcd.ends_with('1'), "{etcd}");
+        let etcd = text
+            .lines()
+            .find(|l| l.starts_with("etcd stopped"))
+            .unwrap_or_default();
+        assert!(
+            etcd.contains(" 2 ") && etcd.contains("4.0") && etcd.ends_with('1'),
+            "{etcd}"
+        );
     }
 }

@@ -83,9 +83,7 @@ impl LeaseFollower {
 }
 
 fn timestamp(t: SystemTime) -> String {
-    let d = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     format!("{}.{:03}", d.as_secs(), d.subsec_millis())
 }
 
