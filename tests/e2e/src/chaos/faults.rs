@@ -329,7 +329,7 @@ impl World {
                     "version: v1\nsharing: [not, a, map\n".to_owned()
                 };
                 self.write_sharing(&bad).await?;
-                let seen = self.await_reported(SHARING_CONFIG).await;
+                let seen = self.await_reported(SHARING_CONFIG, "device-plugin").await;
                 self.write_sharing(&sharing_config(self.sharing_replicas))
                     .await?;
                 seen.map(|s| format!("reported ({s}), then restored"))
@@ -347,7 +347,7 @@ impl World {
                     "mig-configs: {{{".to_owned()
                 };
                 self.write_mig(&bad).await?;
-                let seen = self.await_reported(MIG_CONFIG).await;
+                let seen = self.await_reported(MIG_CONFIG, "mig-manager").await;
                 self.write_mig(&mig_config(self.mig_layouts)).await?;
                 seen.map(|s| format!("reported ({s}), then restored"))
             }
@@ -477,8 +477,10 @@ impl World {
         }
     }
 
-    /// Waits until the policy's status names ConfigMap `name` (an invalid config reported).
-    async fn await_reported(&self, name: &str) -> Result<String> {
+    /// Waits until the policy is not ready and its status names ConfigMap `name` or its
+    /// consumer `operand` (an invalid config reported; a layout that fits no GPU is reported
+    /// per node and layout, without the ConfigMap's name).
+    async fn await_reported(&self, name: &str, operand: &str) -> Result<String> {
         let api = policies(&self.admin);
         wait::until(
             REPORT_TIMEOUT,
@@ -488,11 +490,13 @@ impl World {
                 async move {
                     let p = api.get(&self.policy).await?;
                     let line = status_line(&p);
-                    Ok(if !ready_now(&p) && line.contains(name) {
-                        Ok(line)
-                    } else {
-                        Err(line)
-                    })
+                    Ok(
+                        if !ready_now(&p) && (line.contains(name) || line.contains(operand)) {
+                            Ok(line)
+                        } else {
+                            Err(line)
+                        },
+                    )
                 }
             },
         )
