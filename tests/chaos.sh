@@ -12,6 +12,11 @@ export HARNESS_PORT_BASE=${HARNESS_PORT_BASE:-16600}
 source "$cluster/lib.sh"
 export CHAOS_FAULTS=${1:-100}
 
+# etcd is stopped for up to 60 s: with the default 50 s node-monitor grace the node controller
+# marks nodes NotReady and their pods unready, which kwok (unlike a kubelet) never undoes, so the
+# faults after it would measure the fake kubelets instead of the operator.
+export HARNESS_NODE_GRACE=${HARNESS_NODE_GRACE:-180s}
+
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
 (cd "$root" && cargo build -p gpu-operator --quiet && cargo test -p e2e --test chaos --no-run --quiet)
 

@@ -28,6 +28,9 @@ use crate::audit::{AuditLog, Mark, described_writes};
 use crate::cluster::unique_name;
 use crate::session::{self, create_policy, policies};
 
+/// A convergence slower than this prints what it waited on.
+const SLOW: Duration = Duration::from_secs(20);
+
 /// How a run goes; [`Settings::from_env`] reads it.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -310,6 +313,13 @@ impl Run<'_> {
                     .map(|v| v.problems)
                     .unwrap_or_else(|e| vec![format!("checking failed: {e:#}")]);
                 if writes.is_empty() && again.is_empty() {
+                    // What a slow convergence waited on, for whoever reads the run's log.
+                    if held.duration_since(started) > SLOW && !last.is_empty() {
+                        println!(
+                            "chaos: slow convergence ({:.1}s), last waited on:\n  {last}",
+                            held.duration_since(started).as_secs_f64()
+                        );
+                    }
                     return Ok(held);
                 }
                 last = format!("in the quiet window: writes {writes:?}, problems {again:?}");
