@@ -53,6 +53,10 @@ monitoring-check: ## build (or reuse) the checker of the alert rules and the Gra
 scale: harness ## 1,000 fake GPU nodes and one DaemonSet: time to Ready and memory (N=... to change)
 	tests/cluster/scale.sh $(or $(N),1000)
 
+.PHONY: chaos
+chaos: harness ## the chaos suite on its own harness (port base 16600): N seeded faults (default 100), invariants after each; CHAOS_SEED=... replays
+	tests/chaos.sh $(or $(N),100)
+
 .PHONY: bench
 bench: harness ## operator benchmark on its own harness: convergence, rollout latency, memory, API traffic (N=100|1000|5000, OPERATOR_CMD=... to compare)
 	bench/run.sh $(or $(N),100)

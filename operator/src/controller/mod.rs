@@ -51,7 +51,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-pub use plan::{APPLIED_HASH_ANNOTATION, is_subset};
+pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
 use stores::Stores;
 

@@ -44,9 +44,19 @@ pub async fn service_account_client(admin: &Client, namespace: &str, name: &str)
 
 /// A one-hour token for ServiceAccount `namespace/name` (what `kubectl create token` does).
 pub async fn service_account_token(admin: &Client, namespace: &str, name: &str) -> Result<String> {
+    service_account_token_valid_for(admin, namespace, name, 3600).await
+}
+
+/// A token for ServiceAccount `namespace/name` valid for `seconds` (runs longer than an hour).
+pub async fn service_account_token_valid_for(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    seconds: i64,
+) -> Result<String> {
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
+            expiration_seconds: Some(seconds),
             ..TokenRequestSpec::default()
         }),
         ..TokenRequest::default()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
@@ -41,6 +41,8 @@ pub struct OperatorIdentity {
     pub service_account: String,
     pub kubeconfig: PathBuf,
     client: Client,
+    /// The ClusterRole [`Self::with_generated_role`] created for this identity alone.
+    own_role: Option<String>,
 }
 
 impl Drop for OperatorIdentity {
@@ -50,6 +52,26 @@ impl Drop for OperatorIdentity {
 }
 
 impl OperatorIdentity {
+    /// A fresh namespace with a ServiceAccount bound to the operator's generated ClusterRole
+    /// (`gpu-operator rbac`, what the chart and the CSV grant), created under the namespace's
+    /// name: the operator runs with exactly the chart's RBAC, never more. [`Self::delete`]
+    /// removes the role too.
+    pub async fn with_generated_role(admin: &Client) -> Result<Self> {
+        let name = unique_name("gpu-operator-role");
+        let mut role = gpu_operator::render::rbac::operator_cluster_role();
+        role.metadata = ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        };
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .with_context(|| format!("creating the generated ClusterRole {name}"))?;
+        let mut identity = Self::create(admin, &name).await?;
+        identity.own_role = Some(name);
+        Ok(identity)
+    }
+
     /// A fresh namespace with a ServiceAccount bound to `cluster_role`; [`Self::delete`]
     /// removes them.
     pub async fn create(admin: &Client, cluster_role: &str) -> Result<Self> {
@@ -106,6 +128,7 @@ impl OperatorIdentity {
             service_account: service_account.to_string(),
             kubeconfig,
             client: admin.clone(),
+            own_role: None,
         })
     }
 
@@ -122,12 +145,18 @@ impl OperatorIdentity {
         Api::<Namespace>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::default())
             .await?;
+        if let Some(role) = &self.own_role {
+            Api::<ClusterRole>::all(self.client.clone())
+                .delete(role, &DeleteParams::default())
+                .await?;
+        }
         Ok(())
     }
 }
 
-/// A kubeconfig with the harness server and CA but authenticating with `token` only.
-fn write_token_kubeconfig(name: &str, token: &str) -> Result<PathBuf> {
+/// A kubeconfig with the harness server and CA but authenticating with `token` only, written to
+/// the temp folder as `<name>.kubeconfig`.
+pub fn write_token_kubeconfig(name: &str, token: &str) -> Result<PathBuf> {
     let admin = std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?;
     let text = std::fs::read_to_string(&admin)?;
     let mut config: serde_json::Value = serde_yaml_ng::from_str(&text)?;
@@ -259,14 +288,25 @@ impl Operator {
     /// stderr into `log`; `metrics_port` is where it serves metrics. The benchmark starts the
     /// operators it compares this way.
     pub fn launch(
-        mut command: Command,
+        command: Command,
         identity: &OperatorIdentity,
+        log: PathBuf,
+        metrics_port: u16,
+    ) -> Result<Self> {
+        Self::launch_with_kubeconfig(command, &identity.kubeconfig, log, metrics_port)
+    }
+
+    /// [`Self::launch`] with the credentials of `kubeconfig` (one of several ServiceAccounts of
+    /// an identity's namespace, say).
+    pub fn launch_with_kubeconfig(
+        mut command: Command,
+        kubeconfig: &std::path::Path,
         log: PathBuf,
         metrics_port: u16,
     ) -> Result<Self> {
         let file = std::fs::File::create(&log)?;
         let child = command
-            .env("KUBECONFIG", &identity.kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .stdout(file.try_clone()?)
             .stderr(file)
             .stdin(Stdio::null())

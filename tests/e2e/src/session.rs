@@ -150,9 +150,7 @@ pub async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
         .await
         .unwrap();
     remove_leftovers(&admin).await;
-    let identity = OperatorIdentity::create(&admin, "cluster-admin")
-        .await
-        .unwrap();
+    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let operator = Operator::start(&identity, extra).unwrap();
     let policy = unique_name("cluster-policy");
     create_policy(&admin, &policy, spec).await;

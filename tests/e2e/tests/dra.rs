@@ -55,9 +55,7 @@ async fn start() -> Dra {
     session::remove_leftovers(&admin).await;
     remove_gpu_cluster(&admin).await;
     dra::remove_all(&admin).await.unwrap();
-    let identity = OperatorIdentity::create(&admin, "cluster-admin")
-        .await
-        .unwrap();
+    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let operator = Operator::start(&identity, &[]).unwrap();
     Dra {
         admin,
