@@ -219,10 +219,18 @@ async fn api_server_restart_mid_rollout_recovers_and_converges() {
     s.teardown().await;
 }
 
-/// A second ServiceAccount in the operator's namespace, bound like the first, so two replicas
-/// have different audit usernames; returns its identity and the binding to delete.
+/// A second ServiceAccount in the operator's namespace, bound like the first (to the same
+/// generated ClusterRole), so two replicas have different audit usernames; returns its identity
+/// and the binding to delete.
 async fn second_identity(s: &Setup, name: &str) -> (OperatorIdentity, String) {
     let namespace = s.identity.namespace.clone();
+    // The first identity's binding is named after its namespace (OperatorIdentity::create).
+    let role = Api::<ClusterRoleBinding>::all(s.admin.clone())
+        .get(&namespace)
+        .await
+        .unwrap()
+        .role_ref
+        .name;
     Api::<ServiceAccount>::namespaced(s.admin.clone(), &namespace)
         .create(
             &PostParams::default(),
@@ -248,7 +256,7 @@ async fn second_identity(s: &Setup, name: &str) -> (OperatorIdentity, String) {
                 role_ref: RoleRef {
                     api_group: Some("rbac.authorization.k8s.io".into()),
                     kind: "ClusterRole".into(),
-                    name: "cluster-admin".into(),
+                    name: role,
                 },
                 subjects: Some(vec![Subject {
                     kind: "ServiceAccount".into(),
