@@ -28,4 +28,8 @@ export HARNESS_PORT_BASE
 "$cluster/nodes.sh" 3 --prefix gpu-tainted --taint --cpu-nodes 0
 
 cd "$root"
-cargo test -p e2e --tests -- --test-threads=1 "$@"
+# The chaos run restarts the API server and etcd: it goes last, so no other test meets a control
+# plane it left behind (after a restart the API server's admission RESTMapper missed the
+# GPUCluster kind for minutes and refused owner references to it).
+cargo test -p e2e --tests -- --test-threads=1 --skip chaos_short_run "$@"
+cargo test -p e2e --test chaos -- --test-threads=1 "$@"
