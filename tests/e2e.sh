@@ -29,7 +29,6 @@ export HARNESS_PORT_BASE
 
 cd "$root"
 # The chaos run restarts the API server and etcd: it goes last, so no other test meets a control
-# plane it left behind (after a restart the API server's admission RESTMapper missed the
-# GPUCluster kind for minutes and refused owner references to it).
+# plane it left behind.
 cargo test -p e2e --tests -- --test-threads=1 --skip chaos_short_run "$@"
 cargo test -p e2e --test chaos -- --test-threads=1 "$@"

@@ -70,7 +70,42 @@ pub async fn install_gpu_cluster_crd(client: &Client) -> Result<()> {
     .await
     .context("applying the GPUCluster CRD")?;
     crate::crd::await_established(client, gpu_operator::api::gpu_cluster_crd::CRD_NAME).await?;
-    Ok(())
+    await_owner_kind_admitted(client).await
+}
+
+/// An Established CRD is not yet known to the API server's admission RESTMapper (refreshed up
+/// to every 30 s): until it is, `OwnerReferencesPermissionEnforcement` refuses every child whose
+/// owner reference to a GPUCluster has `blockOwnerDeletion` ("cannot find RESTMapping"). Waits,
+/// with a server-side dry run of such a child, until the kind is admitted.
+async fn await_owner_kind_admitted(client: &Client) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
+    let child: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "e2e-gpucluster-owner-probe",
+            "ownerReferences": [{
+                "apiVersion": "nvidia.com/v1alpha1",
+                "kind": "GPUCluster",
+                "name": gpu_operator::api::GPU_CLUSTER_NAME,
+                "uid": "00000000-0000-0000-0000-000000000000",
+                "blockOwnerDeletion": true,
+            }],
+        },
+    }))?;
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::until(Duration::from_secs(90), "GPUCluster kind admitted", || {
+        let (api, child, dry_run) = (api.clone(), child.clone(), dry_run.clone());
+        async move {
+            Ok(match api.create(&dry_run, &child).await {
+                Err(kube::Error::Api(e)) if e.message.contains("RESTMapping") => Err(e.message),
+                other => Ok(other.map(|_| ())?),
+            })
+        }
+    })
+    .await
 }
 
 /// What NVML reports for one board, as the DRA driver publishes it.
