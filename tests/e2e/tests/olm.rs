@@ -211,7 +211,12 @@ async fn every_alm_example_is_stored_as_written() {
     // other tests, which apply the identical crds/ copies).
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let mut scopes = std::collections::BTreeMap::new();
-    for file in std::iter::once(CRD_FILE).chain(bundle::NFD_CRD_FILES) {
+    let own = [
+        CRD_FILE,
+        bundle::GPU_CLUSTER_CRD_FILE,
+        bundle::NVIDIA_DRIVER_CRD_FILE,
+    ];
+    for file in own.into_iter().chain(bundle::NFD_CRD_FILES) {
         let crd: CustomResourceDefinition =
             serde_yaml_ng::from_str(&std::fs::read_to_string(bundle_dir().join(file)).unwrap())
                 .unwrap();
