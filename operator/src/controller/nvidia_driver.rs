@@ -599,19 +599,10 @@ async fn patch_if_changed(
     d: &NVIDIADriver,
     status: NvidiaDriverStatus,
 ) -> Result<(), Error> {
-    if d.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let api: Api<NVIDIADriver> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &d.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: d.name_any(),
-        source,
-    })?;
-    Ok(())
+    super::apply::patch_status_if_changed(ctx.client, d, d.status.as_ref(), &status)
+        .await
+        .map_err(|source| Error::Status {
+            name: d.name_any(),
+            source,
+        })
 }
