@@ -836,33 +836,6 @@ async fn prune_dynamic(
     Ok(())
 }
 
-/// Writes `status` to a cluster-scoped custom resource's status subresource unless `current`
-/// already equals it (no write on a no-op pass). Shared by the GPUCluster and NVIDIADriver
-/// passes.
-pub async fn patch_status_if_changed<K, S>(
-    client: &Client,
-    object: &K,
-    current: Option<&S>,
-    status: &S,
-) -> Result<(), kube::Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope> + Clone + DeserializeOwned + Debug,
-    K::DynamicType: Default,
-    S: PartialEq + Serialize,
-{
-    if current == Some(status) {
-        return Ok(());
-    }
-    Api::<K>::all(client.clone())
-        .patch_status(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "status": status })),
-        )
-        .await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

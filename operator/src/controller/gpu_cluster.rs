@@ -457,10 +457,19 @@ async fn patch_if_changed(
     cluster: &GPUCluster,
     status: GpuClusterStatus,
 ) -> Result<(), Error> {
-    super::apply::patch_status_if_changed(ctx.client, cluster, cluster.status.as_ref(), &status)
-        .await
-        .map_err(|source| Error::Status {
-            name: cluster.name_any(),
-            source,
-        })
+    if cluster.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: cluster.name_any(),
+        source,
+    })?;
+    Ok(())
 }

@@ -599,10 +599,19 @@ async fn patch_if_changed(
     d: &NVIDIADriver,
     status: NvidiaDriverStatus,
 ) -> Result<(), Error> {
-    super::apply::patch_status_if_changed(ctx.client, d, d.status.as_ref(), &status)
-        .await
-        .map_err(|source| Error::Status {
-            name: d.name_any(),
-            source,
-        })
+    if d.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<NVIDIADriver> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &d.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: d.name_any(),
+        source,
+    })?;
+    Ok(())
 }
