@@ -84,6 +84,9 @@ pub struct NodeView {
     /// The node pool record the operator keeps on the node
     /// ([`crate::node_pools::RECORD_ANNOTATION`]).
     pub pool_record: Option<String>,
+    /// The driver upgrade's annotations on the node
+    /// ([`crate::controller::upgrade::machine::NODE_ANNOTATIONS`]).
+    pub upgrade_annotations: BTreeMap<String, String>,
 }
 
 /// Prefix of the annotations an NFD master writes on the nodes it labels (for example
@@ -134,6 +137,7 @@ impl NodeView {
                 .collect(),
             nfd_annotated: false,
             pool_record: None,
+            upgrade_annotations: BTreeMap::new(),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -73,6 +73,8 @@ pub struct ApplyReport {
     pub pruned: Vec<String>,
     /// Operands frozen because the API server refused one of their objects.
     pub rejected: BTreeMap<Operand, Rejection>,
+    /// When a refused object that may pass later is sent again (the next pass must come then).
+    pub retry_after: Option<Duration>,
 }
 
 impl ApplyReport {
@@ -121,6 +123,7 @@ fn rejection(object: String, error: &kube::Error) -> Option<Rejection> {
         object,
         field,
         message: status.message.clone(),
+        code: status.code,
     })
 }
 
@@ -238,10 +241,11 @@ struct Outgoing {
 }
 
 /// Applies in flight at once within a tier. One at a time, each apply waits out a round trip to
-/// an API server that is busy creating the pods of the DaemonSets just applied; eight cut the
-/// ~60 objects of a policy to a few round trips per tier and stay far below the API server's
-/// default of 200 mutating requests in flight.
-const APPLY_CONCURRENCY: usize = 8;
+/// an API server that is busy creating the pods of the DaemonSets just applied; 32 send the
+/// largest tier of a policy (~30 ServiceAccounts, roles and ConfigMaps) in one round trip and
+/// stay well below the API server's default of 200 mutating requests in flight (the node
+/// labeller's 16 included).
+const APPLY_CONCURRENCY: usize = 32;
 
 /// The apply tiers: every object of a tier is sent before any of the next. A tier's objects do
 /// not depend on each other; bindings come after the roles they grant (the API server checks
@@ -312,7 +316,8 @@ impl Applier<'_> {
                 match rejection(object, &source) {
                     Some(rejection) => {
                         tracing::warn!(object = %key, %rejection, "object rejected; its operand is frozen");
-                        self.ledger.rejected(&key, hash, rejection.clone());
+                        self.ledger
+                            .rejected(&key, hash, rejection.clone(), Instant::now());
                         Err(OperandFailure::Rejected(rejection))
                     }
                     None => Err(OperandFailure::Failed(ApplyError::Apply {
@@ -479,8 +484,12 @@ impl Applier<'_> {
                 Err(source) => match rejection(send.object, &source) {
                     Some(rejection) => {
                         tracing::warn!(object = %send.key, %rejection, "object rejected; its operand is frozen");
-                        self.ledger
-                            .rejected(&send.key, &send.hash, rejection.clone());
+                        self.ledger.rejected(
+                            &send.key,
+                            &send.hash,
+                            rejection.clone(),
+                            Instant::now(),
+                        );
                         self.report
                             .rejected
                             .entry(send.operand)
@@ -649,6 +658,7 @@ pub async fn apply(
     for key in &report.pruned {
         ledger.forget(key);
     }
+    report.retry_after = ledger.next_retry(Instant::now(), |key| desired_keys.contains(key));
     Ok(report)
 }
 

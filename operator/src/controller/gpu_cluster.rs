@@ -421,13 +421,15 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
     let ready = status.state == GpuClusterState::Ready;
     patch_if_changed(ctx, cluster, status).await?;
     let unsettled = !applied.unsettled().is_empty() || labels_in_flight > 0;
-    Ok(if unsettled {
+    let again = if unsettled {
         Some(Duration::from_secs(2))
     } else if !ready && conflict.is_none() {
         Some(ctx.not_ready_requeue)
     } else {
         None
-    })
+    };
+    // A refusal that may pass later is tried again on time, ready or not.
+    Ok(again.into_iter().chain(applied.retry_after).min())
 }
 
 /// Conditions whose status did not change keep their last transition time (no status write

@@ -500,6 +500,7 @@ async fn upgrade_drivers(
         &policy.spec,
         &observed.daemon_sets,
         nodes,
+        &ctx.stores.upgrade_pods.snapshot(),
         &ctx.recorder,
     )
     .await
@@ -738,6 +739,7 @@ fn requeue(
     let unexplained = unexplained.then_some(observe::MISMATCH_GRACE);
     not_ready
         .into_iter()
+        .chain(applied.retry_after)
         .chain(grace)
         .chain(unsettled)
         .chain(unexplained)
@@ -935,7 +937,6 @@ pub async fn run(
         if let Some(drivers) = &nvidia_drivers {
             drivers.wait_until_ready().await?;
         }
-        stores.nodes.wait_until_ready().await;
         Ok::<_, kube::runtime::reflector::store::WriterDropped>(())
     };
     let pump = async { while triggers.next().await.is_some() {} };

@@ -89,42 +89,63 @@ pub fn definitions() -> Result<Vec<CustomResourceDefinition>, Error> {
 }
 
 /// Installs or upgrades each of NFD's CRDs whose served copy lacks the bundled definition's
-/// hash; an installed one the operator may not write is left as served.
+/// hash; an installed one the operator may not write is left as served. The three are
+/// ensured side by side: each is a read and maybe a write, and the first pass waits for them.
 pub async fn ensure(client: &Client) -> Result<Ensured, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(MANAGER).force();
+    let answers =
+        futures::future::join_all(definitions()?.into_iter().map(|crd| ensure_one(&api, crd)))
+            .await;
     let mut outcome = Ensured::default();
-    for mut crd in definitions()? {
-        let name = crd.name_any();
-        let value = serde_json::to_value(&crd).map_err(|source| Error::Hash {
-            name: name.clone(),
-            source,
-        })?;
-        let hash = applied_hash(&value).map_err(|source| Error::Hash {
-            name: name.clone(),
-            source,
-        })?;
-        let apply_error = |source| Error::Apply {
-            name: name.clone(),
-            source,
-        };
-        let served = api.get_metadata_opt(&name).await.map_err(apply_error)?;
-        if served
-            .as_ref()
-            .is_some_and(|s| s.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash))
-        {
-            continue;
-        }
-        crd.annotations_mut()
-            .insert(APPLIED_HASH_ANNOTATION.to_owned(), hash);
-        match api.patch(&name, &params, &Patch::Apply(&crd)).await {
-            Ok(_) => outcome.written.push(name),
-            Err(e) if is_forbidden(&e) && served.is_some() => outcome.read_only.push(name),
-            Err(source) if is_forbidden(&source) => return Err(Error::Missing { name, source }),
-            Err(e) => return Err(apply_error(e)),
+    for answer in answers {
+        match answer? {
+            Some(Written::Written(name)) => outcome.written.push(name),
+            Some(Written::ReadOnly(name)) => outcome.read_only.push(name),
+            None => {}
         }
     }
     Ok(outcome)
+}
+
+/// What [`ensure_one`] did to a CRD that was not current.
+enum Written {
+    Written(String),
+    ReadOnly(String),
+}
+
+async fn ensure_one(
+    api: &Api<CustomResourceDefinition>,
+    mut crd: CustomResourceDefinition,
+) -> Result<Option<Written>, Error> {
+    let name = crd.name_any();
+    let value = serde_json::to_value(&crd).map_err(|source| Error::Hash {
+        name: name.clone(),
+        source,
+    })?;
+    let hash = applied_hash(&value).map_err(|source| Error::Hash {
+        name: name.clone(),
+        source,
+    })?;
+    let apply_error = |source| Error::Apply {
+        name: name.clone(),
+        source,
+    };
+    let served = api.get_metadata_opt(&name).await.map_err(apply_error)?;
+    if served
+        .as_ref()
+        .is_some_and(|s| s.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash))
+    {
+        return Ok(None);
+    }
+    crd.annotations_mut()
+        .insert(APPLIED_HASH_ANNOTATION.to_owned(), hash);
+    let params = PatchParams::apply(MANAGER).force();
+    match api.patch(&name, &params, &Patch::Apply(&crd)).await {
+        Ok(_) => Ok(Some(Written::Written(name))),
+        Err(e) if is_forbidden(&e) && served.is_some() => Ok(Some(Written::ReadOnly(name))),
+        Err(source) if is_forbidden(&source) => Err(Error::Missing { name, source }),
+        Err(e) => Err(apply_error(e)),
+    }
 }
 
 #[cfg(test)]

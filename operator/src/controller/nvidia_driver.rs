@@ -547,13 +547,15 @@ async fn report(
     let ready = status.state == NvidiaDriverState::Ready;
     patch_if_changed(ctx, d, status).await?;
     let unsettled = !applied.unsettled().is_empty();
-    Ok(if unsettled {
+    let again = if unsettled {
         Some(Duration::from_secs(2))
     } else if !ready && !invalid {
         Some(ctx.not_ready_requeue)
     } else {
         None
-    })
+    };
+    // A refusal that may pass later is tried again on time, ready or not.
+    Ok(again.into_iter().chain(applied.retry_after).min())
 }
 
 /// Sets [`DRIVER_POOL`] to `wanted[node]` on each GPU node and removes it elsewhere, with a

@@ -81,8 +81,10 @@ pub struct Live<'a> {
     pub resource_version: Option<&'a str>,
 }
 
-/// Why the API server refused an object: its operand is frozen until the rendering changes
-/// (decision 18).
+/// Why the API server refused an object: its operand is frozen (decision 18). An invalid
+/// object (400, 422) stays refused until the rendering changes; any other refusal (403 from
+/// admission, such as an owner kind whose CRD the API server is still registering, a quota or
+/// a terminating namespace; 404) can pass later, and is sent again with backoff.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
     /// `Kind namespace/name` or `Kind name`.
@@ -91,6 +93,21 @@ pub struct Rejection {
     /// when it named one.
     pub field: Option<String>,
     pub message: String,
+    /// The HTTP status code of the refusal.
+    pub code: u16,
+}
+
+impl Rejection {
+    /// Whether only a different rendering can pass: the API server found the object invalid.
+    pub fn permanent(&self) -> bool {
+        matches!(self.code, 400 | 422)
+    }
+}
+
+/// How long a refusal that may pass later waits before the object is sent again, after
+/// `attempts` refusals of the same rendering: 2 s, doubling, at most 5 min.
+pub fn retry_delay(attempts: u32) -> Duration {
+    Duration::from_secs(2u64 << attempts.saturating_sub(1).min(8)).min(Duration::from_secs(300))
 }
 
 impl std::fmt::Display for Rejection {
@@ -99,7 +116,11 @@ impl std::fmt::Display for Rejection {
         if let Some(field) = &self.field {
             write!(f, " at field {field}")?;
         }
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", self.message)?;
+        if !self.permanent() {
+            write!(f, " (sent again with backoff until it passes)")?;
+        }
+        Ok(())
     }
 }
 
@@ -115,8 +136,13 @@ enum Entry {
         after: Option<String>,
         at: Instant,
     },
-    /// Refused with this hash.
-    Rejected { hash: String, rejection: Rejection },
+    /// Refused with this hash, `attempts` times in a row, the last at `at`.
+    Rejected {
+        hash: String,
+        rejection: Rejection,
+        attempts: u32,
+        at: Instant,
+    },
 }
 
 /// The outcome of every object's last write, by object key, kept between passes.
@@ -145,14 +171,44 @@ impl Ledger {
         );
     }
 
-    pub fn rejected(&mut self, key: &str, hash: &str, rejection: Rejection) {
+    pub fn rejected(&mut self, key: &str, hash: &str, rejection: Rejection, at: Instant) {
+        let attempts = match self.entries.get(key) {
+            Some(Entry::Rejected {
+                hash: refused,
+                attempts,
+                ..
+            }) if refused == hash => attempts + 1,
+            _ => 1,
+        };
         self.entries.insert(
             key.to_owned(),
             Entry::Rejected {
                 hash: hash.to_owned(),
                 rejection,
+                attempts,
+                at,
             },
         );
+    }
+
+    /// How soon the next refused object among those `wanted` may be sent again, if any
+    /// refusal can pass later.
+    pub fn next_retry(&self, now: Instant, wanted: impl Fn(&str) -> bool) -> Option<Duration> {
+        self.entries
+            .iter()
+            .filter(|(key, _)| wanted(key))
+            .filter_map(|(_, e)| match e {
+                Entry::Rejected {
+                    rejection,
+                    attempts,
+                    at,
+                    ..
+                } if !rejection.permanent() => {
+                    Some((*at + retry_delay(*attempts)).saturating_duration_since(now))
+                }
+                _ => None,
+            })
+            .min()
     }
 
     /// Forgets an object that is gone (pruned).
@@ -194,7 +250,20 @@ pub fn plan(
         Some(Entry::Rejected {
             hash: refused,
             rejection,
-        }) if refused == hash => return Plan::StillRejected(rejection.clone()),
+            attempts,
+            at,
+        }) if refused == hash && (rejection.permanent() || now < *at + retry_delay(*attempts)) => {
+            return Plan::StillRejected(rejection.clone());
+        }
+        Some(Entry::Rejected {
+            hash: refused,
+            rejection,
+            ..
+        }) if refused == hash => {
+            return Plan::Apply(format!(
+                "sending again after a refusal that may pass now: {rejection}"
+            ));
+        }
         Some(Entry::Written {
             hash: sent,
             before,
@@ -412,8 +481,9 @@ mod tests {
             object: "DaemonSet gpu-operator/nvidia-dcgm-exporter".into(),
             field: Some("spec.template.spec.containers[0].resources.requests".into()),
             message: "must be less than or equal to cpu limit".into(),
+            code: 422,
         };
-        ledger.rejected("k", "h1", rejection.clone());
+        ledger.rejected("k", "h1", rejection.clone(), t0());
         let desired = annotated("h1", json!({}));
         assert_eq!(
             plan(&mut ledger, "k", "h1", &desired, None, t0()),
@@ -430,6 +500,86 @@ mod tests {
             ),
             Plan::Apply(_)
         ));
+    }
+
+    #[test]
+    fn a_refusal_that_may_pass_later_is_sent_again_with_backoff() {
+        let mut ledger = Ledger::default();
+        let rejection = Rejection {
+            object: "DaemonSet gpu-operator/nvidia-gpu-driver-pool-a".into(),
+            field: None,
+            message: "cannot set blockOwnerDeletion in this case because cannot find \
+                      RESTMapping for APIVersion nvidia.com/v1alpha1 Kind NVIDIADriver"
+                .into(),
+            code: 403,
+        };
+        let desired = annotated("h1", json!({}));
+        let wanted = |_: &str| true;
+        ledger.rejected("k", "h1", rejection.clone(), t0());
+        assert_eq!(
+            ledger.next_retry(t0(), wanted),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            plan(
+                &mut ledger,
+                "k",
+                "h1",
+                &desired,
+                None,
+                t0() + Duration::from_secs(1)
+            ),
+            Plan::StillRejected(rejection.clone())
+        );
+        assert!(matches!(
+            plan(
+                &mut ledger,
+                "k",
+                "h1",
+                &desired,
+                None,
+                t0() + Duration::from_secs(2)
+            ),
+            Plan::Apply(_)
+        ));
+        // Refused again: the wait doubles.
+        let later = t0() + Duration::from_secs(2);
+        ledger.rejected("k", "h1", rejection.clone(), later);
+        assert_eq!(
+            ledger.next_retry(later, wanted),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(
+            ledger.next_retry(later, |_| false),
+            None,
+            "not rendered any more"
+        );
+        assert_eq!(retry_delay(30), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn an_invalid_object_is_never_retried_on_a_timer() {
+        let mut ledger = Ledger::default();
+        let rejection = Rejection {
+            object: "DaemonSet gpu-operator/nvidia-dcgm-exporter".into(),
+            field: None,
+            message: "Invalid value".into(),
+            code: 422,
+        };
+        ledger.rejected("k", "h1", rejection.clone(), t0());
+        assert_eq!(ledger.next_retry(t0(), |_| true), None);
+        let much_later = t0() + Duration::from_secs(3600);
+        assert_eq!(
+            plan(
+                &mut ledger,
+                "k",
+                "h1",
+                &annotated("h1", json!({})),
+                None,
+                much_later
+            ),
+            Plan::StillRejected(rejection)
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - every ConfigMap of the operator namespace (users' ConfigMaps carry no labels);
 //! - Nodes as metadata, reduced to the labels the operator reads ([`NodeView`]), waking the
 //!   reconcile only when those change;
-//! - never Pods.
+//! - driver and validator pods by label, reduced to what the driver upgrade reads
+//!   ([`UpgradePod`]); never all Pods.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -15,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::Api;
@@ -26,101 +27,159 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use super::upgrade::{UPGRADE_POD_SELECTORS, UpgradePod};
 use crate::model::{Kind, MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
 
-/// The nodes the operator knows, by name, reduced to the labels it reads.
+/// One cached object, reduced to what the operator reads of it.
+pub trait View: Clone + Send + Sync + 'static {
+    /// The cache key (the object's name).
+    fn key(&self) -> &str;
+    /// Whether replacing `old` with `self` is news for the reconcile.
+    fn wakes(&self, old: &Self) -> bool;
+}
+
+impl View for NodeView {
+    fn key(&self) -> &str {
+        &self.name
+    }
+
+    fn wakes(&self, old: &Self) -> bool {
+        // The resourceVersion alone is not news; it is kept for patch preconditions.
+        old.labels != self.labels
+            || old.nfd_annotated != self.nfd_annotated
+            || old.pool_record != self.pool_record
+            || old.upgrade_annotations != self.upgrade_annotations
+    }
+}
+
+/// Objects by name, each reduced to a [`View`] as its watch event arrives, so that neither a
+/// full object nor a list page outlives the event.
 #[derive(Clone)]
-pub struct NodeCache {
-    nodes: Arc<RwLock<BTreeMap<String, NodeView>>>,
+pub struct ViewCache<V> {
+    items: Arc<RwLock<BTreeMap<String, V>>>,
     ready: tokio::sync::watch::Sender<bool>,
 }
 
-impl Default for NodeCache {
+/// The nodes the operator knows, by name, reduced to the labels it reads.
+pub type NodeCache = ViewCache<NodeView>;
+
+impl<V> Default for ViewCache<V> {
     fn default() -> Self {
-        NodeCache {
-            nodes: Arc::default(),
+        ViewCache {
+            items: Arc::default(),
             ready: tokio::sync::watch::channel(false).0,
         }
     }
 }
 
-impl NodeCache {
-    /// Resolves once the first full list of nodes has been seen.
+impl<V: View> ViewCache<V> {
+    /// Resolves once the first full list has been seen.
     pub async fn wait_until_ready(&self) {
         let mut rx = self.ready.subscribe();
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    pub fn snapshot(&self) -> Vec<NodeView> {
-        self.nodes
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    pub fn snapshot(&self) -> Vec<V> {
+        self.items
             .read()
             .map(|n| n.values().cloned().collect())
             .unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.read().map(|n| n.len()).unwrap_or_default()
+        self.items.read().map(|n| n.len()).unwrap_or_default()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Applies one watch event; true when the reconcile should hear of it.
-    fn apply(
+    /// Applies one watch event, each object reduced by `view`; true when the reconcile should
+    /// hear of it. `pending` holds a relist until it is complete.
+    fn apply<K>(
         &self,
-        event: Event<PartialObjectMeta<Node>>,
-        pending: &mut Option<BTreeMap<String, NodeView>>,
+        event: Event<K>,
+        view: impl Fn(&K) -> V,
+        pending: &mut Option<BTreeMap<String, V>>,
     ) -> bool {
-        let Ok(mut nodes) = self.nodes.write() else {
+        let Ok(mut items) = self.items.write() else {
             return false;
-        };
-        let view = |n: &PartialObjectMeta<Node>| {
-            let name = n.metadata.name.as_deref().unwrap_or_default();
-            let none = BTreeMap::new();
-            let labels = n.metadata.labels.as_ref().unwrap_or(&none);
-            NodeView {
-                nfd_annotated: crate::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
-                pool_record: crate::node_pools::record_annotation(n.metadata.annotations.as_ref()),
-                ..NodeView::from_labels(name, n.metadata.resource_version.clone(), labels)
-            }
         };
         match event {
             Event::Init => {
                 *pending = Some(BTreeMap::new());
                 false
             }
-            Event::InitApply(n) => {
-                let v = view(&n);
+            Event::InitApply(o) => {
+                let v = view(&o);
                 if let Some(p) = pending.as_mut() {
-                    p.insert(v.name.clone(), v);
+                    p.insert(v.key().to_owned(), v);
                 }
                 false
             }
             Event::InitDone => {
                 if let Some(p) = pending.take() {
-                    *nodes = p;
+                    *items = p;
                 }
                 self.ready.send_replace(true);
                 true
             }
-            Event::Apply(n) => {
-                let v = view(&n);
-                let changed = nodes.get(&v.name).is_none_or(|old| {
-                    old.labels != v.labels
-                        || old.nfd_annotated != v.nfd_annotated
-                        || old.pool_record != v.pool_record
-                });
-                // Keep the newest resourceVersion for patch preconditions even when no label
-                // we read changed.
-                nodes.insert(v.name.clone(), v);
-                changed
+            Event::Apply(o) => {
+                let v = view(&o);
+                let wakes = items.get(v.key()).is_none_or(|old| v.wakes(old));
+                items.insert(v.key().to_owned(), v);
+                wakes
             }
-            Event::Delete(n) => nodes
-                .remove(n.metadata.name.as_deref().unwrap_or_default())
-                .is_some(),
+            Event::Delete(o) => items.remove(view(&o).key()).is_some(),
         }
+    }
+
+    /// Keeps the cache filled from `api`'s watch (list pages of `page_size`); the stream yields
+    /// whenever the reconcile should hear of a change.
+    fn watch<K>(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        view: impl Fn(&K) -> V + Send + 'static,
+    ) -> BoxStream<'static, ()>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    {
+        let cache = self.clone();
+        let mut pending = None;
+        watcher::watcher(api, config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let wake = match event {
+                    Ok(event) => cache.apply(event, &view, &mut pending),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watch failed; retrying with backoff");
+                        false
+                    }
+                };
+                async move { wake.then_some(()) }
+            })
+            .boxed()
+    }
+}
+
+/// A node's metadata reduced to what the operator reads.
+fn node_view(n: &PartialObjectMeta<Node>) -> NodeView {
+    let name = n.metadata.name.as_deref().unwrap_or_default();
+    let none = BTreeMap::new();
+    let labels = n.metadata.labels.as_ref().unwrap_or(&none);
+    NodeView {
+        nfd_annotated: crate::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
+        pool_record: crate::node_pools::record_annotation(n.metadata.annotations.as_ref()),
+        upgrade_annotations: super::upgrade::machine::node_annotations(
+            n.metadata.annotations.as_ref(),
+        ),
+        ..NodeView::from_labels(name, n.metadata.resource_version.clone(), labels)
     }
 }
 
@@ -133,6 +192,8 @@ const NODE_PAGE_SIZE: u32 = 100;
 #[derive(Clone)]
 pub struct Stores {
     pub nodes: NodeCache,
+    /// Driver and validator pods, for the driver upgrade.
+    pub upgrade_pods: ViewCache<UpgradePod>,
     pub config_maps: Store<ConfigMap>,
     pub daemon_sets: Store<DaemonSet>,
     pub deployments: Store<Deployment>,
@@ -291,29 +352,31 @@ impl Stores {
             managed(Api::<ClusterRoleBinding>::all(client.clone()));
         let (runtime_classes, rc_changes) = managed(Api::<RuntimeClass>::all(client.clone()));
 
-        let nodes = NodeCache::default();
-        let node_cache = nodes.clone();
-        let mut pending = None;
         // Metadata only, reduced to a NodeView as it arrives; small list pages, so the start-up
         // list never holds hundreds of nodes' full metadata (managedFields included) at once.
-        let node_changes = watcher::watcher(
+        let nodes = NodeCache::default();
+        let node_changes = nodes.watch(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             watcher::Config::default().page_size(NODE_PAGE_SIZE),
-        )
-        .default_backoff()
-        .filter_map(move |event| {
-            let wake = match event {
-                Ok(event) => node_cache.apply(event, &mut pending),
-                Err(e) => {
-                    tracing::warn!(error = %e, "node watch failed; retrying with backoff");
-                    false
-                }
-            };
-            async move { wake.then_some(()) }
-        })
-        .boxed();
+            node_view,
+        );
+        // The driver upgrade's pods, reduced as they arrive; their changes wake no pass (the
+        // upgrade stage looks again every second while a node is between states).
+        let upgrade_pods = ViewCache::default();
+        let upgrade_pod_watches = UPGRADE_POD_SELECTORS.map(|selector| {
+            upgrade_pods
+                .watch(
+                    Api::<Pod>::namespaced(client.clone(), namespace),
+                    watcher::Config::default()
+                        .labels(selector)
+                        .page_size(NODE_PAGE_SIZE),
+                    UpgradePod::of,
+                )
+                .filter_map(|_| async { None })
+                .boxed()
+        });
 
-        let triggers = futures::stream::select_all([
+        let mut triggers = vec![
             cm_changes,
             ds_changes,
             deploy_changes,
@@ -325,9 +388,12 @@ impl Stores {
             crb_changes,
             rc_changes,
             node_changes,
-        ]);
+        ];
+        triggers.extend(upgrade_pod_watches);
+        let triggers = futures::stream::select_all(triggers);
         let stores = Stores {
             nodes,
+            upgrade_pods,
             config_maps,
             daemon_sets,
             deployments,
@@ -345,6 +411,8 @@ impl Stores {
     /// Waits until every store has finished its first list, so the first reconcile compares
     /// against the real cluster (an empty cache would make it re-apply everything).
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.nodes.wait_until_ready().await;
+        self.upgrade_pods.wait_until_ready().await;
         // Every kind of operand object has a store (the ConfigMap one holds users' too).
         for kind in Kind::ALL {
             match kind {

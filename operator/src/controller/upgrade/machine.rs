@@ -135,6 +135,18 @@ pub const NODE_ANNOTATIONS: [&str; 8] = [
     FAILURE_ANNOTATION,
 ];
 
+/// The upgrade annotations among a node's `annotations`.
+pub fn node_annotations(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    annotations
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| NODE_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// `spec.driver.upgradePolicy` with NVIDIA's defaults applied and `maxUnavailable` resolved
 /// against the number of managed nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]

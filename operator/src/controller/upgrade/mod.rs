@@ -19,10 +19,10 @@ mod machine_tests;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
@@ -91,7 +91,12 @@ pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[NodeView]) -> b
         && nodes
             .iter()
             .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
-            .all(|n| n.label(STATE_LABEL) == Some(UpgradeState::Done.label()))
+            .all(|n| {
+                n.label(STATE_LABEL) == Some(UpgradeState::Done.label())
+                    && !n
+                        .upgrade_annotations
+                        .contains_key(machine::REQUESTED_ANNOTATION)
+            })
 }
 
 /// Whether the policy asks for automatic upgrades of a driver it deploys itself.
@@ -107,13 +112,177 @@ pub fn enabled(spec: &ClusterPolicySpec) -> bool {
             .unwrap_or(false)
 }
 
-/// One pass of the upgrade stage.
+/// Label selectors of the pods the upgrade reads: every driver pod (the ClusterPolicy's and
+/// NVIDIADriver pools'), and the validator's.
+pub const UPGRADE_POD_SELECTORS: [&str; 2] = [COMPONENT_SELECTOR, "app=nvidia-operator-validator"];
+
+/// A driver or validator pod, reduced to what the upgrade reads of it (cached by
+/// [`super::stores::Stores::upgrade_pods`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpgradePod {
+    pub name: String,
+    pub node: Option<String>,
+    /// For a driver pod: the uid of the DaemonSet owning it, and its revision hash.
+    pub driver: Option<(String, Option<String>)>,
+    pub deleting: bool,
+    pub ready: bool,
+    pub failing: bool,
+    pub created: i64,
+}
+
+impl UpgradePod {
+    pub fn of(pod: &Pod) -> Self {
+        let is_driver = pod
+            .labels()
+            .get(crate::operands::common::COMPONENT_LABEL)
+            .is_some_and(|c| c == driver::COMPONENT);
+        let owner = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "DaemonSet")
+            .map(|o| o.uid.clone());
+        UpgradePod {
+            name: pod.name_any(),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            driver: is_driver
+                .then(|| owner.map(|uid| (uid, pod.labels().get(REVISION_HASH_LABEL).cloned())))
+                .flatten(),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            ready: pod_ready(pod),
+            failing: pod_failing(pod),
+            created: created(pod),
+        }
+    }
+
+    fn on(&self, node: &str) -> bool {
+        self.node.as_deref() == Some(node) && !self.deleting
+    }
+}
+
+impl super::stores::View for UpgradePod {
+    fn key(&self) -> &str {
+        &self.name
+    }
+
+    fn wakes(&self, _old: &Self) -> bool {
+        false
+    }
+}
+
+/// The node's driver pod, if one of the driver DaemonSets owns it.
+fn driver_pod(
+    pods: &[UpgradePod],
+    node: &str,
+    current: &BTreeMap<String, String>,
+) -> Option<DriverPod> {
+    pods.iter().filter(|p| p.on(node)).find_map(|p| {
+        let (owner, hash) = p.driver.as_ref()?;
+        let current_hash = current.get(owner)?;
+        Some(DriverPod {
+            name: p.name.clone(),
+            current: hash.as_ref() == Some(current_hash),
+            ready: p.ready,
+            failing: p.failing,
+            created: p.created,
+        })
+    })
+}
+
+/// The node's newest validator pod.
+fn validator_pod(pods: &[UpgradePod], node: &str) -> Option<ValidatorPod> {
+    pods.iter()
+        .filter(|p| p.driver.is_none() && p.on(node))
+        .map(|p| ValidatorPod {
+            name: p.name.clone(),
+            ready: p.ready,
+            failing: p.failing,
+            created: p.created,
+        })
+        .max_by_key(|v| v.created)
+}
+
+/// Whether a node's step may depend on its cordon or readiness, which the metadata cache does
+/// not hold: it is between states, waiting to start, failed, or about to need an upgrade.
+fn needs_node_status(f: &NodeFacts) -> bool {
+    let state = f.state.unwrap_or(UpgradeState::Unknown);
+    match state {
+        UpgradeState::Unknown | UpgradeState::Done => f.driver.as_ref().is_some_and(|d| {
+            !d.current || f.annotations.contains_key(machine::REQUESTED_ANNOTATION)
+        }),
+        _ => true,
+    }
+}
+
+/// What one pass knows of each managed node, from the caches: `nodes` (labels and upgrade
+/// annotations) and `pods`. Cordon and readiness are not known here ([`needs_node_status`]).
+pub fn cached_facts(
+    nodes: &[NodeView],
+    pods: &[UpgradePod],
+    current: &BTreeMap<String, String>,
+    validator_expected: bool,
+) -> Vec<NodeFacts> {
+    nodes
+        .iter()
+        .filter(|n| n.label(GPU_PRESENT) == Some("true"))
+        .filter_map(|node| {
+            let driver = driver_pod(pods, &node.name, current);
+            let state = node
+                .label(STATE_LABEL)
+                .map(|s| UpgradeState::parse(Some(s)));
+            // Managed: a driver pod runs there, or its upgrade is under way (pod being replaced).
+            if driver.is_none() && !state.is_some_and(UpgradeState::in_progress) {
+                return None;
+            }
+            Some(NodeFacts {
+                name: node.name.clone(),
+                state,
+                annotations: node.upgrade_annotations.clone(),
+                skip: node.label(machine::SKIP_LABEL) == Some("true"),
+                driver,
+                validator: validator_pod(pods, &node.name),
+                validator_expected,
+                ..NodeFacts::default()
+            })
+        })
+        .collect()
+}
+
+/// Completes `facts` from the live nodes: cordon and readiness, and labels and annotations as
+/// they are now (the cache may not show the last pass's writes yet).
+fn with_live(mut facts: Vec<NodeFacts>, live: &[Node]) -> Vec<NodeFacts> {
+    for f in &mut facts {
+        let Some(node) = live.iter().find(|n| n.name_any() == f.name) else {
+            continue;
+        };
+        f.state = node
+            .labels()
+            .get(STATE_LABEL)
+            .map(|s| UpgradeState::parse(Some(s)));
+        f.skip = node
+            .labels()
+            .get(machine::SKIP_LABEL)
+            .is_some_and(|v| v == "true");
+        f.annotations = node.annotations().clone();
+        f.unschedulable = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        f.not_ready = !node_ready(node);
+    }
+    facts
+}
+
+/// One pass of the upgrade stage. Reads the caches; the GPU nodes are listed only when a
+/// node's step depends on its cordon or readiness, and the ControllerRevisions (a few) only
+/// while a driver DaemonSet exists.
 pub async fn reconcile(
     client: &Client,
     namespace: &str,
     spec: &ClusterPolicySpec,
     daemon_sets: &BTreeMap<String, DaemonSet>,
     nodes: &[NodeView],
+    pods: &[UpgradePod],
     recorder: &Recorder,
 ) -> Result<Report, kube::Error> {
     if !enabled(spec) {
@@ -141,102 +310,45 @@ pub async fn reconcile(
         })
         .collect();
     let current = current_revisions(client, namespace, &drivers).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let driver_pods = pods
-        .list(&ListParams::default().labels(COMPONENT_SELECTOR))
-        .await?
-        .items;
-    let validator_pods = pods
-        .list(&ListParams::default().labels(&format!("app={}", validator::NAME)))
-        .await?
-        .items;
     let validator_expected = daemon_sets.contains_key(validator::NAME);
-    let node_api: Api<Node> = Api::all(client.clone());
-    let live_nodes = node_api
-        .list(&ListParams::default().labels(&format!("{GPU_PRESENT}=true")))
-        .await?
-        .items;
-
-    let mut facts = Vec::new();
-    for node in &live_nodes {
-        let name = node.name_any();
-        let driver_pod = driver_pods
-            .iter()
-            .filter(|p| on_node(p, &name) && p.metadata.deletion_timestamp.is_none())
-            .find_map(|p| driver_pod_facts(p, &current));
-        let state = node.labels().get(STATE_LABEL).map(String::as_str);
-        let state = state.map(|s| UpgradeState::parse(Some(s)));
-        // Managed: a driver pod runs there, or its upgrade is under way (pod being replaced).
-        if driver_pod.is_none() && !state.is_some_and(UpgradeState::in_progress) {
-            continue;
-        }
-        let validator = validator_pods
-            .iter()
-            .filter(|p| on_node(p, &name) && p.metadata.deletion_timestamp.is_none())
-            .map(|p| ValidatorPod {
-                name: p.name_any(),
-                ready: pod_ready(p),
-                failing: pod_failing(p),
-                created: created(p),
-            })
-            .max_by_key(|v| v.created);
-        let mut f = NodeFacts {
-            name: name.clone(),
-            state,
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-            not_ready: !node_ready(node),
-            annotations: node.annotations().clone(),
-            skip: node
-                .labels()
-                .get(machine::SKIP_LABEL)
-                .is_some_and(|v| v == "true"),
-            driver: driver_pod,
-            validator,
-            validator_expected,
-            ..NodeFacts::default()
-        };
-        if matches!(
+    let mut facts = cached_facts(nodes, pods, &current, validator_expected);
+    if facts.iter().any(needs_node_status) {
+        let live = Api::<Node>::all(client.clone())
+            .list(&ListParams::default().labels(&format!("{GPU_PRESENT}=true")))
+            .await?
+            .items;
+        facts = with_live(facts, &live);
+    }
+    let policy = Policy::from_spec(&upgrade_policy, facts.len());
+    for f in facts.iter_mut().filter(|f| {
+        matches!(
             f.state,
             Some(
                 UpgradeState::WaitForJobsRequired
                     | UpgradeState::PodDeletionRequired
                     | UpgradeState::DrainRequired
             )
-        ) {
-            let policy = Policy::from_spec(&upgrade_policy, 1);
-            node_pods(client, &name, &policy, &runtime_class, &mut f).await?;
-        }
-        facts.push(f);
+        )
+    }) {
+        node_pods(client, &f.name.clone(), &policy, &runtime_class, f).await?;
     }
 
-    let policy = Policy::from_spec(&upgrade_policy, facts.len());
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let steps = machine::plan(&facts, &policy, now);
     let summary = Summary::of(&facts, &steps, &policy);
     for (name, step) in &steps {
-        let Some(node) = live_nodes.iter().find(|n| n.name_any() == *name) else {
-            continue;
-        };
         let Some(f) = facts.iter().find(|f| f.name == *name) else {
             continue;
         };
-        if let Err(e) = run_step(client, namespace, node, f, step).await {
+        if let Err(e) = run_step(client, namespace, f, step).await {
             tracing::warn!(node = %name, error = %e, "driver upgrade step failed; retrying on the next pass");
             continue;
         }
-        announce(recorder, node, f, step).await;
+        announce(recorder, f, step).await;
     }
     Ok(Report {
         summary: Some(summary),
     })
-}
-
-fn on_node(pod: &Pod, node: &str) -> bool {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
 fn created(pod: &Pod) -> i64 {
@@ -308,22 +420,6 @@ async fn current_revisions(
         }
     }
     Ok(current)
-}
-
-/// The node's driver pod, if one of the driver DaemonSets owns it.
-fn driver_pod_facts(pod: &Pod, current: &BTreeMap<String, String>) -> Option<DriverPod> {
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "DaemonSet")?;
-    let hash = current.get(&owner.uid)?;
-    Some(DriverPod {
-        name: pod.name_any(),
-        current: pod.labels().get(REVISION_HASH_LABEL) == Some(hash),
-        ready: pod_ready(pod),
-        failing: pod_failing(pod),
-        created: created(pod),
-    })
 }
 
 /// A pod that uses GPUs: it requests an `nvidia.com/*` resource, or runs with the nvidia
@@ -431,12 +527,11 @@ async fn node_pods(
 async fn run_step(
     client: &Client,
     namespace: &str,
-    node: &Node,
     facts: &NodeFacts,
     step: &Step,
 ) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let name = node.name_any();
+    let name = facts.name.clone();
     let mut annotations = serde_json::Map::new();
     if facts
         .annotations
@@ -521,7 +616,7 @@ async fn run_step(
 }
 
 /// Events on the node: its upgrade started, finished or failed.
-async fn announce(recorder: &Recorder, node: &Node, facts: &NodeFacts, step: &Step) {
+async fn announce(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
     let from = facts.state.unwrap_or(UpgradeState::Unknown);
     let Some(to) = step.next.filter(|n| *n != from) else {
         return;
@@ -554,7 +649,13 @@ async fn announce(recorder: &Recorder, node: &Node, facts: &NodeFacts, step: &St
         action: "DriverUpgrade".to_owned(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
+    let node = ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Node".to_owned()),
+        name: Some(facts.name.clone()),
+        ..ObjectReference::default()
+    };
+    if let Err(e) = recorder.publish(&event, &node).await {
         tracing::warn!(error = %e, "publishing event failed");
     }
 }
@@ -576,6 +677,126 @@ async fn clear_labels(client: &Client, nodes: &[NodeView]) {
         {
             tracing::warn!(node = %node.name, error = %e, "removing the driver upgrade label failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, node: &str, labels: Value, ready: bool) -> UpgradePod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels, "creationTimestamp": "2026-11-27T08:00:00Z",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "ds", "uid": "ds-uid", "controller": true}]},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .unwrap();
+        UpgradePod::of(&pod)
+    }
+
+    fn driver_pod(node: &str, hash: &str) -> UpgradePod {
+        let labels = json!({crate::operands::common::COMPONENT_LABEL: driver::COMPONENT,
+            REVISION_HASH_LABEL: hash});
+        pod(&format!("driver-{node}"), node, labels, true)
+    }
+
+    fn gpu_node(name: &str, state: Option<&str>) -> NodeView {
+        let mut labels = BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]);
+        if let Some(state) = state {
+            labels.insert(STATE_LABEL.to_owned(), state.to_owned());
+        }
+        NodeView::from_labels(name, None, &labels)
+    }
+
+    #[test]
+    fn the_pod_selectors_match_the_driver_and_validator_pods() {
+        assert_eq!(
+            UPGRADE_POD_SELECTORS,
+            [
+                format!(
+                    "{}={}",
+                    crate::operands::common::COMPONENT_LABEL,
+                    driver::COMPONENT
+                ),
+                format!("{}={}", crate::operands::common::APP_LABEL, validator::NAME)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cached_pod_keeps_its_owner_revision_node_and_readiness() {
+        let d = driver_pod("gpu-1", "abc");
+        assert_eq!(
+            d.driver,
+            Some(("ds-uid".to_owned(), Some("abc".to_owned())))
+        );
+        assert_eq!(d.node.as_deref(), Some("gpu-1"));
+        assert!(d.ready && !d.failing && !d.deleting);
+        let v = pod(
+            "validator-x",
+            "gpu-1",
+            json!({"app": validator::NAME}),
+            false,
+        );
+        assert_eq!(v.driver, None, "a validator pod is not a driver pod");
+        assert!(!v.ready);
+    }
+
+    #[test]
+    fn the_first_rollout_is_planned_from_the_caches_without_reading_the_nodes() {
+        let current = BTreeMap::from([("ds-uid".to_owned(), "new".to_owned())]);
+        let nodes = [
+            gpu_node("gpu-1", None),
+            gpu_node("gpu-2", Some("upgrade-done")),
+            gpu_node("gpu-3", None),
+            NodeView::from_labels("cpu-1", None, &BTreeMap::new()),
+        ];
+        let pods = [
+            driver_pod("gpu-1", "new"),
+            driver_pod("gpu-2", "new"),
+            driver_pod("cpu-1", "new"),
+        ];
+        let facts = cached_facts(&nodes, &pods, &current, true);
+        let names: Vec<&str> = facts.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["gpu-1", "gpu-2"],
+            "gpu-3 has no driver pod yet; cpu-1 no GPU"
+        );
+        assert!(!facts.iter().any(needs_node_status));
+        let steps = machine::plan(&facts, &Policy::from_spec(&Default::default(), 2), 0);
+        assert_eq!(steps[0].1.next, Some(UpgradeState::Done));
+    }
+
+    #[test]
+    fn an_out_of_date_driver_or_a_node_between_states_needs_the_live_node() {
+        let current = BTreeMap::from([("ds-uid".to_owned(), "new".to_owned())]);
+        let facts = cached_facts(
+            &[gpu_node("gpu-1", Some("upgrade-done"))],
+            &[driver_pod("gpu-1", "old")],
+            &current,
+            true,
+        );
+        assert!(
+            needs_node_status(&facts[0]),
+            "its upgrade is about to start"
+        );
+        let facts = cached_facts(
+            &[gpu_node("gpu-1", Some("pod-restart-required"))],
+            &[],
+            &current,
+            true,
+        );
+        assert_eq!(
+            facts.len(),
+            1,
+            "a node between states is managed without its pod"
+        );
+        assert!(needs_node_status(&facts[0]));
     }
 }
 
