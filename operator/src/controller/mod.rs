@@ -899,13 +899,13 @@ pub async fn run(
     let discovered = Discovered::probe(&client).await?;
     tracing::info!(?discovered, namespace = %settings.namespace, "starting controller");
     let (stores, triggers) = Stores::start(&watch_client, &settings.namespace);
-    let (policies, policy_changes) = stores::watched(
+    let (policies, policy_changes) = stores::watched_specs(
         Api::<DeserializeGuard<ClusterPolicy>>::all(watch_client.clone()),
         watcher::Config::default(),
     );
     let mut triggers = futures::stream::select(triggers, policy_changes).boxed();
     let gpu_clusters = if gpu_cluster::served(&client).await {
-        let (clusters, changes) = stores::watched(
+        let (clusters, changes) = stores::watched_specs(
             Api::<DeserializeGuard<crate::api::GPUCluster>>::all(watch_client.clone()),
             watcher::Config::default(),
         );
@@ -916,7 +916,7 @@ pub async fn run(
         None
     };
     let nvidia_drivers = if nvidia_driver::served(&client).await {
-        let (drivers, changes) = stores::watched(
+        let (drivers, changes) = stores::watched_specs(
             Api::<DeserializeGuard<crate::api::NVIDIADriver>>::all(client.clone()),
             watcher::Config::default(),
         );

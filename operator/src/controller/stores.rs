@@ -250,14 +250,18 @@ impl DaemonSetWake {
     }
 }
 
-/// Whether a DaemonSet watch event should wake the reconcile: not for status churn that leaves
-/// [`DaemonSetWake`] as it was. `seen` is what each DaemonSet last looked like.
-fn daemon_set_wakes(seen: &mut BTreeMap<String, DaemonSetWake>, event: &Event<DaemonSet>) -> bool {
-    let name = |ds: &DaemonSet| {
+/// Whether a watch event should wake the reconcile: only when what `of` takes from the object
+/// changed (or the object came or went). `seen` is what each object last looked like.
+fn wakes_on<K: Resource, W: PartialEq + Clone>(
+    seen: &mut BTreeMap<String, W>,
+    event: &Event<K>,
+    of: impl Fn(&K) -> W,
+) -> bool {
+    let name = |o: &K| {
         format!(
             "{}/{}",
-            ds.metadata.namespace.as_deref().unwrap_or_default(),
-            ds.metadata.name.as_deref().unwrap_or_default()
+            o.meta().namespace.as_deref().unwrap_or_default(),
+            o.meta().name.as_deref().unwrap_or_default()
         )
     };
     match event {
@@ -265,32 +269,92 @@ fn daemon_set_wakes(seen: &mut BTreeMap<String, DaemonSetWake>, event: &Event<Da
             seen.clear();
             false
         }
-        Event::InitApply(ds) => {
-            seen.insert(name(ds), DaemonSetWake::of(ds));
+        Event::InitApply(o) => {
+            seen.insert(name(o), of(o));
             false
         }
         Event::InitDone => true,
-        Event::Apply(ds) => {
-            let now = DaemonSetWake::of(ds);
-            seen.insert(name(ds), now.clone()) != Some(now)
+        Event::Apply(o) => {
+            let now = of(o);
+            seen.insert(name(o), now.clone()) != Some(now)
         }
-        Event::Delete(ds) => {
-            seen.remove(&name(ds));
+        Event::Delete(o) => {
+            seen.remove(&name(o));
             true
         }
     }
 }
 
-/// The DaemonSet reflector; its change stream leaves out status churn ([`daemon_set_wakes`]).
+/// Whether a DaemonSet watch event should wake the reconcile: not for status churn that leaves
+/// [`DaemonSetWake`] as it was.
+#[cfg(test)]
+fn daemon_set_wakes(seen: &mut BTreeMap<String, DaemonSetWake>, event: &Event<DaemonSet>) -> bool {
+    wakes_on(seen, event, DaemonSetWake::of)
+}
+
+/// What of a user's object (the ClusterPolicy, a GPUCluster, an NVIDIADriver) the reconcile
+/// must hear about: everything but the status, which the operator writes itself. Waking a pass
+/// for its own status write would run passes back to back for as long as a rollout moves the
+/// counts the status shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecWake {
+    uid: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+    deleting: bool,
+}
+
+impl SpecWake {
+    pub fn of<K: Resource>(o: &K) -> Self {
+        let m = o.meta();
+        SpecWake {
+            uid: m.uid.clone(),
+            generation: m.generation,
+            labels: m.labels.clone(),
+            annotations: m.annotations.clone(),
+            finalizers: m.finalizers.clone(),
+            deleting: m.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// A reflector over user objects of kind `K`; its change stream leaves out status writes
+/// ([`SpecWake`]).
+pub fn watched_specs<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, ()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    watched_waking(api, config, SpecWake::of)
+}
+
+/// The DaemonSet reflector; its change stream leaves out status churn ([`DaemonSetWake`]).
 fn managed_daemon_sets(api: Api<DaemonSet>) -> (Store<DaemonSet>, BoxStream<'static, ()>) {
     let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
+    watched_waking(api, config, DaemonSetWake::of)
+}
+
+/// A reflector whose change stream yields only when what `of` takes from an object changed
+/// ([`wakes_on`]).
+fn watched_waking<K, W>(
+    api: Api<K>,
+    config: watcher::Config,
+    of: fn(&K) -> W,
+) -> (Store<K>, BoxStream<'static, ()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+    W: PartialEq + Clone + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let mut seen = BTreeMap::new();
     let stream = reflector::reflector(writer, watcher::watcher(api, config))
         .default_backoff()
         .filter_map(move |event| {
             let wake = match &event {
-                Ok(event) => daemon_set_wakes(&mut seen, event),
+                Ok(event) => wakes_on(&mut seen, event, of),
                 Err(e) => {
                     tracing::warn!(error = %e, "watch failed; retrying with backoff");
                     false
@@ -493,6 +557,30 @@ mod tests {
             &mut seen,
             &Event::Delete(daemon_set(2, 2, 10, 10))
         ));
+    }
+
+    #[test]
+    fn the_operators_own_status_write_on_a_policy_wakes_no_pass_but_a_spec_edit_does() {
+        let policy = |generation: i64, state: &str| -> crate::api::ClusterPolicy {
+            serde_json::from_value(json!({
+                "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                "metadata": {"name": "cluster-policy", "uid": "u1", "generation": generation},
+                "spec": {}, "status": {"state": state}
+            }))
+            .unwrap()
+        };
+        let mut seen = BTreeMap::new();
+        let of = SpecWake::of::<crate::api::ClusterPolicy>;
+        assert!(wakes_on(&mut seen, &Event::Apply(policy(1, "notReady")), of));
+        assert!(!wakes_on(&mut seen, &Event::Apply(policy(1, "ready")), of));
+        assert!(wakes_on(&mut seen, &Event::Apply(policy(2, "ready")), of));
+        let mut labelled = policy(2, "ready");
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("team".into(), "ml".into());
+        assert!(wakes_on(&mut seen, &Event::Apply(labelled), of));
     }
 
     #[test]
