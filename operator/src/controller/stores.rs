@@ -218,8 +218,10 @@ where
 
 /// What of a DaemonSet the reconcile must hear about at once: its metadata and spec (ours to
 /// keep), its pod count, and whether it is ready (decision 11). A rollout updates the status
-/// with every pod replaced; the counts in between are refreshed by the not-ready requeue, and
-/// waking a pass for each would queue the next user change behind it.
+/// with every pod replaced, and with `maxUnavailable: 1` the available count dips and recovers
+/// for each: while a rollout is under way only its end is news (the counts in between are
+/// refreshed by the not-ready requeue), and waking a pass for each pod would queue the next
+/// user change behind it. Once rolled out, any loss of availability (a crash loop) is news.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonSetWake {
     generation: Option<i64>,
@@ -227,25 +229,39 @@ pub struct DaemonSetWake {
     annotations: Option<BTreeMap<String, String>>,
     deleting: bool,
     desired: i32,
-    caught_up: bool,
-    all_updated: bool,
+    /// The controller saw the last spec and every pod runs the current template; for an
+    /// OnDelete DaemonSet (the driver, whose old pods wait for the upgrade) the first part only.
+    rolled_out: bool,
+    /// Every pod available, counted only once rolled out.
     all_available: bool,
 }
 
 impl DaemonSetWake {
     pub fn of(ds: &DaemonSet) -> Self {
-        let status = ds.status.clone().unwrap_or_default();
+        let status = ds.status.as_ref();
+        let count = |f: fn(&k8s_openapi::api::apps::v1::DaemonSetStatus) -> Option<i32>| {
+            status.and_then(f).unwrap_or(0)
+        };
+        let desired = status.map_or(0, |s| s.desired_number_scheduled);
         let generation = ds.metadata.generation;
+        let on_delete = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|u| u.type_.as_deref())
+            == Some("OnDelete");
+        let caught_up =
+            status.and_then(|s| s.observed_generation).unwrap_or(0) >= generation.unwrap_or(0);
+        let rolled_out =
+            caught_up && (on_delete || count(|s| s.updated_number_scheduled) >= desired);
         DaemonSetWake {
             generation,
             resource_labels: ds.metadata.labels.clone(),
             annotations: ds.metadata.annotations.clone(),
             deleting: ds.metadata.deletion_timestamp.is_some(),
-            desired: status.desired_number_scheduled,
-            caught_up: status.observed_generation.unwrap_or(0) >= generation.unwrap_or(0),
-            all_updated: status.updated_number_scheduled.unwrap_or(0)
-                >= status.desired_number_scheduled,
-            all_available: status.number_available.unwrap_or(0) >= status.desired_number_scheduled,
+            desired,
+            rolled_out,
+            all_available: rolled_out && count(|s| s.number_available) >= desired,
         }
     }
 }
@@ -536,22 +552,28 @@ mod tests {
             &mut seen,
             &Event::Apply(daemon_set(2, 1, 10, 10))
         ));
-        // The controller sees it and starts replacing pods: not ready any more, wakes once.
-        assert!(daemon_set_wakes(
-            &mut seen,
-            &Event::Apply(daemon_set(2, 2, 0, 9))
-        ));
-        // Pods replaced one by one: no wake-up.
-        for updated in 1..10 {
-            assert!(
-                !daemon_set_wakes(&mut seen, &Event::Apply(daemon_set(2, 2, updated, 9))),
-                "{updated} updated"
-            );
+        // The controller sees it and replaces pods one by one, each dipping the available
+        // count: no wake-up until the rollout ends.
+        for updated in 0..10 {
+            for available in [9, 10] {
+                assert!(
+                    !daemon_set_wakes(
+                        &mut seen,
+                        &Event::Apply(daemon_set(2, 2, updated, available))
+                    ),
+                    "{updated} updated, {available} available"
+                );
+            }
         }
         // Every pod updated and available: ready again, wakes.
         assert!(daemon_set_wakes(
             &mut seen,
             &Event::Apply(daemon_set(2, 2, 10, 10))
+        ));
+        // Rolled out, then a pod stops being available (a crash loop): wakes.
+        assert!(daemon_set_wakes(
+            &mut seen,
+            &Event::Apply(daemon_set(2, 2, 10, 9))
         ));
         assert!(daemon_set_wakes(
             &mut seen,
@@ -571,7 +593,11 @@ mod tests {
         };
         let mut seen = BTreeMap::new();
         let of = SpecWake::of::<crate::api::ClusterPolicy>;
-        assert!(wakes_on(&mut seen, &Event::Apply(policy(1, "notReady")), of));
+        assert!(wakes_on(
+            &mut seen,
+            &Event::Apply(policy(1, "notReady")),
+            of
+        ));
         assert!(!wakes_on(&mut seen, &Event::Apply(policy(1, "ready")), of));
         assert!(wakes_on(&mut seen, &Event::Apply(policy(2, "ready")), of));
         let mut labelled = policy(2, "ready");

@@ -78,7 +78,13 @@ const DEFAULT_CLIENT_SERVICES: [&str; 9] = [
 /// models that offer it. Generated from the per-model profile table the MIG validation uses
 /// (`sharing::mig_profiles`), so the layouts we ship and the ones we accept cannot drift apart.
 pub fn default_mig_config() -> String {
-    crate::sharing::mig::default_config()
+    default_mig_config_text().to_owned()
+}
+
+/// [`default_mig_config`], generated once: every pass validates against it.
+fn default_mig_config_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(crate::sharing::mig::default_config)
 }
 
 fn default_clients() -> String {
@@ -325,9 +331,17 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
 
 /// The layouts mig-manager applies: the named ConfigMap's, else the default ones.
 fn layouts(facts: &ClusterFacts) -> Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>> {
+    // The default layouts are parsed once (a test proves they parse).
+    static DEFAULT: std::sync::OnceLock<
+        Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>>,
+    > = std::sync::OnceLock::new();
     match &facts.mig_config {
         Some(cm) => mig::parse_config(&cm.name, &cm.data),
-        None => mig::parse_yaml(DEFAULT_CONFIG_MAP, CONFIG_KEY, &default_mig_config()),
+        None => DEFAULT
+            .get_or_init(|| {
+                mig::parse_yaml(DEFAULT_CONFIG_MAP, CONFIG_KEY, default_mig_config_text())
+            })
+            .clone(),
     }
 }
 
