@@ -8,13 +8,6 @@ use gpu_operator::cli::Cli;
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-/// mimalloc, not glibc's malloc: glibc keeps what a burst of work allocated (a relist of a
-/// thousand nodes, a pass's rendering) in per-thread arenas for good, so resident memory
-/// followed the fleet's largest moment; mimalloc returns freed pages to the system.
-#[cfg(not(feature = "dhat-heap"))]
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> anyhow::Result<()> {
     // Written to `DHAT_OUT` (default `dhat-heap.json`) when `main` returns, after a SIGTERM.
     #[cfg(feature = "dhat-heap")]

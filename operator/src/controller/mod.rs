@@ -403,7 +403,10 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
         let applied = apply(policy, ctx, &desired).await?;
         Ok::<_, Error>(Some((resolved, validated, desired, applied)))
     };
-    let (labelled, applied) = tokio::join!(label(policy, ctx, &nodes), render_and_apply);
+    // Rendering and applying go first: a user's change reaches its first write before the
+    // label stage's walk over every node (which needs no API call when nothing changed, so
+    // it would otherwise run to its end before the apply started).
+    let (applied, labelled) = tokio::join!(biased; render_and_apply, label(policy, ctx, &nodes));
     let labelled = labelled?;
     let Some((resolved, validated, desired, applied)) = applied? else {
         return Ok(None);

@@ -291,6 +291,7 @@ impl Resolver {
                 "node-feature-discovery is not deployed: NFD already runs ({why})"
             ));
         }
+        let gpu_owned: Vec<NodeView> = gpu_nodes.into_iter().cloned().collect();
         let facts = ClusterFacts {
             namespace: self.namespace.clone(),
             owner: owner_reference(policy),
@@ -309,8 +310,7 @@ impl Resolver {
                         crate::operands::driver_os::image_os_suffix(main.image.as_deref()?)
                             .map(str::to_owned)
                     });
-                let owned: Vec<NodeView> = gpu_nodes.iter().map(|n| (*n).clone()).collect();
-                crate::operands::driver_os::primary_os(&owned, live.as_deref())
+                crate::operands::driver_os::primary_os(&gpu_owned, live.as_deref())
             },
             openshift: self.discovered.openshift,
             service_monitor_api: self.discovered.service_monitor,
@@ -320,7 +320,7 @@ impl Resolver {
             mig_config,
             dcgm_metrics,
             driver_config_maps,
-            gpu_nodes: gpu_nodes.into_iter().cloned().collect(),
+            gpu_nodes: gpu_owned,
             image_env: self.image_env.clone(),
         };
         Ok(Resolved { facts, notes })
