@@ -668,8 +668,9 @@ impl Summary {
             available: upgrades_available(nodes, policy),
             ..Summary::default()
         };
+        let steps: BTreeMap<&str, &Step> = steps.iter().map(|(n, s)| (n.as_str(), s)).collect();
         for node in nodes {
-            let step = steps.iter().find(|(n, _)| *n == node.name).map(|(_, s)| s);
+            let step = steps.get(node.name.as_str()).copied();
             let state = step.and_then(|s| s.next).unwrap_or(node.state());
             match state {
                 UpgradeState::Done => summary.done += 1,

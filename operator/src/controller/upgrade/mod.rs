@@ -18,6 +18,7 @@ mod machine_tests;
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
@@ -37,6 +38,8 @@ use crate::operands::{driver, validator};
 /// `app.kubernetes.io/component` of the driver DaemonSets and their pods.
 const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
 const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+/// Nodes whose step runs at once (as many node patches in flight as the labeller's).
+const STEP_CONCURRENCY: usize = 16;
 /// How long one eviction request may take before the pass moves on.
 const EVICTION_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -153,10 +156,6 @@ impl UpgradePod {
             created: created(pod),
         }
     }
-
-    fn on(&self, node: &str) -> bool {
-        self.node.as_deref() == Some(node) && !self.deleting
-    }
 }
 
 impl super::stores::View for UpgradePod {
@@ -170,12 +169,8 @@ impl super::stores::View for UpgradePod {
 }
 
 /// The node's driver pod, if one of the driver DaemonSets owns it.
-fn driver_pod(
-    pods: &[UpgradePod],
-    node: &str,
-    current: &BTreeMap<String, String>,
-) -> Option<DriverPod> {
-    pods.iter().filter(|p| p.on(node)).find_map(|p| {
+fn driver_pod(pods: &[&UpgradePod], current: &BTreeMap<String, String>) -> Option<DriverPod> {
+    pods.iter().find_map(|p| {
         let (owner, hash) = p.driver.as_ref()?;
         let current_hash = current.get(owner)?;
         Some(DriverPod {
@@ -189,9 +184,9 @@ fn driver_pod(
 }
 
 /// The node's newest validator pod.
-fn validator_pod(pods: &[UpgradePod], node: &str) -> Option<ValidatorPod> {
+fn validator_pod(pods: &[&UpgradePod]) -> Option<ValidatorPod> {
     pods.iter()
-        .filter(|p| p.driver.is_none() && p.on(node))
+        .filter(|p| p.driver.is_none())
         .map(|p| ValidatorPod {
             name: p.name.clone(),
             ready: p.ready,
@@ -221,11 +216,20 @@ pub fn cached_facts(
     current: &BTreeMap<String, String>,
     validator_expected: bool,
 ) -> Vec<NodeFacts> {
+    // Each node's pods, found once (not a scan of every pod per node).
+    let mut by_node: BTreeMap<&str, Vec<&UpgradePod>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| !p.deleting) {
+        if let Some(node) = pod.node.as_deref() {
+            by_node.entry(node).or_default().push(pod);
+        }
+    }
+    let none = Vec::new();
     nodes
         .iter()
         .filter(|n| n.label(GPU_PRESENT) == Some("true"))
         .filter_map(|node| {
-            let driver = driver_pod(pods, &node.name, current);
+            let on_node = by_node.get(node.name.as_str()).unwrap_or(&none);
+            let driver = driver_pod(on_node, current);
             let state = node
                 .label(STATE_LABEL)
                 .map(|s| UpgradeState::parse(Some(s)));
@@ -239,7 +243,7 @@ pub fn cached_facts(
                 annotations: node.upgrade_annotations.clone(),
                 skip: node.label(machine::SKIP_LABEL) == Some("true"),
                 driver,
-                validator: validator_pod(pods, &node.name),
+                validator: validator_pod(on_node),
                 validator_expected,
                 ..NodeFacts::default()
             })
@@ -336,16 +340,22 @@ pub async fn reconcile(
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let steps = machine::plan(&facts, &policy, now);
     let summary = Summary::of(&facts, &steps, &policy);
-    for (name, step) in &steps {
-        let Some(f) = facts.iter().find(|f| f.name == *name) else {
-            continue;
-        };
+    // Nodes are independent: their steps run side by side, so a fleet's first rollout (every
+    // node labelled upgrade-done as its driver pod turns Ready) is not one patch at a time.
+    let by_name: BTreeMap<&str, &NodeFacts> = facts.iter().map(|f| (f.name.as_str(), f)).collect();
+    futures::stream::iter(
+        steps
+            .iter()
+            .filter_map(|(name, step)| Some((by_name.get(name.as_str())?, step))),
+    )
+    .for_each_concurrent(STEP_CONCURRENCY, |(f, step)| async move {
         if let Err(e) = run_step(client, namespace, f, step).await {
-            tracing::warn!(node = %name, error = %e, "driver upgrade step failed; retrying on the next pass");
-            continue;
+            tracing::warn!(node = %f.name, error = %e, "driver upgrade step failed; retrying on the next pass");
+            return;
         }
         announce(recorder, f, step).await;
-    }
+    })
+    .await;
     Ok(Report {
         summary: Some(summary),
     })
