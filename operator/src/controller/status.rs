@@ -82,6 +82,15 @@ struct Readiness {
     message: String,
 }
 
+/// Whether a DaemonSet replaces its pods only when they are deleted (the driver's strategy).
+pub fn updates_on_delete(ds: &DaemonSet) -> bool {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.type_.as_deref())
+        == Some("OnDelete")
+}
+
 /// Decision 11 for a DaemonSet: RollingUpdate is ready when the observed generation caught up
 /// and updated = available = desired; OnDelete (the driver) when available = desired, with old
 /// pods reported as an upgrade pending. `labelled` is the number of GPU nodes labelled for the
@@ -100,12 +109,7 @@ fn daemonset_readiness(
         ready: status.number_ready,
         available: status.number_available.unwrap_or(0),
     };
-    let on_delete = ds
-        .spec
-        .as_ref()
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|u| u.type_.as_deref())
-        == Some("OnDelete");
+    let on_delete = updates_on_delete(ds);
     let caught_up = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
     let mut problems = Vec::new();
     if !caught_up {

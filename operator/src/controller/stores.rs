@@ -53,6 +53,18 @@ impl View for NodeView {
     }
 }
 
+/// A driver or validator pod: its changes wake no pass (the upgrade stage looks again every
+/// second while a node is between states).
+impl View for UpgradePod {
+    fn key(&self) -> &str {
+        &self.name
+    }
+
+    fn wakes(&self, _old: &Self) -> bool {
+        false
+    }
+}
+
 /// Objects by name, each reduced to a [`View`] as its watch event arrives, so that neither a
 /// full object nor a list page outlives the event.
 #[derive(Clone)]
@@ -244,12 +256,7 @@ impl DaemonSetWake {
         };
         let desired = status.map_or(0, |s| s.desired_number_scheduled);
         let generation = ds.metadata.generation;
-        let on_delete = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.update_strategy.as_ref())
-            .and_then(|u| u.type_.as_deref())
-            == Some("OnDelete");
+        let on_delete = super::status::updates_on_delete(ds);
         let caught_up =
             status.and_then(|s| s.observed_generation).unwrap_or(0) >= generation.unwrap_or(0);
         let rolled_out =

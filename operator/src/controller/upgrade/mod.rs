@@ -120,7 +120,7 @@ pub fn enabled(spec: &ClusterPolicySpec) -> bool {
 pub const UPGRADE_POD_SELECTORS: [&str; 2] = [COMPONENT_SELECTOR, "app=nvidia-operator-validator"];
 
 /// A driver or validator pod, reduced to what the upgrade reads of it (cached by
-/// [`super::stores::Stores::upgrade_pods`]).
+/// the controller's stores, `upgrade_pods`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpgradePod {
     pub name: String,
@@ -155,16 +155,6 @@ impl UpgradePod {
             failing: pod_failing(pod),
             created: created(pod),
         }
-    }
-}
-
-impl super::stores::View for UpgradePod {
-    fn key(&self) -> &str {
-        &self.name
-    }
-
-    fn wakes(&self, _old: &Self) -> bool {
-        false
     }
 }
 
