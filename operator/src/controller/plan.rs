@@ -145,6 +145,22 @@ enum Entry {
     },
 }
 
+impl Entry {
+    /// When a refused rendering may be sent again; `None` for a write, or for a refusal only a
+    /// new rendering can pass.
+    fn retry_at(&self) -> Option<Instant> {
+        match self {
+            Entry::Rejected {
+                rejection,
+                attempts,
+                at,
+                ..
+            } if !rejection.permanent() => Some(*at + retry_delay(*attempts)),
+            _ => None,
+        }
+    }
+}
+
 /// The outcome of every object's last write, by object key, kept between passes.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -197,17 +213,7 @@ impl Ledger {
         self.entries
             .iter()
             .filter(|(key, _)| wanted(key))
-            .filter_map(|(_, e)| match e {
-                Entry::Rejected {
-                    rejection,
-                    attempts,
-                    at,
-                    ..
-                } if !rejection.permanent() => {
-                    Some((*at + retry_delay(*attempts)).saturating_duration_since(now))
-                }
-                _ => None,
-            })
+            .filter_map(|(_, e)| Some(e.retry_at()?.saturating_duration_since(now)))
             .min()
     }
 
@@ -246,24 +252,22 @@ pub fn plan(
     now: Instant,
 ) -> Plan {
     let live_version = live.and_then(|l| l.resource_version);
-    match ledger.entries.get_mut(key) {
-        Some(Entry::Rejected {
-            hash: refused,
-            rejection,
-            attempts,
-            at,
-        }) if refused == hash && (rejection.permanent() || now < *at + retry_delay(*attempts)) => {
-            return Plan::StillRejected(rejection.clone());
-        }
-        Some(Entry::Rejected {
+    if let Some(entry) = ledger.entries.get(key)
+        && let Entry::Rejected {
             hash: refused,
             rejection,
             ..
-        }) if refused == hash => {
-            return Plan::Apply(format!(
+        } = entry
+        && refused == hash
+    {
+        return match entry.retry_at() {
+            Some(due) if now >= due => Plan::Apply(format!(
                 "sending again after a refusal that may pass now: {rejection}"
-            ));
-        }
+            )),
+            _ => Plan::StillRejected(rejection.clone()),
+        };
+    }
+    match ledger.entries.get_mut(key) {
         Some(Entry::Written {
             hash: sent,
             before,

@@ -92,10 +92,6 @@ impl<V: View> ViewCache<V> {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    pub fn is_ready(&self) -> bool {
-        *self.ready.borrow()
-    }
-
     pub fn snapshot(&self) -> Vec<V> {
         self.items
             .read()

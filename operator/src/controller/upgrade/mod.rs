@@ -147,9 +147,9 @@ impl UpgradePod {
         UpgradePod {
             name: pod.name_any(),
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            driver: is_driver
-                .then(|| owner.map(|uid| (uid, pod.labels().get(REVISION_HASH_LABEL).cloned())))
-                .flatten(),
+            driver: owner
+                .filter(|_| is_driver)
+                .map(|uid| (uid, pod.labels().get(REVISION_HASH_LABEL).cloned())),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             ready: pod_ready(pod),
             failing: pod_failing(pod),
@@ -244,8 +244,12 @@ pub fn cached_facts(
 /// Completes `facts` from the live nodes: cordon and readiness, and labels and annotations as
 /// they are now (the cache may not show the last pass's writes yet).
 fn with_live(mut facts: Vec<NodeFacts>, live: &[Node]) -> Vec<NodeFacts> {
+    let live: BTreeMap<&str, &Node> = live
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
     for f in &mut facts {
-        let Some(node) = live.iter().find(|n| n.name_any() == f.name) else {
+        let Some(node) = live.get(f.name.as_str()) else {
             continue;
         };
         f.state = node
@@ -649,14 +653,21 @@ async fn announce(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
         action: "DriverUpgrade".to_owned(),
         secondary: None,
     };
-    let node = ObjectReference {
+    if let Err(e) = recorder.publish(&event, &node_reference(&facts.name)).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+/// The node an event is about, with the kubelet's convention for node events: the uid is the
+/// node's name. `kubectl describe node` looks events up by the node's uid and by its name as
+/// uid; an event without a uid matches neither.
+fn node_reference(name: &str) -> ObjectReference {
+    ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Node".to_owned()),
-        name: Some(facts.name.clone()),
+        name: Some(name.to_owned()),
+        uid: Some(name.to_owned()),
         ..ObjectReference::default()
-    };
-    if let Err(e) = recorder.publish(&event, &node).await {
-        tracing::warn!(error = %e, "publishing event failed");
     }
 }
 
@@ -710,6 +721,15 @@ mod cache_tests {
             labels.insert(STATE_LABEL.to_owned(), state.to_owned());
         }
         NodeView::from_labels(name, None, &labels)
+    }
+
+    #[test]
+    fn node_events_name_the_node_as_kubectl_describe_finds_them() {
+        let r = node_reference("gpu-1");
+        assert_eq!(
+            (r.kind.as_deref(), r.name.as_deref(), r.uid.as_deref()),
+            (Some("Node"), Some("gpu-1"), Some("gpu-1"))
+        );
     }
 
     #[test]
