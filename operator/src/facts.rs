@@ -3,6 +3,7 @@
 //! `render` subcommand fills it from flags, so rendering never needs a client (decision 3).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
@@ -100,7 +101,7 @@ pub struct ClusterFacts {
     pub driver_config_maps: BTreeMap<String, ConfigMapData>,
     /// The GPU nodes (NFD's GPU label or our `nvidia.com/gpu.present`), with the labels the
     /// operator reads; empty for `gpu-operator render`.
-    pub gpu_nodes: Vec<NodeView>,
+    pub gpu_nodes: Vec<Arc<NodeView>>,
     /// Image fallbacks from the operator's environment (`DRIVER_IMAGE`, ...), for OLM.
     pub image_env: BTreeMap<String, String>,
 }

@@ -8,6 +8,13 @@ use gpu_operator::cli::Cli;
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// jemalloc, configured in `.cargo/config.toml`: glibc's malloc kept what each burst of watch
+/// events allocated (its arenas only shrink from the top), so the resident memory after a
+/// rollout grew with the fleet although the live heap did not (bench/results/README.md).
+#[cfg(all(not(feature = "dhat-heap"), not(target_env = "msvc")))]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     // Written to `DHAT_OUT` (default `dhat-heap.json`) when `main` returns, after a SIGTERM.
     #[cfg(feature = "dhat-heap")]

@@ -16,7 +16,7 @@
 //! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -113,7 +113,7 @@ pub async fn served(client: &Client) -> bool {
 }
 
 /// The ClusterPolicy whose device plugin would hand out the same GPUs, with a message.
-fn conflict(policy: Option<&ClusterPolicy>, nodes: &[NodeView]) -> Option<String> {
+fn conflict(policy: Option<&ClusterPolicy>, nodes: &[Arc<NodeView>]) -> Option<String> {
     let policy = policy.filter(|p| p.metadata.deletion_timestamp.is_none())?;
     if !policy.spec.is_enabled(Component::DevicePlugin) {
         return None;
@@ -134,7 +134,7 @@ fn conflict(policy: Option<&ClusterPolicy>, nodes: &[NodeView]) -> Option<String
 pub fn policy_note(
     clusters: Option<&Store<DeserializeGuard<GPUCluster>>>,
     policy: &ClusterPolicy,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
 ) -> Option<String> {
     let clusters = clusters?;
     let cluster = clusters
@@ -267,7 +267,11 @@ async fn dry_run_classes(
 /// Label stage: GPU nodes get NVIDIA's `nvidia.com/gpu.deploy.dra-driver=true` where no value is
 /// set (a user's `false` is respected), with a merge patch on the node's resource version.
 /// Returns how many patches the cache has not shown yet.
-async fn label_nodes(client: &Client, memory: &Memory, nodes: &[NodeView]) -> Result<usize, Error> {
+async fn label_nodes(
+    client: &Client,
+    memory: &Memory,
+    nodes: &[Arc<NodeView>],
+) -> Result<usize, Error> {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let mut in_flight = 0;
     for node in nodes {

@@ -5,7 +5,7 @@
 //! too, the node's newer version arrives through the watch and a pass shortly after retries.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -63,7 +63,7 @@ impl Attempts {
 
     /// How many of `nodes` (a snapshot) were patched at exactly the version the snapshot shows:
     /// writes of ours the snapshot does not reflect.
-    pub fn in_flight(&self, nodes: &[NodeView]) -> usize {
+    pub fn in_flight(&self, nodes: &[Arc<NodeView>]) -> usize {
         nodes
             .iter()
             .filter(|n| self.at_version.get(&n.name) == Some(&n.resource_version))
@@ -166,7 +166,7 @@ pub struct Labelling {
 /// bounded share of the fleet per grace window instead of all of it.
 pub async fn label_nodes(
     client: &Client,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
     loss: &Mutex<GpuLabelLoss>,
     attempts: &Mutex<Attempts>,
     grace: Duration,

@@ -53,7 +53,7 @@ use serde_json::json;
 
 pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
-use stores::Stores;
+use stores::{Stores, Wake};
 
 use crate::api::{ClusterPolicy, ClusterPolicyStatus, State};
 use crate::metrics::{Metrics, ReconciliationStatus};
@@ -172,6 +172,8 @@ pub struct Context {
     /// What the active policy's last pass validated and resolved (by policy uid): the pools
     /// render from it.
     last_policy_pass: Mutex<Option<PolicyPass>>,
+    /// The pass under way stopped after its apply stage for a user's change (run_pass).
+    preempted: std::sync::atomic::AtomicBool,
 }
 
 /// The active policy's validated form and facts from its last pass.
@@ -234,6 +236,9 @@ async fn patch_status(
     Ok(())
 }
 
+/// How long a pass woken by cluster churn waits for the rest of its burst.
+const COALESCE: Duration = Duration::from_millis(20);
+
 /// How soon a pass that wrote something looks again if no watch event comes first.
 const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
 
@@ -243,6 +248,7 @@ type Requeue = Option<Duration>;
 async fn reconcile(
     guard: &DeserializeGuard<ClusterPolicy>,
     ctx: &Context,
+    user_changes: Option<UserChanges>,
 ) -> Result<Requeue, Error> {
     let started = Instant::now();
     let Ok(policy) = guard.0.as_ref() else {
@@ -296,7 +302,7 @@ async fn reconcile(
         return Ok(None);
     }
 
-    let result = run_pass(policy, ctx, now.clone()).await;
+    let result = run_pass(policy, ctx, now.clone(), user_changes).await;
     ctx.metrics.observe_reconcile(started.elapsed());
     match result {
         Ok(action) => Ok(action),
@@ -380,16 +386,27 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 /// Labelling and applying run side by side: the DaemonSets select their nodes by the deploy
 /// labels whichever lands first, and a thousand label patches must not hold back the ~60
 /// operand objects (nor the other way round). Both work on the same node snapshot.
-async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Requeue, Error> {
+async fn run_pass(
+    policy: &ClusterPolicy,
+    ctx: &Context,
+    now: Time,
+    user_changes: Option<UserChanges>,
+) -> Result<Requeue, Error> {
+    let mut watch = Stopwatch::start();
     let nodes = ctx.stores.nodes.snapshot();
     ensure_namespace(policy, ctx).await?;
+    watch.lap("snapshot");
     let render_and_apply = async {
+        let mut watch = Stopwatch::start();
         let resolved = (ctx.resolver)
             .resolve(policy, &ctx.stores, &nodes)
             .await
             .map_err(Error::Resolve)?;
+        watch.lap("resolve");
         let validated = validate::validate(policy, &resolved.facts);
+        watch.lap("validate");
         let desired = render::render(&validated, &resolved.facts);
+        watch.lap("render");
         if let Ok(mut last) = ctx.last_policy_pass.lock() {
             *last = Some(PolicyPass {
                 uid: policy.metadata.uid.clone(),
@@ -401,77 +418,143 @@ async fn run_pass(policy: &ClusterPolicy, ctx: &Context, now: Time) -> Result<Re
             return Ok(None);
         }
         let applied = apply(policy, ctx, &desired).await?;
-        Ok::<_, Error>(Some((resolved, validated, desired, applied)))
+        watch.lap("apply");
+        Ok::<_, Error>(Some((resolved, validated, desired, applied, watch)))
     };
     // Rendering and applying go first: a user's change reaches its first write before the
     // label stage's walk over every node (which needs no API call when nothing changed, so
     // it would otherwise run to its end before the apply started).
     let (applied, labelled) = tokio::join!(biased; render_and_apply, label(policy, ctx, &nodes));
     let labelled = labelled?;
-    let Some((resolved, validated, desired, applied)) = applied? else {
+    let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
         return Ok(None);
     };
-    let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
-    let upgrades = upgrade_drivers(policy, ctx, &observed, &nodes).await?;
-    let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &nodes);
-    let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
-    let notes: Vec<String> = validated
-        .notes
-        .iter()
-        .chain(&resolved.notes)
-        .cloned()
-        .chain(
-            ctx.nfd_crds_read_only
-                .load(Ordering::Relaxed)
-                .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
-        )
-        .chain(gpu_cluster::policy_note(
-            ctx.gpu_clusters.as_ref(),
-            policy,
-            &nodes,
-        ))
-        .chain(nvidia_driver::policy_note(
-            policy,
-            ctx.nvidia_drivers.is_some(),
-            &nodes,
-        ))
-        .collect();
-    let status = status::compute(&status::StatusInputs {
-        generation: policy.metadata.generation,
-        namespace: &ctx.settings.namespace,
-        desired: &desired,
-        daemon_sets: &observed.daemon_sets,
-        deployments: &observed.deployments,
-        nodes: &nodes,
-        failures: &ctx
-            .resolver
-            .discovered
-            .coexistence_problems(ctx.nvidia.holder().as_deref()),
-        config_problems: &validated.reported,
-        notes: &notes,
-        warnings: labelled.label_loss_warning.as_slice(),
-        unsupported: &unsupported_lines(&policy.spec),
-        diagnoses: &observed.diagnoses,
-        rejected: &applied.rejected,
-        unsettled: &applied.unsettled(),
-        labels_in_flight: labelled.in_flight,
-        explained: &explained,
-        driver_upgrade: upgrades.summary.as_ref(),
-        previous: policy.status.as_ref(),
-        now,
-    });
-    report_status(policy, ctx, &status, &nodes).await?;
-    let again = requeue(
-        ctx,
-        &status,
-        &desired,
-        &applied,
-        &labelled,
-        mismatched.len() > explained.len(),
-    );
-    // A node between upgrade states moves on as soon as the cluster shows its last step.
-    let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
-    Ok(again.into_iter().chain(upgrading).min())
+    watch.lap("label");
+    let rest = async {
+        let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
+        watch.lap("observe");
+        let upgrades = upgrade_drivers(policy, ctx, &observed, &nodes).await?;
+        watch.lap("upgrade");
+        let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &nodes);
+        let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
+        let notes: Vec<String> = validated
+            .notes
+            .iter()
+            .chain(&resolved.notes)
+            .cloned()
+            .chain(
+                ctx.nfd_crds_read_only
+                    .load(Ordering::Relaxed)
+                    .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
+            )
+            .chain(gpu_cluster::policy_note(
+                ctx.gpu_clusters.as_ref(),
+                policy,
+                &nodes,
+            ))
+            .chain(nvidia_driver::policy_note(
+                policy,
+                ctx.nvidia_drivers.is_some(),
+                &nodes,
+            ))
+            .collect();
+        let status = status::compute(&status::StatusInputs {
+            generation: policy.metadata.generation,
+            namespace: &ctx.settings.namespace,
+            desired: &desired,
+            daemon_sets: &observed.daemon_sets,
+            deployments: &observed.deployments,
+            nodes: &nodes,
+            failures: &ctx
+                .resolver
+                .discovered
+                .coexistence_problems(ctx.nvidia.holder().as_deref()),
+            config_problems: &validated.reported,
+            notes: &notes,
+            warnings: labelled.label_loss_warning.as_slice(),
+            unsupported: &unsupported_lines(&policy.spec),
+            diagnoses: &observed.diagnoses,
+            rejected: &applied.rejected,
+            unsettled: &applied.unsettled(),
+            labels_in_flight: labelled.in_flight,
+            explained: &explained,
+            driver_upgrade: upgrades.summary.as_ref(),
+            previous: policy.status.as_ref(),
+            now,
+        });
+        report_status(policy, ctx, &status, &nodes).await?;
+        watch.lap("status");
+        tracing::debug!(
+            target: PASS_TIMING,
+            nodes = nodes.len(),
+            render_and_apply = %apply_watch,
+            rest = %watch,
+            "policy pass"
+        );
+        let again = requeue(
+            ctx,
+            &status,
+            &desired,
+            &applied,
+            &labelled,
+            mismatched.len() > explained.len(),
+        );
+        // A node between upgrade states moves on as soon as the cluster shows its last step.
+        let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
+        Ok::<_, Error>(again.into_iter().chain(upgrading).min())
+    };
+    // What follows the apply (observe, upgrade, status) is redone by the next pass: a user's
+    // change that arrives meanwhile does not wait for it.
+    let Some(mut changes) = user_changes else {
+        return rest.await;
+    };
+    tokio::select! {
+        biased;
+        done = rest => done,
+        Ok(()) = changes.changed() => {
+            tracing::debug!(target: PASS_TIMING, "a user's change arrived: the pass stops after its apply stage");
+            ctx.preempted.store(true, Ordering::Relaxed);
+            Ok(Some(Duration::ZERO))
+        }
+    }
+}
+
+/// Tells of users' changes (stores::Wake::Now) by a counter; a pass holds a receiver that has
+/// seen the count at its start.
+type UserChanges = tokio::sync::watch::Receiver<u64>;
+
+/// The log target of per-stage pass timings (debug): where a change's latency goes.
+const PASS_TIMING: &str = "gpu_operator::controller::timing";
+
+/// Milliseconds per stage of one pass, for the [`PASS_TIMING`] log.
+struct Stopwatch {
+    last: Instant,
+    laps: Vec<(&'static str, Duration)>,
+}
+
+impl Stopwatch {
+    fn start() -> Self {
+        Stopwatch {
+            last: Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, stage: &'static str) {
+        let now = Instant::now();
+        self.laps.push((stage, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Stopwatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (stage, took)) in self.laps.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{stage}={:.1}ms", took.as_secs_f64() * 1000.0)?;
+        }
+        Ok(())
+    }
 }
 
 /// How soon a pass looks again while a driver upgrade is under way (evictions and pod
@@ -484,7 +567,7 @@ async fn upgrade_drivers(
     policy: &ClusterPolicy,
     ctx: &Context,
     observed: &observe::Observed,
-    nodes: &[crate::nodes::NodeView],
+    nodes: &[Arc<crate::nodes::NodeView>],
 ) -> Result<upgrade::Report, Error> {
     if ctx.nvidia.holder().is_some() || !still_in_force(ctx, policy) {
         return Ok(upgrade::Report::default());
@@ -531,7 +614,7 @@ struct Labelled {
 async fn label(
     policy: &ClusterPolicy,
     ctx: &Context,
-    nodes: &[crate::nodes::NodeView],
+    nodes: &[Arc<crate::nodes::NodeView>],
 ) -> Result<Labelled, Error> {
     if ctx.nvidia.holder().is_some() {
         // NVIDIA's operator labels the same keys: leave the nodes to it (decision 14).
@@ -650,7 +733,7 @@ async fn report_status(
     policy: &ClusterPolicy,
     ctx: &Context,
     status: &ClusterPolicyStatus,
-    nodes: &[crate::nodes::NodeView],
+    nodes: &[Arc<crate::nodes::NodeView>],
 ) -> Result<(), Error> {
     ctx.metrics.observe_state(
         nodes.iter().filter(|n| n.is_gpu_node()).count(),
@@ -817,7 +900,9 @@ async fn reconcile_nvidia_drivers(
 }
 
 /// One pass over every policy and GPUCluster: when to look again, and whether any failed.
-async fn pass(ctx: &Context) -> (Option<Duration>, bool) {
+/// With `user_changes`, the active policy's pass may stop after its apply stage for a user's
+/// change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at once).
+async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Duration>, bool) {
     let mut next: Option<Duration> = None;
     let mut failed = false;
     if ctx.policies.is_empty() {
@@ -825,7 +910,7 @@ async fn pass(ctx: &Context) -> (Option<Duration>, bool) {
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
     }
     for guard in ctx.policies.state() {
-        match reconcile(&guard, ctx).await {
+        match reconcile(&guard, ctx, user_changes.clone()).await {
             Ok(requeue) => next = next.into_iter().chain(requeue).min(),
             Err(e) => {
                 // Counted here, once, for the active and the ignored policies alike.
@@ -833,6 +918,9 @@ async fn pass(ctx: &Context) -> (Option<Duration>, bool) {
                 failed = true;
             }
         }
+    }
+    if ctx.preempted.load(Ordering::Relaxed) {
+        return (next, failed);
     }
     let active = active_policy(&ctx.policies);
     let nvidia_holder = ctx.nvidia.holder();
@@ -906,13 +994,15 @@ pub async fn run(
         Api::<DeserializeGuard<ClusterPolicy>>::all(watch_client.clone()),
         watcher::Config::default(),
     );
-    let mut triggers = futures::stream::select(triggers, policy_changes).boxed();
+    // A policy's spec is the user's to change: its changes go first (stores::Wake).
+    let mut triggers =
+        futures::stream::select(triggers, policy_changes.map(|()| Wake::Now)).boxed();
     let gpu_clusters = if gpu_cluster::served(&client).await {
         let (clusters, changes) = stores::watched_specs(
             Api::<DeserializeGuard<crate::api::GPUCluster>>::all(watch_client.clone()),
             watcher::Config::default(),
         );
-        triggers = futures::stream::select(triggers, changes).boxed();
+        triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
         Some(clusters)
     } else {
         tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
@@ -923,7 +1013,7 @@ pub async fn run(
             Api::<DeserializeGuard<crate::api::NVIDIADriver>>::all(client.clone()),
             watcher::Config::default(),
         );
-        triggers = futures::stream::select(triggers, changes).boxed();
+        triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
         Some(drivers)
     } else {
         tracing::info!("the NVIDIADriver CRD is not served; NVIDIADrivers are not watched");
@@ -954,6 +1044,9 @@ pub async fn run(
     );
 
     let wake = Arc::new(tokio::sync::Notify::new());
+    // Counts users' changes (stores::Wake::Now), besides leaving `wake`: one cuts the
+    // coalescing wait, and stops a pass under way after its apply stage.
+    let (user_change, mut user_changes) = tokio::sync::watch::channel(0u64);
     let nvidia = coexist::NvidiaOperator::fixed(discovered.nvidia_operator.clone());
     let _nvidia_watch = {
         let (nvidia, wake, client) = (nvidia.clone(), wake.clone(), watch_client.clone());
@@ -997,6 +1090,7 @@ pub async fn run(
         nvidia_drivers,
         nvidia_driver: nvidia_driver::Memory::default(),
         last_policy_pass: Mutex::default(),
+        preempted: std::sync::atomic::AtomicBool::new(false),
     };
 
     // The watches run on their own task, so the caches stay current while a pass runs (a pass
@@ -1006,8 +1100,11 @@ pub async fn run(
     let _watches = {
         let (wake, health) = (wake.clone(), health.clone());
         AbortOnDrop(tokio::spawn(async move {
-            while triggers.next().await.is_some() {
+            while let Some(how) = triggers.next().await {
                 health.work_arrived();
+                if how == Wake::Now {
+                    user_change.send_modify(|n| *n += 1);
+                }
                 wake.notify_one();
             }
             let _ = ended_tx.send(());
@@ -1030,15 +1127,32 @@ pub async fn run(
             () = wake.notified() => {},
             () = sleep => health.work_arrived(),
         }
+        let woke = Instant::now();
         // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
-        // one pass: give stragglers a moment, then take the wake-up they left.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // one pass: give stragglers a moment, then take the wake-up they left. A user's change
+        // among them starts the pass at once.
+        if !user_changes.has_changed().unwrap_or(false) {
+            tokio::select! {
+                () = tokio::time::sleep(COALESCE) => {},
+                _ = user_changes.changed() => {},
+            }
+        }
+        user_changes.mark_unchanged();
         let _ = wake.notified().now_or_never();
+        // A pass may give way to a user's change, but not twice in a row: the stages after the
+        // apply (driver upgrades, status) must run even while a user keeps changing things.
+        let preemptible = !ctx.preempted.swap(false, Ordering::Relaxed);
 
         // Readiness after the first pass, liveness while passes end (crate::health).
         health.pass_started();
+        tracing::debug!(target: PASS_TIMING, waited_ms = woke.elapsed().as_secs_f64() * 1000.0, "pass started");
         let deadline = ctx.settings.pass_deadline;
-        let (mut next, failed) = match tokio::time::timeout(deadline, pass(&ctx)).await {
+        let (mut next, failed) = match tokio::time::timeout(
+            deadline,
+            pass(&ctx, preemptible.then(|| user_changes.clone())),
+        )
+        .await
+        {
             Ok(outcome) => outcome,
             Err(_) => {
                 tracing::error!(deadline = ?deadline, "a reconcile pass ran past its deadline; abandoned, retrying with backoff");

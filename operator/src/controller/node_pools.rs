@@ -5,7 +5,7 @@
 //! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -85,7 +85,7 @@ async fn bring(
 /// to look again after a conflict, if one happened.
 pub async fn reconcile_nodes(
     client: &Client,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
     spec: &ClusterPolicySpec,
     attempts: &Mutex<Attempts>,
 ) -> Result<Option<Instant>, kube::Error> {

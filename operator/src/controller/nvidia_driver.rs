@@ -23,7 +23,7 @@
 //!   pool that is not ready looks again after a while).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -135,7 +135,11 @@ fn not_in_use(ctx: &Pass<'_>) -> Option<String> {
 
 /// The line a ClusterPolicy's status carries with `useNvidiaDriverCRD`: which GPU nodes run an
 /// NVIDIADriver pool's driver, and which keep the policy's own.
-pub fn policy_note(policy: &ClusterPolicy, served: bool, nodes: &[NodeView]) -> Option<String> {
+pub fn policy_note(
+    policy: &ClusterPolicy,
+    served: bool,
+    nodes: &[Arc<NodeView>],
+) -> Option<String> {
     if !driver::uses_nvidia_driver_crd(&policy.spec) {
         return None;
     }
@@ -149,6 +153,7 @@ pub fn policy_note(policy: &ClusterPolicy, served: bool, nodes: &[NodeView]) -> 
     let gpu: Vec<&NodeView> = nodes
         .iter()
         .filter(|n| n.is_gpu_node() && n.label(DEPLOY_OPERANDS) != Some("false"))
+        .map(Arc::as_ref)
         .collect();
     let mut pools: BTreeMap<&str, usize> = BTreeMap::new();
     let mut own = Vec::new();
@@ -330,10 +335,10 @@ fn runs_on(ds: &k8s_openapi::api::apps::v1::DaemonSet, node: &NodeView) -> bool 
 async fn select(
     client: &Client,
     d: &NVIDIADriver,
-    nodes: &[NodeView],
-) -> Result<Vec<NodeView>, Error> {
+    nodes: &[Arc<NodeView>],
+) -> Result<Vec<Arc<NodeView>>, Error> {
     let selector = pool::selector(&d.spec);
-    let gpu = |n: &&NodeView| n.is_gpu_node() && n.label(DEPLOY_OPERANDS) != Some("false");
+    let gpu = |n: &&Arc<NodeView>| n.is_gpu_node() && n.label(DEPLOY_OPERANDS) != Some("false");
     let names: BTreeSet<String> = if selector.keys().all(|k| crate::nodes::is_read_label(k)) {
         nodes
             .iter()
@@ -359,10 +364,11 @@ async fn select(
         .filter(gpu)
         .filter(|n| names.contains(&n.name))
         .map(|n| {
-            let mut n = n.clone();
+            // The pool's selector as labels: copied only for the pool's nodes.
+            let mut n = NodeView::clone(n);
             n.labels
                 .extend(selector.iter().map(|(k, v)| (k.clone(), v.clone())));
-            n
+            Arc::new(n)
         })
         .collect())
 }
@@ -373,7 +379,7 @@ fn pool_facts(
     ctx: &Pass<'_>,
     policy: &ClusterFacts,
     d: &NVIDIADriver,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
 ) -> ClusterFacts {
     let (os_pools, _) = crate::operands::driver_os::pools(nodes);
     let as_driver = crate::api::DriverSpec {
@@ -416,7 +422,7 @@ fn pool_facts(
 /// driver operand's own checks. Returns the pool and its problems.
 fn validate(
     d: &NVIDIADriver,
-    nodes: Vec<NodeView>,
+    nodes: Vec<Arc<NodeView>>,
     facts: &ClusterFacts,
     env: &BTreeMap<String, String>,
 ) -> (ValidatedNvidiaDriver, Vec<String>) {
@@ -563,7 +569,7 @@ async fn report(
 /// has not shown yet.
 async fn label_nodes(
     client: &Client,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
     wanted: &BTreeMap<String, String>,
 ) -> Result<usize, Error> {
     let api: Api<Node> = Api::all(client.clone());

@@ -2,7 +2,7 @@
 //! are read from nodes on demand and cached; optional APIs are discovered once at start-up.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -168,7 +168,7 @@ async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Err
 /// NFD master annotated while ours is not deployed.
 fn nfd_already_running(
     foreign: Option<&str>,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
     ours_deployed: bool,
 ) -> Option<String> {
     if let Some(workload) = foreign {
@@ -217,9 +217,9 @@ impl Resolver {
         &self,
         policy: &ClusterPolicy,
         stores: &Stores,
-        nodes: &[NodeView],
+        nodes: &[Arc<NodeView>],
     ) -> Result<Resolved, kube::Error> {
-        let gpu_nodes: Vec<&NodeView> = nodes
+        let gpu_nodes: Vec<&Arc<NodeView>> = nodes
             .iter()
             .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
             .collect();
@@ -291,7 +291,7 @@ impl Resolver {
                 "node-feature-discovery is not deployed: NFD already runs ({why})"
             ));
         }
-        let gpu_owned: Vec<NodeView> = gpu_nodes.into_iter().cloned().collect();
+        let gpu_owned: Vec<Arc<NodeView>> = gpu_nodes.into_iter().cloned().collect();
         let facts = ClusterFacts {
             namespace: self.namespace.clone(),
             owner: owner_reference(policy),
@@ -355,7 +355,7 @@ impl Resolver {
 
     /// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU
     /// node's, else containerd. Nodes are read one at a time and only until containerd is seen.
-    async fn cluster_runtime(&self, gpu_nodes: &[&NodeView]) -> Result<Runtime, kube::Error> {
+    async fn cluster_runtime(&self, gpu_nodes: &[&Arc<NodeView>]) -> Result<Runtime, kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut first = None;
         for node in gpu_nodes {
@@ -418,13 +418,13 @@ mod tests {
     use super::*;
     use crate::nodes::{OS_ID, OS_VERSION_ID};
 
-    fn view(name: &str, id: &str, version: &str) -> NodeView {
+    fn view(name: &str, id: &str, version: &str) -> Arc<NodeView> {
         let labels = [
             (OS_ID.to_string(), id.to_string()),
             (OS_VERSION_ID.to_string(), version.to_string()),
         ]
         .into();
-        NodeView::from_labels(name, None, &labels)
+        Arc::new(NodeView::from_labels(name, None, &labels))
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! status. The controller patches it only when it differs from the stored one.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -40,7 +41,7 @@ pub struct StatusInputs<'a> {
     pub desired: &'a DesiredState,
     pub daemon_sets: &'a BTreeMap<String, DaemonSet>,
     pub deployments: &'a BTreeMap<String, Deployment>,
-    pub nodes: &'a [NodeView],
+    pub nodes: &'a [Arc<NodeView>],
     /// Problems found while resolving or applying (reconcile failed when non-empty).
     pub failures: &'a [String],
     /// Invalid configs of operands that still render (with their last good config): reported
@@ -122,11 +123,22 @@ fn daemonset_readiness(
             counts.desired
         ));
     }
+    // Pods of an older template still running. Not `desired - updated`: while the DaemonSet
+    // controller is still creating the first pods (thousands of nodes), the pods not yet made
+    // are not old ones, and calling that "rolling out" or "upgrade pending" misleads.
+    let old_pods = (status.current_number_scheduled - counts.updated).max(0);
     if !on_delete && counts.updated < counts.desired {
-        problems.push(format!(
-            "rolling out: {} of {} pods updated",
-            counts.updated, counts.desired
-        ));
+        problems.push(if old_pods > 0 {
+            format!(
+                "rolling out: {} of {} pods updated",
+                counts.updated, counts.desired
+            )
+        } else {
+            format!(
+                "{} of {} pods created",
+                status.current_number_scheduled, counts.desired
+            )
+        });
     }
     if let Some(labelled) = labelled
         && labelled != counts.desired
@@ -145,11 +157,8 @@ fn daemonset_readiness(
     } else {
         problems.join("; ")
     };
-    if on_delete && counts.updated < counts.desired {
-        message.push_str(&format!(
-            "; upgrade pending on {} nodes",
-            counts.desired - counts.updated
-        ));
+    if on_delete && old_pods > 0 {
+        message.push_str(&format!("; upgrade pending on {old_pods} nodes"));
     }
     (
         counts,
@@ -221,7 +230,7 @@ fn condition(
 }
 
 /// GPU nodes labelled for `operand` (`None` for operands without a deploy label).
-fn labelled_for_operand(operand: Operand, nodes: &[NodeView]) -> Option<i32> {
+fn labelled_for_operand(operand: Operand, nodes: &[Arc<NodeView>]) -> Option<i32> {
     operand.deploy_label().map(|_| {
         nodes
             .iter()
@@ -232,7 +241,11 @@ fn labelled_for_operand(operand: Operand, nodes: &[NodeView]) -> Option<i32> {
 
 /// GPU nodes that carry every label the rendered DaemonSet selects on (the deploy label, and
 /// e.g. mps.capable for the MPS daemon).
-fn labelled_for_daemonset(operand: Operand, ds: &DaemonSet, nodes: &[NodeView]) -> Option<i32> {
+fn labelled_for_daemonset(
+    operand: Operand,
+    ds: &DaemonSet,
+    nodes: &[Arc<NodeView>],
+) -> Option<i32> {
     let labelled = labelled_for_operand(operand, nodes)?;
     let selector = ds
         .spec
@@ -289,7 +302,7 @@ fn affinity_allows(ds: &DaemonSet, node: &NodeView) -> bool {
 pub fn label_mismatches(
     desired: &DesiredState,
     daemon_sets: &BTreeMap<String, DaemonSet>,
-    nodes: &[NodeView],
+    nodes: &[Arc<NodeView>],
 ) -> std::collections::BTreeSet<String> {
     let mut mismatched = std::collections::BTreeSet::new();
     for state in &desired.operands {
@@ -672,6 +685,7 @@ mod tests {
             status: Some(DaemonSetStatus {
                 observed_generation: Some(2),
                 desired_number_scheduled: desired,
+                current_number_scheduled: desired,
                 updated_number_scheduled: Some(updated),
                 number_available: Some(available),
                 number_ready: available,
@@ -728,6 +742,26 @@ mod tests {
         let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3), false);
         assert!(r.ready);
         assert_eq!(r.message, "3/3 pods ready; upgrade pending on 2 nodes");
+    }
+
+    #[test]
+    fn pods_not_yet_created_are_neither_a_rollout_nor_a_pending_upgrade() {
+        // The DaemonSet controller has made 3,510 of 4,608 pods of the first template.
+        let mut d = ds("RollingUpdate", 4608, 3510, 3000);
+        d.status.as_mut().unwrap().current_number_scheduled = 3510;
+        let (_, r) = daemonset_readiness(&d, None, false);
+        assert!(!r.ready);
+        assert_eq!(
+            r.message,
+            "1608 of 4608 pods not available; 3510 of 4608 pods created"
+        );
+        let mut d = ds("OnDelete", 4608, 3510, 3510);
+        d.status.as_mut().unwrap().current_number_scheduled = 3510;
+        let (_, r) = daemonset_readiness(&d, None, false);
+        assert!(!r.message.contains("upgrade pending"), "{}", r.message);
+        // Once old pods exist, both say so.
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 1, 3), None, false);
+        assert_eq!(r.message, "rolling out: 1 of 3 pods updated");
     }
 
     #[test]

@@ -31,6 +31,17 @@ use super::upgrade::{UPGRADE_POD_SELECTORS, UpgradePod};
 use crate::model::{Kind, MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
 
+/// How soon a watch event should start a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A user's change (a policy's spec, a ConfigMap of theirs): a pass starts at once (its
+    /// latency is what the user waits on).
+    Now,
+    /// Cluster churn (a DaemonSet's counts, node labels, our own writes): a pass starts after a
+    /// short wait that gathers the rest of the burst.
+    Soon,
+}
+
 /// One cached object, reduced to what the operator reads of it.
 pub trait View: Clone + Send + Sync + 'static {
     /// The cache key (the object's name).
@@ -69,7 +80,9 @@ impl View for UpgradePod {
 /// full object nor a list page outlives the event.
 #[derive(Clone)]
 pub struct ViewCache<V> {
-    items: Arc<RwLock<BTreeMap<String, V>>>,
+    /// Each view behind an `Arc`: a pass's snapshot shares them (a thousand nodes' label maps
+    /// are not cloned for every pass).
+    items: Arc<RwLock<BTreeMap<String, Arc<V>>>>,
     ready: tokio::sync::watch::Sender<bool>,
 }
 
@@ -92,7 +105,7 @@ impl<V: View> ViewCache<V> {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    pub fn snapshot(&self) -> Vec<V> {
+    pub fn snapshot(&self) -> Vec<Arc<V>> {
         self.items
             .read()
             .map(|n| n.values().cloned().collect())
@@ -113,7 +126,7 @@ impl<V: View> ViewCache<V> {
         &self,
         event: Event<K>,
         view: impl Fn(&K) -> V,
-        pending: &mut Option<BTreeMap<String, V>>,
+        pending: &mut Option<BTreeMap<String, Arc<V>>>,
     ) -> bool {
         let Ok(mut items) = self.items.write() else {
             return false;
@@ -126,7 +139,7 @@ impl<V: View> ViewCache<V> {
             Event::InitApply(o) => {
                 let v = view(&o);
                 if let Some(p) = pending.as_mut() {
-                    p.insert(v.key().to_owned(), v);
+                    p.insert(v.key().to_owned(), Arc::new(v));
                 }
                 false
             }
@@ -140,7 +153,7 @@ impl<V: View> ViewCache<V> {
             Event::Apply(o) => {
                 let v = view(&o);
                 let wakes = items.get(v.key()).is_none_or(|old| v.wakes(old));
-                items.insert(v.key().to_owned(), v);
+                items.insert(v.key().to_owned(), Arc::new(v));
                 wakes
             }
             Event::Delete(o) => items.remove(view(&o).key()).is_some(),
@@ -385,6 +398,44 @@ where
     (reader, stream)
 }
 
+/// Every ConfigMap of the operator namespace: users' ConfigMaps (the sharing config a policy
+/// names) and ours. A change to a user's is a user's change ([`Wake::Now`]); our own writes
+/// (labelled [`MANAGED_BY_LABEL`]) are not.
+fn config_maps(api: Api<ConfigMap>) -> (Store<ConfigMap>, BoxStream<'static, Wake>) {
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(event) => config_map_wake(&event),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch failed; retrying with backoff");
+                    None
+                }
+            }
+        })
+        .boxed();
+    (reader, stream)
+}
+
+/// How a ConfigMap watch event wakes the reconcile: a user's ConfigMap changing is a user's
+/// change; ours (labelled [`MANAGED_BY_LABEL`]) and the end of a relist are churn.
+fn config_map_wake(event: &Event<ConfigMap>) -> Option<Wake> {
+    let ours = |cm: &ConfigMap| {
+        cm.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .is_some_and(|v| v == MANAGER)
+    };
+    match event {
+        Event::Apply(cm) | Event::Delete(cm) if ours(cm) => Some(Wake::Soon),
+        Event::Apply(_) | Event::Delete(_) => Some(Wake::Now),
+        Event::InitDone => Some(Wake::Soon),
+        Event::Init | Event::InitApply(_) => None,
+    }
+}
+
 /// A reflector over objects of kind `K` selected by `config`, and its change stream.
 pub fn watched<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, ()>)
 where
@@ -414,11 +465,9 @@ impl Stores {
     pub fn start(
         client: &Client,
         namespace: &str,
-    ) -> (Stores, impl Stream<Item = ()> + Send + 'static) {
-        let (config_maps, cm_changes) = watched(
-            Api::<ConfigMap>::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
+    ) -> (Stores, impl Stream<Item = Wake> + Send + 'static) {
+        let (config_maps, cm_changes) =
+            config_maps(Api::<ConfigMap>::namespaced(client.clone(), namespace));
         let (daemon_sets, ds_changes) =
             managed_daemon_sets(Api::<DaemonSet>::namespaced(client.clone(), namespace));
         let (deployments, deploy_changes) =
@@ -460,7 +509,6 @@ impl Stores {
         });
 
         let mut triggers = vec![
-            cm_changes,
             ds_changes,
             deploy_changes,
             svc_changes,
@@ -473,7 +521,8 @@ impl Stores {
             node_changes,
         ];
         triggers.extend(upgrade_pod_watches);
-        let triggers = futures::stream::select_all(triggers);
+        let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);
+        let triggers = futures::stream::select(cm_changes, churn);
         let stores = Stores {
             nodes,
             upgrade_pods,
@@ -528,6 +577,23 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_users_config_map_change_wakes_at_once_and_our_own_writes_do_not() {
+        let cm = |labels: serde_json::Value| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": "c", "labels": labels}})).unwrap()
+        };
+        let users = cm(json!({}));
+        let ours = cm(json!({MANAGED_BY_LABEL: MANAGER}));
+        assert_eq!(
+            config_map_wake(&Event::Apply(users.clone())),
+            Some(Wake::Now)
+        );
+        assert_eq!(config_map_wake(&Event::Delete(users)), Some(Wake::Now));
+        assert_eq!(config_map_wake(&Event::Apply(ours)), Some(Wake::Soon));
+        assert_eq!(config_map_wake(&Event::InitDone), Some(Wake::Soon));
+        assert_eq!(config_map_wake(&Event::Init), None);
+    }
 
     fn daemon_set(generation: i64, observed: i64, updated: i32, available: i32) -> DaemonSet {
         serde_json::from_value(json!({

@@ -189,7 +189,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         let pools = driver_os::split(facts);
         return render_fleet(policy, facts, image, pools);
     }
-    let gpu = |n: &NodeView| n.is_gpu_node() || n.has_nfd_gpu();
+    let gpu = |n: &std::sync::Arc<NodeView>| n.is_gpu_node() || n.has_nfd_gpu();
     let had_gpu_nodes = facts.gpu_nodes.iter().any(gpu);
     let facts = uncovered(facts);
     // One DaemonSet per OS even for one OS, so nodes joining or leaving pools never rename

@@ -9,6 +9,7 @@
 //! an OS without a known driver image get no driver pod and are reported.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::facts::ClusterFacts;
 use crate::nodes::{NodeView, OS_ID, OS_VERSION_ID};
@@ -51,7 +52,7 @@ pub struct OsPool {
 }
 
 /// The GPU nodes by OS, and the GPU nodes whose OS has no known driver image (node, why).
-pub fn pools(gpu_nodes: &[NodeView]) -> (Vec<OsPool>, Vec<(String, String)>) {
+pub fn pools(gpu_nodes: &[Arc<NodeView>]) -> (Vec<OsPool>, Vec<(String, String)>) {
     let mut pools: BTreeMap<String, OsPool> = BTreeMap::new();
     let mut unknown = Vec::new();
     for node in gpu_nodes
@@ -94,14 +95,14 @@ pub fn pools(gpu_nodes: &[NodeView]) -> (Vec<OsPool>, Vec<(String, String)>) {
 /// (`live_tag`, its image's suffix) while GPU nodes of that OS remain, so a new OS joining the
 /// fleet never renames the DaemonSet the existing nodes run; otherwise the first GPU node's
 /// (by name) with a known OS, or with any OS.
-pub fn primary_os(gpu_nodes: &[NodeView], live_tag: Option<&str>) -> Option<String> {
+pub fn primary_os(gpu_nodes: &[Arc<NodeView>], live_tag: Option<&str>) -> Option<String> {
     let (pools, _) = pools(gpu_nodes);
     if let Some(live) = live_tag
         && pools.iter().any(|p| p.tag == live)
     {
         return Some(live.to_owned());
     }
-    let mut sorted: Vec<&NodeView> = gpu_nodes.iter().collect();
+    let mut sorted: Vec<&NodeView> = gpu_nodes.iter().map(Arc::as_ref).collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     sorted
         .iter()
@@ -162,7 +163,7 @@ pub fn report(facts: &ClusterFacts) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn node(name: &str, os: Option<(&str, &str)>) -> NodeView {
+    fn node(name: &str, os: Option<(&str, &str)>) -> Arc<NodeView> {
         let mut labels: BTreeMap<String, String> = [(
             "feature.node.kubernetes.io/pci-10de.present".to_owned(),
             "true".to_owned(),
@@ -172,7 +173,7 @@ mod tests {
             labels.insert(OS_ID.to_owned(), id.to_owned());
             labels.insert(OS_VERSION_ID.to_owned(), version.to_owned());
         }
-        NodeView::from_labels(name, None, &labels)
+        Arc::new(NodeView::from_labels(name, None, &labels))
     }
 
     #[test]

@@ -145,7 +145,8 @@ fn driver_is_invalid_without_os_and_use_nvidia_driver_crd_is_acted_on() {
 fn pooled(mut facts: ClusterFacts, pooled: &[&str]) -> ClusterFacts {
     for node in &mut facts.gpu_nodes {
         if pooled.contains(&node.name.as_str()) {
-            node.labels
+            std::sync::Arc::make_mut(node)
+                .labels
                 .insert(crate::nodes::DRIVER_POOL.to_owned(), "pool-a".to_owned());
         }
     }
@@ -218,7 +219,7 @@ fn fleet(nodes: &[(&str, Option<(&str, &str)>)], primary: &str) -> ClusterFacts 
                     (*version).to_owned(),
                 );
             }
-            crate::nodes::NodeView::from_labels(name, None, &labels)
+            std::sync::Arc::new(crate::nodes::NodeView::from_labels(name, None, &labels))
         })
         .collect();
     ClusterFacts {

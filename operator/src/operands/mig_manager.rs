@@ -349,6 +349,6 @@ fn layouts(facts: &ClusterFacts) -> Result<mig::MigConfigFile, Vec<crate::sharin
 /// their GPUs, or where mig-manager gave up (decision 7).
 pub fn report(facts: &ClusterFacts) -> Option<String> {
     let file = layouts(facts).ok()?;
-    let gpu_nodes: Vec<&NodeView> = facts.gpu_nodes.iter().collect();
+    let gpu_nodes: Vec<&NodeView> = facts.gpu_nodes.iter().map(AsRef::as_ref).collect();
     mig::node_report(&file, &gpu_nodes)
 }

@@ -13,6 +13,7 @@
 //! on), so a pool renders DaemonSets only.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -38,7 +39,7 @@ pub struct ValidatedNvidiaDriver {
     /// The driver-manager image, when the NVIDIADriver names one (else the ClusterPolicy's).
     pub manager_image: Option<String>,
     /// The GPU nodes the pool selects.
-    pub nodes: Vec<NodeView>,
+    pub nodes: Vec<Arc<NodeView>>,
 }
 
 /// The pool's node selector: `nodeSelector`, or every GPU node when it is absent or empty
@@ -424,7 +425,7 @@ mod tests {
             image: image(&spec).unwrap(),
             spec,
             manager_image: None,
-            nodes,
+            nodes: nodes.into_iter().map(Arc::new).collect(),
         }
     }
 

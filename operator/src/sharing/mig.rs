@@ -919,15 +919,18 @@ const REASONS_IN_MESSAGE: usize = 8;
 pub fn node_report(config: &MigConfigFile, nodes: &[&crate::nodes::NodeView]) -> Option<String> {
     use crate::nodes::{GPU_COUNT, GPU_PRODUCT, MIG_CONFIG_STATE};
     let mut by_reason: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    // A fleet has a handful of (layout, GPU, count) combinations over thousands of nodes: each
+    // is checked once per pass.
+    let mut checks: BTreeMap<(&str, &str, Option<&str>), Result<(), String>> = BTreeMap::new();
     for node in nodes {
         let layout = node.label(MIG_CONFIG);
         let checked = layout.map(|layout| {
-            check_node(
-                config,
-                layout,
-                node.label(GPU_PRODUCT).unwrap_or_default(),
-                node.label(GPU_COUNT),
-            )
+            let product = node.label(GPU_PRODUCT).unwrap_or_default();
+            let count = node.label(GPU_COUNT);
+            checks
+                .entry((layout, product, count))
+                .or_insert_with(|| check_node(config, layout, product, count))
+                .clone()
         });
         let reason = match checked {
             Some(Err(why))

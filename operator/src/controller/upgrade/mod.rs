@@ -17,6 +17,7 @@ pub mod machine;
 mod machine_tests;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
@@ -75,7 +76,7 @@ impl Report {
 /// every pod on its current revision and available, and every node labelled for the driver is
 /// `upgrade-done`. Then the stage's reads (driver and validator pods, GPU nodes, revisions: a
 /// thousand-node fleet's worth each) would find nothing to do.
-pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[NodeView]) -> bool {
+pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>]) -> bool {
     let drivers_settled = daemon_sets
         .values()
         .filter(|d| {
@@ -201,8 +202,8 @@ fn needs_node_status(f: &NodeFacts) -> bool {
 /// What one pass knows of each managed node, from the caches: `nodes` (labels and upgrade
 /// annotations) and `pods`. Cordon and readiness are not known here ([`needs_node_status`]).
 pub fn cached_facts(
-    nodes: &[NodeView],
-    pods: &[UpgradePod],
+    nodes: &[Arc<NodeView>],
+    pods: &[Arc<UpgradePod>],
     current: &BTreeMap<String, String>,
     validator_expected: bool,
 ) -> Vec<NodeFacts> {
@@ -279,8 +280,8 @@ pub async fn reconcile(
     namespace: &str,
     spec: &ClusterPolicySpec,
     daemon_sets: &BTreeMap<String, DaemonSet>,
-    nodes: &[NodeView],
-    pods: &[UpgradePod],
+    nodes: &[Arc<NodeView>],
+    pods: &[Arc<UpgradePod>],
     recorder: &Recorder,
 ) -> Result<Report, kube::Error> {
     if !enabled(spec) {
@@ -673,7 +674,7 @@ fn node_reference(name: &str) -> ObjectReference {
 
 /// Upgrades switched off: removes the state label and the machine's annotations from the
 /// nodes that carry the label (NVIDIA clears them too). Cordons are left as they are.
-async fn clear_labels(client: &Client, nodes: &[NodeView]) {
+async fn clear_labels(client: &Client, nodes: &[Arc<NodeView>]) {
     let api: Api<Node> = Api::all(client.clone());
     for node in nodes.iter().filter(|n| n.labels.contains_key(STATE_LABEL)) {
         let annotations: serde_json::Map<String, Value> = machine::NODE_ANNOTATIONS
@@ -697,7 +698,7 @@ mod cache_tests {
 
     use super::*;
 
-    fn pod(name: &str, node: &str, labels: Value, ready: bool) -> UpgradePod {
+    fn pod(name: &str, node: &str, labels: Value, ready: bool) -> Arc<UpgradePod> {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": labels, "creationTimestamp": "2026-11-27T08:00:00Z",
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -706,21 +707,21 @@ mod cache_tests {
             "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
         }))
         .unwrap();
-        UpgradePod::of(&pod)
+        Arc::new(UpgradePod::of(&pod))
     }
 
-    fn driver_pod(node: &str, hash: &str) -> UpgradePod {
+    fn driver_pod(node: &str, hash: &str) -> Arc<UpgradePod> {
         let labels = json!({crate::operands::common::COMPONENT_LABEL: driver::COMPONENT,
             REVISION_HASH_LABEL: hash});
         pod(&format!("driver-{node}"), node, labels, true)
     }
 
-    fn gpu_node(name: &str, state: Option<&str>) -> NodeView {
+    fn gpu_node(name: &str, state: Option<&str>) -> Arc<NodeView> {
         let mut labels = BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]);
         if let Some(state) = state {
             labels.insert(STATE_LABEL.to_owned(), state.to_owned());
         }
-        NodeView::from_labels(name, None, &labels)
+        Arc::new(NodeView::from_labels(name, None, &labels))
     }
 
     #[test]
@@ -773,7 +774,7 @@ mod cache_tests {
             gpu_node("gpu-1", None),
             gpu_node("gpu-2", Some("upgrade-done")),
             gpu_node("gpu-3", None),
-            NodeView::from_labels("cpu-1", None, &BTreeMap::new()),
+            Arc::new(NodeView::from_labels("cpu-1", None, &BTreeMap::new())),
         ];
         let pods = [
             driver_pod("gpu-1", "new"),
@@ -838,13 +839,13 @@ mod quiet_tests {
         BTreeMap::from([("nvidia-driver-daemonset".to_owned(), ds)])
     }
 
-    fn node(state: Option<&str>) -> NodeView {
+    fn node(state: Option<&str>) -> Arc<NodeView> {
         let mut labels =
             BTreeMap::from([(crate::nodes::DEPLOY_DRIVER.to_owned(), "true".to_owned())]);
         if let Some(state) = state {
             labels.insert(STATE_LABEL.to_owned(), state.to_owned());
         }
-        NodeView::from_labels("n", None, &labels)
+        Arc::new(NodeView::from_labels("n", None, &labels))
     }
 
     #[test]

@@ -238,10 +238,11 @@ pub async fn live_facts(
         )
     };
     let views: Vec<NodeView> = nodes.iter().map(view).collect();
-    let gpu_nodes: Vec<NodeView> = views
+    let gpu_nodes: Vec<std::sync::Arc<NodeView>> = views
         .iter()
         .filter(|v| v.is_gpu_node() || v.has_nfd_gpu())
         .cloned()
+        .map(std::sync::Arc::new)
         .collect();
     let runtimes: Vec<Runtime> = nodes
         .iter()

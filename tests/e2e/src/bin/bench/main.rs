@@ -421,9 +421,13 @@ fn start_operator(
             c.arg("run")
                 .args(["--namespace", &identity.namespace])
                 .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-                // Debug for apply only: names the first field that differs when an object is
-                // re-applied (evidence for any write that should not have happened).
-                .env("RUST_LOG", "info,gpu_operator::controller::apply=debug");
+                // Debug for apply: names the first field that differs when an object is
+                // re-applied (evidence for any write that should not have happened); and for
+                // the per-stage pass timings (where a change's latency goes).
+                .env(
+                    "RUST_LOG",
+                    "info,gpu_operator::controller::apply=debug,gpu_operator::controller::timing=debug",
+                );
             c
         }
         Some(cmd) => {
