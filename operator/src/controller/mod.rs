@@ -394,8 +394,9 @@ async fn run_pass(
 ) -> Result<Requeue, Error> {
     let mut watch = Stopwatch::start();
     let nodes = ctx.stores.nodes.snapshot();
-    ensure_namespace(policy, ctx).await?;
     watch.lap("snapshot");
+    ensure_namespace(policy, ctx).await?;
+    watch.lap("namespace");
     let render_and_apply = async {
         let mut watch = Stopwatch::start();
         let resolved = (ctx.resolver)
@@ -429,7 +430,8 @@ async fn run_pass(
     let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
         return Ok(None);
     };
-    watch.lap("label");
+    // Render-and-apply and the label stage side by side: the longer of the two.
+    watch.lap("apply+label");
     let rest = async {
         let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
         watch.lap("observe");

@@ -402,20 +402,7 @@ where
 /// names) and ours. A change to a user's is a user's change ([`Wake::Now`]); our own writes
 /// (labelled [`MANAGED_BY_LABEL`]) are not.
 fn config_maps(api: Api<ConfigMap>) -> (Store<ConfigMap>, BoxStream<'static, Wake>) {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .filter_map(|event| async move {
-            match event {
-                Ok(event) => config_map_wake(&event),
-                Err(e) => {
-                    tracing::warn!(error = %e, "watch failed; retrying with backoff");
-                    None
-                }
-            }
-        })
-        .boxed();
-    (reader, stream)
+    watched_as(api, watcher::Config::default(), config_map_wake)
 }
 
 /// How a ConfigMap watch event wakes the reconcile: a user's ConfigMap changing is a user's
@@ -442,18 +429,35 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
+    watched_as(api, config, |event| {
+        matches!(event, Event::Apply(_) | Event::Delete(_) | Event::InitDone).then_some(())
+    })
+}
+
+/// A reflector over objects of kind `K` selected by `config`; its change stream yields what
+/// `classify` makes of each watch event (nothing for `None`).
+fn watched_as<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    classify: fn(&Event<K>) -> Option<T>,
+) -> (Store<K>, BoxStream<'static, T>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+    T: Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher::watcher(api, config))
         .default_backoff()
-        .filter_map(|event| async move {
-            match event {
-                Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => Some(()),
-                Ok(_) => None,
+        .filter_map(move |event| {
+            let item = match &event {
+                Ok(event) => classify(event),
                 Err(e) => {
                     tracing::warn!(error = %e, "watch failed; retrying with backoff");
                     None
                 }
-            }
+            };
+            async move { item }
         })
         .boxed();
     (reader, stream)
