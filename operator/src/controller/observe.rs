@@ -125,6 +125,9 @@ struct Seen {
     changed: Instant,
     /// The last diagnosis: for which counts, when, and what it said.
     diagnosis: Option<(Counts, Instant, Option<String>)>,
+    /// A list was asked for these counts and its answer never recorded (its pass gave way to a
+    /// user's change mid-list): the next pass asks again instead of waiting for a stall.
+    unanswered: bool,
 }
 
 /// Decides when a not-available DaemonSet's pods are listed (the operator never watches Pods,
@@ -145,46 +148,49 @@ impl Diagnoser {
         }
     }
 
-    /// What to do about DaemonSet `name` with `counts` now; remembers the counts.
+    /// What to do about DaemonSet `name` with `counts` now; remembers the counts. A fresh
+    /// diagnosis of the same counts is shown on every pass, not only on those that would list:
+    /// status must not drop it between a crash and the next stall check.
     pub fn wanted(&self, name: &str, counts: Counts, now: Instant) -> Wanted {
         let Ok(mut seen) = self.seen.lock() else {
             return Wanted::Nothing;
         };
         let previous = seen.remove(name);
+        let same = previous.as_ref().is_some_and(|p| p.counts == counts);
         let (changed, diagnosis) = match &previous {
-            Some(p) if p.counts == counts => (p.changed, p.diagnosis.clone()),
+            Some(p) if same => (p.changed, p.diagnosis.clone()),
             Some(p) => (now, p.diagnosis.clone()),
             None => (now, None),
+        };
+        let look = !counts.available()
+            && match &previous {
+                // First sight (a restart): a DaemonSet that is not creating or replacing pods.
+                None => !counts.rolling_out(),
+                Some(p) if same => {
+                    p.unanswered || now.saturating_duration_since(p.changed) >= STALL
+                }
+                // Fewer pods available without a rollout: pods failed.
+                Some(p) => !counts.rolling_out() && counts.available < p.counts.available,
+            };
+        let fresh = diagnosis.clone().filter(|(at_counts, at, _)| {
+            *at_counts == counts && now.saturating_duration_since(*at) < DIAGNOSIS_REFRESH
+        });
+        let wanted = match fresh {
+            _ if counts.available() => Wanted::Nothing,
+            Some((_, _, diagnosis)) => Wanted::Cached(diagnosis),
+            None if look => Wanted::List(counts),
+            None => Wanted::Nothing,
         };
         seen.insert(
             name.to_owned(),
             Seen {
                 counts,
                 changed,
-                diagnosis: diagnosis.clone(),
+                diagnosis,
+                unanswered: matches!(wanted, Wanted::List(_)),
             },
         );
-        if counts.available() {
-            return Wanted::Nothing;
-        }
-        let look = match &previous {
-            // First sight (a restart): a DaemonSet that is not creating or replacing pods.
-            None => !counts.rolling_out(),
-            Some(p) if p.counts == counts => now.saturating_duration_since(p.changed) >= STALL,
-            // Fewer pods available without a rollout: pods failed.
-            Some(p) => !counts.rolling_out() && counts.available < p.counts.available,
-        };
-        if !look {
-            return Wanted::Nothing;
-        }
-        match diagnosis {
-            Some((at_counts, at, diagnosis))
-                if at_counts == counts && now.saturating_duration_since(at) < DIAGNOSIS_REFRESH =>
-            {
-                Wanted::Cached(diagnosis)
-            }
-            _ => Wanted::List(counts),
-        }
+        wanted
     }
 
     /// Records the diagnosis of a list made for `counts`.
@@ -193,6 +199,7 @@ impl Diagnoser {
             && let Some(s) = seen.get_mut(name)
         {
             s.diagnosis = Some((counts, now, diagnosis));
+            s.unanswered = false;
         }
     }
 }
@@ -339,8 +346,8 @@ mod tests {
         d.record("ds", crashed, Some("n1: CrashLoopBackOff".into()), t);
         assert_eq!(
             d.wanted("ds", crashed, t),
-            Wanted::Nothing,
-            "unchanged counts are not a stall yet"
+            Wanted::Cached(Some("n1: CrashLoopBackOff".into())),
+            "the next pass shows the diagnosis again without a list"
         );
         assert_eq!(
             d.wanted("ds", crashed, t + STALL),
@@ -380,5 +387,34 @@ mod tests {
             ..counts(10, 3, 0)
         };
         assert_eq!(d.wanted("other", creating, Instant::now()), Wanted::Nothing);
+    }
+
+    #[test]
+    fn a_list_whose_pass_gave_way_is_asked_for_again_on_the_next_pass() {
+        let d = Diagnoser::default();
+        let t = Instant::now();
+        assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
+        let crashed = counts(10, 10, 9);
+        assert_eq!(d.wanted("ds", crashed, t), Wanted::List(crashed));
+        // No record: the pass was cut short while listing.
+        assert_eq!(
+            d.wanted("ds", crashed, t + STALL / 10),
+            Wanted::List(crashed)
+        );
+        d.record("ds", crashed, Some("n1: CrashLoopBackOff".into()), t);
+        assert_eq!(
+            d.wanted("ds", crashed, t + STALL / 5),
+            Wanted::Cached(Some("n1: CrashLoopBackOff".into()))
+        );
+    }
+
+    #[test]
+    fn a_recovered_daemon_set_shows_no_old_diagnosis() {
+        let d = Diagnoser::default();
+        let t = Instant::now();
+        let crashed = counts(10, 10, 9);
+        assert_eq!(d.wanted("ds", crashed, t), Wanted::List(crashed));
+        d.record("ds", crashed, Some("n1: CrashLoopBackOff".into()), t);
+        assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
     }
 }
