@@ -15,6 +15,15 @@ cluster=$root/tests/cluster
 n=${1:-${N:-100}}
 export HARNESS_PORT_BASE=${HARNESS_PORT_BASE:-20400}
 unset HARNESS_DIR KUBECONFIG
+# 5,000 nodes: ~45,000 operand pods for two cores. More kwok workers, so pods are readied as
+# fast as they are created; and leases renewed every 150 s, not 30 s (kwok renews at a quarter
+# of the duration): with 5,000 nodes renewing every 30 s behind a busy API server, leases
+# expired and nodes went NotReady (bench/results/README.md, session 9).
+if ((n >= 5000)); then
+  export HARNESS_KWOK_PARALLELISM=${HARNESS_KWOK_PARALLELISM:-32}
+  export HARNESS_NODE_LEASE_SECONDS=${HARNESS_NODE_LEASE_SECONDS:-600}
+  export HARNESS_NODE_GRACE=${HARNESS_NODE_GRACE:-1200s}
+fi
 # Thousands of nodes: longer node leases and grace period keep heartbeats from saturating the
 # CPUs (as tests/cluster/scale.sh does).
 if ((n >= 1000)); then

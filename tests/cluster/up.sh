@@ -7,7 +7,8 @@
 # Settings (environment): the ports and HARNESS_DIR of lib.sh; HARNESS_PSA_ENFORCE / _AUDIT /
 # _WARN (cluster-wide Pod Security defaults, privileged / baseline / baseline);
 # HARNESS_NODE_LEASE_SECONDS (kwok node lease, 40); HARNESS_NODE_GRACE (controller-manager
-# node-monitor grace period, 50s; raise both for thousands of nodes).
+# node-monitor grace period, 50s; raise both for thousands of nodes); HARNESS_KWOK_PARALLELISM
+# (kwok's workers for pod stages, node stages and node leases, 16; manifests/kwok.yaml).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -108,6 +109,7 @@ sed -e "s|@PSA_ENFORCE@|${HARNESS_PSA_ENFORCE:-privileged}|" \
   "$here/manifests/admission.yaml" >"$work/admission.yaml"
 sed -e "s|@KUBECONFIG@|$work/scheduler.kubeconfig|" "$here/manifests/kube-scheduler.yaml" >"$work/kube-scheduler.yaml"
 cp "$here/manifests/audit-policy.yaml" "$work/audit-policy.yaml"
+sed -e "s|@PARALLELISM@|${HARNESS_KWOK_PARALLELISM:-16}|" "$here/manifests/kwok.yaml" >"$work/kwok.yaml"
 
 # start NAME BINARY ARGS...: runs BINARY in the background with its log under logs/ and
 # records "NAME PID BINARY" so down.sh stops exactly this process.
@@ -196,7 +198,7 @@ for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-
   kubectl apply --server-side -f "$kwok_dir/kustomize/stage/$stage.yaml" >/dev/null
 done
 
-start kwok kwok --kubeconfig "$work/kwok.kubeconfig" \
+start kwok kwok --kubeconfig "$work/kwok.kubeconfig" --config "$work/kwok.yaml" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
   --enable-crds Stage --cidr 10.244.0.1/16 --node-ip 127.0.0.1 \
   --node-lease-duration-seconds "${HARNESS_NODE_LEASE_SECONDS:-40}" \
