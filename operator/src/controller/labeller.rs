@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -149,7 +150,11 @@ async fn label_node(
 /// API server (tens of milliseconds while a thousand new nodes come up); sixteen label 1,000
 /// nodes in seconds and stay far below the API server's default of 200 mutating requests in
 /// flight.
-const PATCH_CONCURRENCY: usize = 16;
+pub const PATCH_CONCURRENCY: usize = 16;
+
+/// Of [`PATCH_CONCURRENCY`], the permits a pass holds back while its apply is writing: two
+/// label patches stay in flight beside the operand objects, the rest wait for the apply.
+pub const HELD_FOR_APPLY: u32 = PATCH_CONCURRENCY as u32 - 2;
 
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
 #[derive(Debug, Default)]
@@ -160,7 +165,8 @@ pub struct Labelling {
     pub breaker: Breaker,
 }
 
-/// Labels every node that needs it, [`PATCH_CONCURRENCY`] at a time. A node whose NFD GPU
+/// Labels every node that needs it, [`PATCH_CONCURRENCY`] at a time and no more than `gate`
+/// admits (a permit per patch in flight). A node whose NFD GPU
 /// label has been gone past the grace period is unmarked only when the label-loss breaker
 /// admits it ([`GpuLabelLoss::breaker`]): a mass loss (an NFD upgrade or outage) unmarks a
 /// bounded share of the fleet per grace window instead of all of it.
@@ -171,6 +177,7 @@ pub async fn label_nodes(
     attempts: &Mutex<Attempts>,
     grace: Duration,
     mig_default_layout: Option<&str>,
+    gate: &Semaphore,
 ) -> Result<Labelling, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let now = Instant::now();
@@ -221,6 +228,8 @@ pub async fn label_nodes(
         futures::stream::iter(work.into_iter().map(|(node, gone_for, changes)| {
             let api = api.clone();
             async move {
+                // A closed gate (never closed here) admits everything.
+                let _permit = gate.acquire().await.ok();
                 let (changes, result) =
                     label_node(&api, node, changes, gone_for, grace, mig_default_layout).await;
                 (node, changes, result)

@@ -50,6 +50,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
@@ -385,7 +386,9 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 ///
 /// Labelling and applying run side by side: the DaemonSets select their nodes by the deploy
 /// labels whichever lands first, and a thousand label patches must not hold back the ~60
-/// operand objects (nor the other way round). Both work on the same node snapshot.
+/// operand objects (nor the other way round). Until the apply is done the label stage keeps
+/// only a couple of patches in flight, so the API server answers the operand objects first.
+/// Both work on the same node snapshot.
 async fn run_pass(
     policy: &ClusterPolicy,
     ctx: &Context,
@@ -397,7 +400,13 @@ async fn run_pass(
     watch.lap("snapshot");
     ensure_namespace(policy, ctx).await?;
     watch.lap("namespace");
+    // While the apply writes, the label stage keeps only a few patches in flight: every
+    // operand waits on the ~60 objects, and a full flood of node patches made each of their
+    // writes ~5x slower at 1,000 nodes. The gate opens fully when the apply is done.
+    let label_gate = Semaphore::new(labeller::PATCH_CONCURRENCY);
+    let held_for_apply = label_gate.try_acquire_many(labeller::HELD_FOR_APPLY).ok();
     let render_and_apply = async {
+        let _held_for_apply = held_for_apply;
         let mut watch = Stopwatch::start();
         let resolved = (ctx.resolver)
             .resolve(policy, &ctx.stores, &nodes)
@@ -425,7 +434,11 @@ async fn run_pass(
     // Rendering and applying go first: a user's change reaches its first write before the
     // label stage's walk over every node (which needs no API call when nothing changed, so
     // it would otherwise run to its end before the apply started).
-    let (applied, labelled) = tokio::join!(biased; render_and_apply, label(policy, ctx, &nodes));
+    let (applied, labelled) = tokio::join!(
+        biased;
+        render_and_apply,
+        label(policy, ctx, &nodes, &label_gate)
+    );
     let labelled = labelled?;
     let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
         return Ok(None);
@@ -617,6 +630,7 @@ async fn label(
     policy: &ClusterPolicy,
     ctx: &Context,
     nodes: &[Arc<crate::nodes::NodeView>],
+    gate: &Semaphore,
 ) -> Result<Labelled, Error> {
     if ctx.nvidia.holder().is_some() {
         // NVIDIA's operator labels the same keys: leave the nodes to it (decision 14).
@@ -633,6 +647,7 @@ async fn label(
         &ctx.label_attempts,
         ctx.settings.gpu_label_grace,
         mig_default_layout(&policy.spec),
+        gate,
     )
     .await
     .map_err(Error::Labels)?;
