@@ -7,13 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
 
 use crate::nodes::{
     Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,

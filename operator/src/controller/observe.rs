@@ -162,22 +162,22 @@ impl Diagnoser {
             Some(p) => (now, p.diagnosis.clone()),
             None => (now, None),
         };
-        let look = !counts.available()
-            && match &previous {
-                // First sight (a restart): a DaemonSet that is not creating or replacing pods.
-                None => !counts.rolling_out(),
-                Some(p) if same => {
-                    p.unanswered || now.saturating_duration_since(p.changed) >= STALL
-                }
-                // Fewer pods available without a rollout: pods failed.
-                Some(p) => !counts.rolling_out() && counts.available < p.counts.available,
-            };
-        let fresh = diagnosis.clone().filter(|(at_counts, at, _)| {
-            *at_counts == counts && now.saturating_duration_since(*at) < DIAGNOSIS_REFRESH
-        });
+        let look = match &previous {
+            // First sight (a restart): a DaemonSet that is not creating or replacing pods.
+            None => !counts.rolling_out(),
+            Some(p) if same => p.unanswered || now.saturating_duration_since(p.changed) >= STALL,
+            // Fewer pods available without a rollout: pods failed.
+            Some(p) => !counts.rolling_out() && counts.available < p.counts.available,
+        };
+        let fresh = diagnosis
+            .as_ref()
+            .filter(|(at_counts, at, _)| {
+                *at_counts == counts && now.saturating_duration_since(*at) < DIAGNOSIS_REFRESH
+            })
+            .map(|(_, _, text)| text.clone());
         let wanted = match fresh {
             _ if counts.available() => Wanted::Nothing,
-            Some((_, _, diagnosis)) => Wanted::Cached(diagnosis),
+            Some(text) => Wanted::Cached(text),
             None if look => Wanted::List(counts),
             None => Wanted::Nothing,
         };
