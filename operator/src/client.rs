@@ -7,18 +7,45 @@
 //! timeout (an API server that accepts a request and never answers cannot stall the reconcile
 //! loop), and one for watches, without it (a quiet watch is healthy; kube-runtime's watcher
 //! has its own idle timeout).
+//!
+//! Each client's HTTP stack is kube's default one with a smaller cap on hyper's HTTP/1 read
+//! buffer ([`READ_BUFFER_MAX`]) and an idle timeout for pooled connections
+//! ([`POOL_IDLE_TIMEOUT`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http_body_util::BodyExt as _;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::Client;
-use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
+use kube::client::{ClientBuilder, ConfigExt as _, DynBody};
+use tower::retry::RetryLayer;
+use tower::util::BoxService;
+use tower::{ServiceBuilder, ServiceExt as _};
 
 use crate::leader::WriteGate;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The largest read buffer of one connection. hyper grows a connection's buffer while a large
+/// response streams in (a LIST of every node or pod) up to its default of ~400 KiB and keeps it
+/// for the connection's life; every watch holds a connection, so at 1,000 nodes these buffers
+/// were 2.5 MiB of a 16 MiB heap (bench/results/heap-n1000.md). 32 KiB is two TLS records per
+/// read; a long response takes more reads, not more memory.
+pub const READ_BUFFER_MAX: usize = 32 * 1024;
+
+/// How long an unused pooled connection stays open. hyper closes idle connections only when a
+/// timer is set, and kube sets none: every connection of a burst (16 label patches, the apply's
+/// tiers) stayed open, with its buffers and TLS state, for the life of the process. A pass's
+/// requests seconds apart still reuse them.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The service stack of a client: kube's own type, so either builder below yields it.
+type Stack = BoxService<http::Request<kube::client::Body>, http::Response<Box<DynBody>>, BoxError>;
 
 /// Timeouts of the request/response client.
 #[derive(Clone, Copy, Debug)]
@@ -80,15 +107,58 @@ pub async fn clients(timeouts: Timeouts, gate: &WriteGate) -> Result<Clients, Er
     Ok(Clients {
         requests: gated(requests, gate)?,
         watches: gated(watches, gate)?,
-        lease: Client::try_from(lease).map_err(Error::Build)?,
+        lease: builder(lease)?.build(),
     })
 }
 
 fn gated(config: kube::Config, gate: &WriteGate) -> Result<Client, Error> {
-    Ok(ClientBuilder::try_from(config)
-        .map_err(Error::Build)?
+    Ok(builder(config)?
         .with_layer(&GateLayer(gate.clone()))
         .build())
+}
+
+/// kube's default stack (TLS, timeouts, base URI, retries of 429/503, credentials, extra
+/// headers) over a hyper client whose read buffer is capped and whose idle connections close. A proxy or an exec credential
+/// plugin gets kube's builder unchanged: the proxy connectors and the expiry of exec-issued
+/// certificates live there.
+fn builder(config: kube::Config) -> Result<ClientBuilder<Stack>, Error> {
+    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
+        return ClientBuilder::try_from(config).map_err(Error::Build);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let tls = config
+        .rustls_https_connector_with_connector(http)
+        .map_err(Error::Build)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(tls);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+            .http1_max_buf_size(READ_BUFFER_MAX)
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer().map_err(Error::Build)?)
+        .layer(config.extra_headers_layer().map_err(Error::Build)?)
+        .map_err(BoxError::from)
+        .service(client)
+        .map_response(|response| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        });
+    Ok(ClientBuilder::new(
+        BoxService::new(service),
+        config.default_namespace,
+    ))
 }
 
 /// Whether a request changes state (every verb but get, list and watch).
@@ -188,6 +258,82 @@ mod tests {
             .uri("/api/v1/nodes/n1")
             .body(())
             .unwrap()
+    }
+
+    /// Serves one HTTP/1.1 response with `body` (and `extra` header lines) to each connection
+    /// on a local port; the receiver hears of each connection the client closed.
+    async fn serve(
+        body: Vec<u8>,
+        extra: String,
+    ) -> (u16, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (closed, closes) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (body, extra, closed) = (body.clone(), extra.clone(), closed.clone());
+                tokio::spawn(async move {
+                    let mut buffer = vec![0; 4096];
+                    let _ = socket.read(&mut buffer).await;
+                    let header = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(header.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                    while matches!(socket.read(&mut buffer).await, Ok(n) if n > 0) {}
+                    let _ = closed.send(());
+                });
+            }
+        });
+        (port, closes)
+    }
+
+    #[tokio::test]
+    async fn a_response_many_times_the_read_buffer_arrives_whole() {
+        // 3.7 MiB of JSON, like a LIST of thousands of nodes: over a hundred times the cap.
+        let items: Vec<String> = (0..240_000).map(|i| format!("node-{i:08}")).collect();
+        let body = serde_json::to_vec(&serde_json::json!({ "items": items })).unwrap();
+        assert!(body.len() > 100 * READ_BUFFER_MAX, "{}", body.len());
+        let (port, _) = serve(body.clone(), String::new()).await;
+        let client = local_client(port);
+        let received = client.request_text(get_nodes()).await.unwrap();
+        assert_eq!(received.as_bytes(), body.as_slice());
+    }
+
+    #[tokio::test]
+    async fn the_read_buffer_is_capped() {
+        // hyper refuses a response head that fills the whole buffer: with its default cap
+        // (~400 KiB) this 64 KiB header would be read.
+        let header = format!("x-filler: {}\r\n", "a".repeat(2 * READ_BUFFER_MAX));
+        let (port, _) = serve(b"{}".to_vec(), header).await;
+        let client = local_client(port);
+        let err = client.request_text(get_nodes()).await.unwrap_err();
+        assert!(format!("{err:?}").contains("TooLarge"), "{err:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_pooled_connection_is_closed() {
+        let (port, mut closes) = serve(b"{}".to_vec(), String::new()).await;
+        let client = local_client(port);
+        client.request_text(get_nodes()).await.unwrap();
+        let early = tokio::time::timeout(POOL_IDLE_TIMEOUT / 2, closes.recv()).await;
+        assert!(early.is_err(), "closed before the idle timeout");
+        // The pool looks for expired connections once per timeout: within two of them.
+        tokio::time::timeout(POOL_IDLE_TIMEOUT * 2, closes.recv())
+            .await
+            .expect("the idle connection is still open")
+            .unwrap();
+    }
+
+    fn local_client(port: u16) -> Client {
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        gated(config, &WriteGate::leased(Duration::from_secs(10))).unwrap()
+    }
+
+    fn get_nodes() -> http::Request<Vec<u8>> {
+        http::Request::get("/api/v1/nodes").body(vec![]).unwrap()
     }
 
     #[tokio::test]
