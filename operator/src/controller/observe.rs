@@ -215,12 +215,75 @@ async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
         .collect::<Vec<_>>()
         .join(",");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let list = pods
+    let request = kube::core::Request::new(pods.resource_url())
         .list(&ListParams::default().labels(&selector).limit(200))
-        .await
         .ok()?;
-    let mut problems: Vec<String> = list
-        .items
+    let list: DiagnosedPods = client.request(request).await.ok()?;
+    describe_unready(list.items.as_deref().unwrap_or_default())
+}
+
+/// A pod list decoded into only what [`describe_unready`] reads. As full `Pod`s (spec, managed
+/// fields), a list of 200 pods held ~25 MiB for a moment, the operator's largest allocation
+/// (bench/results/heap-n1000.md).
+#[derive(Debug, Default, serde::Deserialize)]
+struct DiagnosedPods {
+    #[serde(default)]
+    items: Option<Vec<DiagnosedPod>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct DiagnosedPod {
+    spec: DiagnosedSpec,
+    status: Option<DiagnosedStatus>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct DiagnosedSpec {
+    node_name: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct DiagnosedStatus {
+    phase: Option<String>,
+    conditions: Option<Vec<DiagnosedCondition>>,
+    container_statuses: Option<Vec<DiagnosedContainer>>,
+    init_container_statuses: Option<Vec<DiagnosedContainer>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct DiagnosedCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct DiagnosedContainer {
+    state: Option<DiagnosedState>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct DiagnosedState {
+    waiting: Option<DiagnosedWaiting>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct DiagnosedWaiting {
+    reason: Option<String>,
+}
+
+/// "not ready on N node(s): node: reason, ..." for the pods that are not Ready (the first five,
+/// sorted), or None when every pod is Ready. A pod without conditions has not been looked at
+/// by a kubelet yet and is left out.
+fn describe_unready(pods: &[DiagnosedPod]) -> Option<String> {
+    let mut problems: Vec<String> = pods
         .iter()
         .filter_map(|pod| {
             let status = pod.status.as_ref()?;
@@ -232,12 +295,7 @@ async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
             if ready {
                 return None;
             }
-            let node = pod
-                .spec
-                .as_ref()?
-                .node_name
-                .clone()
-                .unwrap_or_else(|| "unscheduled".into());
+            let node = pod.spec.node_name.as_deref().unwrap_or("unscheduled");
             let why = status
                 .container_statuses
                 .iter()
@@ -294,6 +352,87 @@ pub fn lasting_mismatches(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pod as the API server lists it: spec, managed fields and all.
+    fn listed_pod(node: &str, ready: bool, waiting: Option<&str>) -> serde_json::Value {
+        let state = match waiting {
+            Some(reason) => {
+                serde_json::json!({"waiting": {"reason": reason, "message": "back-off"}})
+            }
+            None => serde_json::json!({"running": {"startedAt": "2026-11-27T20:00:00Z"}}),
+        };
+        serde_json::json!({
+            "metadata": {
+                "name": format!("nvidia-device-plugin-daemonset-{node}"),
+                "labels": {"app": "nvidia-device-plugin-daemonset"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}}]
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0",
+                    "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "false"}]}],
+                "volumes": [{"name": "dp", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                "containerStatuses": [{"name": "plugin", "ready": ready, "restartCount": 4, "state": state}],
+                "initContainerStatuses": null
+            }
+        })
+    }
+
+    #[test]
+    fn a_listed_pod_is_decoded_to_its_node_and_waiting_reason() {
+        let list = serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": "42"},
+            "items": [
+                listed_pod("gpu-a", true, None),
+                listed_pod("gpu-c", false, Some("CrashLoopBackOff")),
+                listed_pod("gpu-b", false, None),
+            ]
+        });
+        let pods: DiagnosedPods = serde_json::from_value(list).unwrap();
+        assert_eq!(
+            describe_unready(pods.items.as_deref().unwrap_or_default()).as_deref(),
+            Some("not ready on 2 node(s): gpu-b: Running, gpu-c: CrashLoopBackOff")
+        );
+    }
+
+    #[test]
+    fn more_than_five_unready_pods_are_counted_not_listed() {
+        let items: Vec<_> = (0..7)
+            .map(|i| listed_pod(&format!("gpu-{i}"), false, Some("ImagePullBackOff")))
+            .collect();
+        let pods: DiagnosedPods =
+            serde_json::from_value(serde_json::json!({ "items": items })).unwrap();
+        let text = describe_unready(pods.items.as_deref().unwrap_or_default()).unwrap();
+        assert!(
+            text.starts_with("not ready on 7 node(s): gpu-0: ImagePullBackOff"),
+            "{text}"
+        );
+        assert!(text.ends_with(" and 2 more"), "{text}");
+    }
+
+    #[test]
+    fn an_empty_or_all_ready_list_has_no_diagnosis() {
+        let empty: DiagnosedPods =
+            serde_json::from_value(serde_json::json!({"items": null})).unwrap();
+        assert_eq!(
+            describe_unready(empty.items.as_deref().unwrap_or_default()),
+            None
+        );
+        let ready: DiagnosedPods =
+            serde_json::from_value(serde_json::json!({"items": [listed_pod("gpu-a", true, None)]}))
+                .unwrap();
+        assert_eq!(
+            describe_unready(ready.items.as_deref().unwrap_or_default()),
+            None
+        );
+    }
 
     fn counts(desired: i32, updated: i32, available: i32) -> Counts {
         Counts {
