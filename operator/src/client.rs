@@ -118,9 +118,10 @@ fn gated(config: kube::Config, gate: &WriteGate) -> Result<Client, Error> {
 }
 
 /// kube's default stack (TLS, timeouts, base URI, retries of 429/503, credentials, extra
-/// headers) over a hyper client whose read buffer is capped and whose idle connections close. A proxy or an exec credential
-/// plugin gets kube's builder unchanged: the proxy connectors and the expiry of exec-issued
-/// certificates live there.
+/// headers) over a hyper client whose read buffer is capped and whose idle connections close.
+/// kube offers no hook for hyper's settings, so the stack is assembled here from kube's own
+/// layers. A proxy or an exec credential plugin gets kube's builder unchanged: the proxy
+/// connectors and the expiry of exec-issued certificates live there.
 fn builder(config: kube::Config) -> Result<ClientBuilder<Stack>, Error> {
     if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
         return ClientBuilder::try_from(config).map_err(Error::Build);

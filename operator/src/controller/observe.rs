@@ -219,15 +219,14 @@ async fn diagnose(client: &Client, ds: &DaemonSet) -> Option<String> {
         .list(&ListParams::default().labels(&selector).limit(200))
         .ok()?;
     let list: DiagnosedPods = client.request(request).await.ok()?;
-    describe_unready(list.items.as_deref().unwrap_or_default())
+    describe_unready(&list)
 }
 
 /// A pod list decoded into only what [`describe_unready`] reads. As full `Pod`s (spec, managed
 /// fields), a list of 200 pods held ~25 MiB for a moment, the operator's largest allocation
 /// (bench/results/heap-n1000.md).
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize)]
 struct DiagnosedPods {
-    #[serde(default)]
     items: Option<Vec<DiagnosedPod>>,
 }
 
@@ -282,9 +281,11 @@ struct DiagnosedWaiting {
 /// "not ready on N node(s): node: reason, ..." for the pods that are not Ready (the first five,
 /// sorted), or None when every pod is Ready. A pod without conditions has not been looked at
 /// by a kubelet yet and is left out.
-fn describe_unready(pods: &[DiagnosedPod]) -> Option<String> {
-    let mut problems: Vec<String> = pods
+fn describe_unready(list: &DiagnosedPods) -> Option<String> {
+    let mut problems: Vec<String> = list
+        .items
         .iter()
+        .flatten()
         .filter_map(|pod| {
             let status = pod.status.as_ref()?;
             let ready = status
@@ -397,7 +398,7 @@ mod tests {
         });
         let pods: DiagnosedPods = serde_json::from_value(list).unwrap();
         assert_eq!(
-            describe_unready(pods.items.as_deref().unwrap_or_default()).as_deref(),
+            describe_unready(&pods).as_deref(),
             Some("not ready on 2 node(s): gpu-b: Running, gpu-c: CrashLoopBackOff")
         );
     }
@@ -409,7 +410,7 @@ mod tests {
             .collect();
         let pods: DiagnosedPods =
             serde_json::from_value(serde_json::json!({ "items": items })).unwrap();
-        let text = describe_unready(pods.items.as_deref().unwrap_or_default()).unwrap();
+        let text = describe_unready(&pods).unwrap();
         assert!(
             text.starts_with("not ready on 7 node(s): gpu-0: ImagePullBackOff"),
             "{text}"
@@ -421,17 +422,11 @@ mod tests {
     fn an_empty_or_all_ready_list_has_no_diagnosis() {
         let empty: DiagnosedPods =
             serde_json::from_value(serde_json::json!({"items": null})).unwrap();
-        assert_eq!(
-            describe_unready(empty.items.as_deref().unwrap_or_default()),
-            None
-        );
+        assert_eq!(describe_unready(&empty), None);
         let ready: DiagnosedPods =
             serde_json::from_value(serde_json::json!({"items": [listed_pod("gpu-a", true, None)]}))
                 .unwrap();
-        assert_eq!(
-            describe_unready(ready.items.as_deref().unwrap_or_default()),
-            None
-        );
+        assert_eq!(describe_unready(&ready), None);
     }
 
     fn counts(desired: i32, updated: i32, available: i32) -> Counts {
