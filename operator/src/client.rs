@@ -10,7 +10,8 @@
 //!
 //! Each client's HTTP stack is kube's default one with a smaller cap on hyper's HTTP/1 read
 //! buffer ([`READ_BUFFER_MAX`]) and an idle timeout for pooled connections
-//! ([`POOL_IDLE_TIMEOUT`]).
+//! ([`POOL_IDLE_TIMEOUT`]). The request client and the Lease's share one connection pool, so
+//! the renewals keep a connection open for the next change's first write.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -92,6 +93,14 @@ pub enum Error {
 /// Builds the clients from the in-cluster configuration or `KUBECONFIG`.
 pub async fn clients(timeouts: Timeouts, gate: &WriteGate) -> Result<Clients, Error> {
     let config = kube::Config::infer().await.map_err(Error::Config)?;
+    clients_from(config, timeouts, gate)
+}
+
+fn clients_from(
+    config: kube::Config,
+    timeouts: Timeouts,
+    gate: &WriteGate,
+) -> Result<Clients, Error> {
     let mut requests = config.clone();
     requests.connect_timeout = Some(timeouts.connect);
     requests.read_timeout = Some(timeouts.read);
@@ -103,28 +112,40 @@ pub async fn clients(timeouts: Timeouts, gate: &WriteGate) -> Result<Clients, Er
     watches.connect_timeout = Some(timeouts.connect);
     watches.write_timeout = Some(timeouts.write);
     watches.read_timeout = None;
-    let lease = requests.clone();
+    // One pool for the requests and the Lease (same timeouts). A change often comes after
+    // minutes without a write, when every connection of the last burst has been closed (by
+    // POOL_IDLE_TIMEOUT here, or after 90 s by the API server): its first writes then waited
+    // for a TCP and TLS handshake each, ~50 ms at 1,000 nodes (bench/results/README.md,
+    // session 11). The renewals, every few seconds, keep a connection of this pool open.
+    let shared = pool(&requests)?;
     Ok(Clients {
-        requests: gated(requests, gate)?,
-        watches: gated(watches, gate)?,
-        lease: builder(lease)?.build(),
+        requests: gated(builder(requests.clone(), shared.clone())?, gate),
+        watches: gated(builder(watches.clone(), pool(&watches)?)?, gate),
+        lease: builder(requests, shared)?.build(),
     })
 }
 
-fn gated(config: kube::Config, gate: &WriteGate) -> Result<Client, Error> {
-    Ok(builder(config)?
-        .with_layer(&GateLayer(gate.clone()))
-        .build())
+fn gated(builder: ClientBuilder<Stack>, gate: &WriteGate) -> Client {
+    builder.with_layer(&GateLayer(gate.clone())).build()
 }
 
-/// kube's default stack (TLS, timeouts, base URI, retries of 429/503, credentials, extra
-/// headers) over a hyper client whose read buffer is capped and whose idle connections close.
-/// kube offers no hook for hyper's settings, so the stack is assembled here from kube's own
-/// layers. A proxy or an exec credential plugin gets kube's builder unchanged: the proxy
-/// connectors and the expiry of exec-issued certificates live there.
-fn builder(config: kube::Config) -> Result<ClientBuilder<Stack>, Error> {
+/// A hyper client, and with it a connection pool, whose read buffer is capped and whose idle
+/// connections close. None where kube's own builder must be used: a proxy, or an exec
+/// credential plugin (the proxy connectors and the expiry of exec-issued certificates live
+/// there).
+fn pool(
+    config: &kube::Config,
+) -> Result<
+    Option<
+        hyper_util::client::legacy::Client<
+            impl hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+            kube::client::Body,
+        >,
+    >,
+    Error,
+> {
     if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
-        return ClientBuilder::try_from(config).map_err(Error::Build);
+        return Ok(None);
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -136,12 +157,28 @@ fn builder(config: kube::Config) -> Result<ClientBuilder<Stack>, Error> {
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+    Ok(Some(
         hyper_util::client::legacy::Builder::new(TokioExecutor::new())
             .http1_max_buf_size(READ_BUFFER_MAX)
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+            .build(connector),
+    ))
+}
+
+/// kube's default stack (TLS, timeouts, base URI, retries of 429/503, credentials, extra
+/// headers) over `pool` ([`pool`]). kube offers no hook for hyper's settings, so the stack is
+/// assembled here from kube's own layers. Without a pool, kube's builder, unchanged.
+fn builder<C>(
+    config: kube::Config,
+    pool: Option<hyper_util::client::legacy::Client<C, kube::client::Body>>,
+) -> Result<ClientBuilder<Stack>, Error>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let Some(client) = pool else {
+        return ClientBuilder::try_from(config).map_err(Error::Build);
+    };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(
@@ -328,9 +365,69 @@ mod tests {
             .unwrap();
     }
 
+    fn local_config(port: u16) -> kube::Config {
+        kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap())
+    }
+
     fn local_client(port: u16) -> Client {
-        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
-        gated(config, &WriteGate::leased(Duration::from_secs(10))).unwrap()
+        let config = local_config(port);
+        let pool = pool(&config).unwrap();
+        gated(
+            builder(config, pool).unwrap(),
+            &WriteGate::leased(Duration::from_secs(10)),
+        )
+    }
+
+    /// Answers every request on a connection (keep-alive) with `{}`; counts the connections.
+    async fn serve_keep_alive() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut socket = BufReader::new(socket);
+                    let mut line = String::new();
+                    loop {
+                        // A request without a body: its head ends with an empty line.
+                        line.clear();
+                        match socket.read_line(&mut line).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => {}
+                            Ok(_) => continue,
+                        }
+                        let response = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                        if socket
+                            .get_mut()
+                            .write_all(response.as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, accepted)
+    }
+
+    #[tokio::test]
+    async fn the_request_client_reuses_the_connection_the_lease_keeps_open() {
+        let (port, accepted) = serve_keep_alive().await;
+        let gate = WriteGate::leased(Duration::from_secs(10));
+        let clients = clients_from(local_config(port), Timeouts::default(), &gate).unwrap();
+        clients.lease.request_text(get_nodes()).await.unwrap();
+        clients.requests.request_text(get_nodes()).await.unwrap();
+        clients.lease.request_text(get_nodes()).await.unwrap();
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Watches have no read timeout, so their connections are pooled apart.
+        clients.watches.request_text(get_nodes()).await.unwrap();
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     fn get_nodes() -> http::Request<Vec<u8>> {

@@ -4,7 +4,7 @@
 //! ```text
 //! bench run --nodes N [--gpu-operator PATH] [--operator-cmd CMD [--operator-name NAME]]
 //!           [--changes 25] [--steady-seconds 60] [--pause-ms 1000] [--out DIR]
-//!           [--cluster-admin] [--ready-timeout-seconds 1800]
+//!           [--cluster-admin] [--ready-timeout-seconds 1800] [--policy-merge JSON]
 //! bench summary FILE.json...      one Markdown table over several runs (scaling)
 //! ```
 //!
@@ -67,12 +67,15 @@ struct Options {
     out: PathBuf,
     cluster_admin: bool,
     ready_timeout: Duration,
+    /// A JSON merge patch (RFC 7386) over the bench's policy, e.g. to measure with
+    /// `{"spec":{"daemonsets":{"updateStrategy":"OnDelete"}}}`.
+    policy_merge: Option<Value>,
 }
 
 fn usage() -> &'static str {
     "usage: bench run --nodes N [--gpu-operator PATH] [--operator-cmd CMD [--operator-name NAME]] \
      [--changes 25] [--steady-seconds 60] [--pause-ms 1000] [--out DIR] [--cluster-admin] \
-     [--ready-timeout-seconds 1800] | bench summary FILE.json..."
+     [--ready-timeout-seconds 1800] [--policy-merge JSON] | bench summary FILE.json..."
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
@@ -86,6 +89,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
         out: PathBuf::from("bench/results"),
         cluster_admin: false,
         ready_timeout: Duration::from_secs(1800),
+        policy_merge: None,
     };
     let mut gpu_operator = None;
     let mut next_name = None;
@@ -110,6 +114,16 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
             "--out" => o.out = PathBuf::from(value()?),
             "--cluster-admin" => o.cluster_admin = true,
             "--ready-timeout-seconds" => o.ready_timeout = Duration::from_secs(value()?.parse()?),
+            "--policy-merge" => {
+                let text = value()?;
+                let patch: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("--policy-merge {text}: not JSON"))?;
+                anyhow::ensure!(
+                    patch.is_object(),
+                    "--policy-merge {text}: not a JSON object"
+                );
+                o.policy_merge = Some(patch);
+            }
             other => bail!("unknown argument {other}; {}", usage()),
         }
     }
@@ -150,6 +164,7 @@ async fn run(o: Options) -> Result<()> {
         cpu_nodes: 1,
         started: format!("{}", k8s_openapi::jiff::Timestamp::now()),
         machine: machine(),
+        policy_merge: o.policy_merge.clone(),
         ..Report::default()
     };
     e2e::crd::install_cluster_policy_crd(&admin, "bench").await?;
@@ -275,8 +290,9 @@ fn mig_config_map(namespace: &str) -> Result<ConfigMap> {
     Ok(cm)
 }
 
-/// examples/clusterpolicy-default.yaml (NVIDIA's chart defaults) with a time-slicing config.
-fn policy_value() -> Result<Value> {
+/// examples/clusterpolicy-default.yaml (NVIDIA's chart defaults) with a time-slicing config,
+/// and `--policy-merge` over it.
+fn policy_value(merge: Option<&Value>) -> Result<Value> {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/clusterpolicy-default.yaml");
     let text =
@@ -284,6 +300,9 @@ fn policy_value() -> Result<Value> {
     let mut policy: Value = serde_yaml_ng::from_str(&text)?;
     policy["metadata"] = json!({"name": POLICY});
     policy["spec"]["devicePlugin"]["config"] = json!({"name": CONFIG_A, "default": "any"});
+    if let Some(patch) = merge {
+        json_patch::merge(&mut policy, patch);
+    }
     Ok(policy)
 }
 
@@ -567,7 +586,7 @@ async fn measure_inner(
         )
         .await?;
     }
-    let policy = policy_value()?;
+    let policy = policy_value(o.policy_merge.as_ref())?;
     r.convergence.expected_daemonsets = expected_daemonsets(&o.gpu_operator, &namespace, &policy)?;
 
     // Start the operator and let it fill its caches.
@@ -1058,8 +1077,29 @@ mod tests {
 
     #[test]
     fn the_policy_names_the_first_sharing_config() {
-        let p = policy_value().unwrap();
+        let p = policy_value(None).unwrap();
         assert_eq!(p["spec"]["devicePlugin"]["config"]["name"], CONFIG_A);
         assert_eq!(p["kind"], "ClusterPolicy");
+    }
+
+    #[test]
+    fn policy_merge_overrides_one_field_and_keeps_the_rest() {
+        let o = parse(
+            [
+                "--policy-merge",
+                r#"{"spec":{"daemonsets":{"updateStrategy":"OnDelete"}}}"#,
+            ]
+            .map(String::from)
+            .into_iter(),
+        )
+        .unwrap();
+        let p = policy_value(o.policy_merge.as_ref()).unwrap();
+        assert_eq!(p["spec"]["daemonsets"]["updateStrategy"], "OnDelete");
+        assert_eq!(
+            p["spec"]["daemonsets"]["rollingUpdate"]["maxUnavailable"],
+            "1"
+        );
+        assert_eq!(p["spec"]["devicePlugin"]["config"]["name"], CONFIG_A);
+        assert!(parse(["--policy-merge", "[1]"].map(String::from).into_iter()).is_err());
     }
 }

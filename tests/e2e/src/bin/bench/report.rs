@@ -100,6 +100,9 @@ pub(crate) struct Report {
     pub operators: Vec<OperatorReport>,
     pub control_plane_rss_mib: BTreeMap<String, f64>,
     pub load_end: String,
+    /// `--policy-merge`: what this run changed in the default policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_merge: Option<serde_json::Value>,
 }
 
 pub(crate) fn loadavg() -> String {
@@ -218,6 +221,15 @@ pub(crate) fn rows(r: &OperatorReport) -> Vec<(String, String)> {
             server(&r.policy_patch),
         ),
         (
+            "  the first one, after the steady window (no write for a minute), client / server (ms)"
+                .into(),
+            format!(
+                "{} / {}",
+                opt(r.policy_patch.samples_ms.first().copied(), 1),
+                opt(r.policy_patch.server_samples_ms.first().copied(), 1)
+            ),
+        ),
+        (
             "ConfigMap edit -> device-plugin template, median / p95 / max (ms)".into(),
             lat(&r.configmap_edit),
         ),
@@ -299,6 +311,11 @@ pub(crate) fn markdown(report: &Report) -> String {
         report.nodes_created_s,
         report.nodes_ready_s,
     );
+    if let Some(patch) = &report.policy_merge {
+        out.push_str(&format!(
+            "Policy: examples/clusterpolicy-default.yaml merged with `{patch}`.\n\n"
+        ));
+    }
     out.push_str("| metric |");
     for o in &report.operators {
         out.push_str(&format!(" {} |", o.name));
