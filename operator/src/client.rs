@@ -115,12 +115,13 @@ fn clients_from(
     // One pool for the requests and the Lease (same timeouts). A change often comes after
     // minutes without a write, when every connection of the last burst has been closed (by
     // POOL_IDLE_TIMEOUT here, or after 90 s by the API server): its first writes then waited
-    // for a TCP and TLS handshake each, ~50 ms at 1,000 nodes (bench/results/README.md,
+    // for a TCP and TLS handshake, 40-45 ms per change at 1,000 nodes (bench/results/README.md,
     // session 11). The renewals, every few seconds, keep a connection of this pool open.
     let shared = pool(&requests)?;
+    let watch_pool = pool(&watches)?;
     Ok(Clients {
         requests: gated(builder(requests.clone(), shared.clone())?, gate),
-        watches: gated(builder(watches.clone(), pool(&watches)?)?, gate),
+        watches: gated(builder(watches, watch_pool)?, gate),
         lease: builder(requests, shared)?.build(),
     })
 }
@@ -167,7 +168,8 @@ fn pool(
 }
 
 /// kube's default stack (TLS, timeouts, base URI, retries of 429/503, credentials, extra
-/// headers) over `pool` ([`pool`]). kube offers no hook for hyper's settings, so the stack is
+/// headers) over a hyper client from [`pool`], whose connections it shares with every other
+/// stack built over that client. kube offers no hook for hyper's settings, so the stack is
 /// assembled here from kube's own layers. Without a pool, kube's builder, unchanged.
 fn builder<C>(
     config: kube::Config,

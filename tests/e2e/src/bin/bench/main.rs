@@ -821,9 +821,9 @@ async fn measure_inner(
         .copied()
         .collect();
     all.sort();
-    let server = |mine: &[SystemTime]| -> Vec<f64> {
+    let server = |mine: &[SystemTime]| -> Vec<Option<f64>> {
         mine.iter()
-            .filter_map(|t| {
+            .map(|t| {
                 let next = all.iter().find(|u| *u > t).copied();
                 operator_patches
                     .iter()
@@ -848,9 +848,10 @@ async fn measure_inner(
     Ok(())
 }
 
-fn latency(samples: Vec<f64>, timeouts: usize, hash_changed: bool) -> Latency {
+fn latency(samples: Vec<f64>, first: Option<f64>, timeouts: usize, hash_changed: bool) -> Latency {
     let s = sorted(&samples);
     Latency {
+        first_ms: first.map(round1),
         median_ms: median(&s).map(round1),
         p95_ms: percentile(&s, 95.0).map(round1),
         max_ms: s.last().copied().map(round1),
@@ -861,7 +862,10 @@ fn latency(samples: Vec<f64>, timeouts: usize, hash_changed: bool) -> Latency {
     }
 }
 
-fn fill_server(l: &mut Latency, samples: Vec<f64>) {
+/// One entry per change, in order: None where no DaemonSet patch of ours followed it.
+fn fill_server(l: &mut Latency, per_change: Vec<Option<f64>>) {
+    l.server_first_ms = per_change.first().copied().flatten().map(round1);
+    let samples: Vec<f64> = per_change.into_iter().flatten().collect();
     let s = sorted(&samples);
     l.server_median_ms = median(&s).map(round1);
     l.server_p95_ms = percentile(&s, 95.0).map(round1);
@@ -877,6 +881,8 @@ struct ChangeOutcome {
 /// The outcomes of a series of changes of one kind.
 struct Series {
     samples: Vec<f64>,
+    /// The first change's latency; None when it timed out.
+    first: Option<f64>,
     timeouts: usize,
     hashes_changed: bool,
 }
@@ -885,6 +891,7 @@ impl Series {
     fn new() -> Self {
         Series {
             samples: Vec::new(),
+            first: None,
             timeouts: 0,
             hashes_changed: true,
         }
@@ -892,6 +899,9 @@ impl Series {
 
     /// Records one change; the third that rolled nothing ends the run (`what` names the kind).
     fn record(&mut self, outcome: &ChangeOutcome, what: &str) -> Result<()> {
+        if self.samples.is_empty() && self.timeouts == 0 {
+            self.first = outcome.latency;
+        }
         match outcome.latency {
             Some(l) => self.samples.push(l),
             None => self.timeouts += 1,
@@ -902,7 +912,7 @@ impl Series {
     }
 
     fn latency(self) -> Latency {
-        latency(self.samples, self.timeouts, self.hashes_changed)
+        latency(self.samples, self.first, self.timeouts, self.hashes_changed)
     }
 }
 
@@ -1080,6 +1090,31 @@ mod tests {
         let p = policy_value(None).unwrap();
         assert_eq!(p["spec"]["devicePlugin"]["config"]["name"], CONFIG_A);
         assert_eq!(p["kind"], "ClusterPolicy");
+    }
+
+    #[test]
+    fn the_first_change_is_reported_as_itself_or_not_at_all() {
+        let outcome = |latency| ChangeOutcome {
+            sent: SystemTime::now(),
+            latency,
+            hash_changed: true,
+        };
+        let mut series = Series::new();
+        for l in [Some(70.0), Some(20.0), None] {
+            series.record(&outcome(l), "changes").unwrap();
+        }
+        assert_eq!(series.latency().first_ms, Some(70.0));
+        // A first change that timed out is not replaced by the second.
+        let mut series = Series::new();
+        for l in [None, Some(20.0)] {
+            series.record(&outcome(l), "changes").unwrap();
+        }
+        assert_eq!(series.latency().first_ms, None);
+
+        let mut l = Latency::default();
+        fill_server(&mut l, vec![None, Some(12.34), Some(10.0)]);
+        assert_eq!(l.server_first_ms, None);
+        assert_eq!(l.server_samples_ms, vec![12.3, 10.0]);
     }
 
     #[test]

@@ -23,6 +23,12 @@ pub(crate) struct Latency {
     pub server_samples_ms: Vec<f64>,
     pub server_median_ms: Option<f64>,
     pub server_p95_ms: Option<f64>,
+    /// The first change of the series (after the steady window: no write for a minute), client
+    /// side and server side; None when it timed out or left no DaemonSet patch.
+    #[serde(default)]
+    pub first_ms: Option<f64>,
+    #[serde(default)]
+    pub server_first_ms: Option<f64>,
     /// Changes after which no template update came within 30 s.
     pub timeouts: usize,
     /// Every change gave the pod template a new config-hash annotation value.
@@ -225,8 +231,8 @@ pub(crate) fn rows(r: &OperatorReport) -> Vec<(String, String)> {
                 .into(),
             format!(
                 "{} / {}",
-                opt(r.policy_patch.samples_ms.first().copied(), 1),
-                opt(r.policy_patch.server_samples_ms.first().copied(), 1)
+                opt(r.policy_patch.first_ms, 1),
+                opt(r.policy_patch.server_first_ms, 1)
             ),
         ),
         (
