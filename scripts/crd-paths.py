@@ -11,7 +11,7 @@ Each line is `PATH<TAB>TYPE<TAB>DEFAULT<TAB>ENUM`:
   DEFAULT  the server-side default as compact JSON, or `-` when there is none.
   ENUM     the allowed values as a compact JSON list, or `-` when the field has no enum.
 
-The ClusterPolicy API test (operator/src/api/nvidia_paths.rs) reads the same format from
+The ClusterPolicy API test (crates/api/src/nvidia_compat_tests.rs) reads the same format from
 operator/tests/fixtures/nvidia-v26.7-clusterpolicy-paths.txt, which is this script's output for
 NVIDIA's v26.7.0 CRD (config/crd/bases/nvidia.com_clusterpolicies.yaml at tag v26.7.0 of
 github.com/NVIDIA/gpu-operator). Only the first version of the CRD is listed.

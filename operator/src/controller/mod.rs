@@ -28,13 +28,11 @@ pub mod nfd_crds;
 mod node_pools;
 mod nvidia_driver;
 mod observe;
-mod plan;
-#[cfg(test)]
-mod plan_tests;
 mod resolve;
-pub mod status;
 pub mod stores;
 pub mod upgrade;
+
+pub use gpu_operator_engine::{plan, status};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;

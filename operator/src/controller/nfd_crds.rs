@@ -27,12 +27,7 @@ use crate::model::MANAGER;
 /// sigs.k8s.io/node-feature-discovery; the chart's `crds/` holds the same file).
 const NFD_CRDS_YAML: &str = include_str!("../../../crds/nfd-api-crds.yaml");
 
-/// The names of NFD's CRDs, for RBAC (sorted).
-pub const NAMES: [&str; 3] = [
-    "nodefeaturegroups.nfd.k8s-sigs.io",
-    "nodefeaturerules.nfd.k8s-sigs.io",
-    "nodefeatures.nfd.k8s-sigs.io",
-];
+pub use crate::operands::nfd::CRD_NAMES as NAMES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -12,9 +12,7 @@
 //! - One node's failing API call is logged and retried on the next pass; it does not stop the
 //!   other nodes or the reconcile.
 
-pub mod machine;
-#[cfg(test)]
-mod machine_tests;
+pub use gpu_operator_engine::upgrade::machine;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -202,7 +202,7 @@ fn controller_rules() -> Vec<PolicyRule> {
         rule_named(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],
-            &[crate::crd_upgrade::CRD_NAME],
+            &[crate::api::crd::CRD_NAME],
             &["get", "update"],
         ),
         // NFD's CRDs, installed and upgraded whenever the operator deploys NFD (decision 16).
@@ -215,7 +215,7 @@ fn controller_rules() -> Vec<PolicyRule> {
         rule_named(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],
-            &crate::controller::nfd_crds::NAMES,
+            &crate::operands::nfd::CRD_NAMES,
             &["get", "patch"],
         ),
         // OpenShift detection and its cluster proxy.
@@ -528,7 +528,7 @@ mod tests {
                 },
             )
         };
-        assert!(update(Some(crate::crd_upgrade::CRD_NAME)));
+        assert!(update(Some(crate::api::crd::CRD_NAME)));
         assert!(!update(Some("nvidiadrivers.nvidia.com")));
         assert!(!update(None));
         let grant = |verb: &str, name: Option<&str>| {

@@ -35,7 +35,7 @@ mod sandbox;
 mod status;
 mod unsupported;
 
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +101,7 @@ pub const MIN_KUBERNETES_VERSION: &str = "1.33";
 /// status exporter and all sandbox operands are not).
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "nvidia.com",
     version = "v1",
     kind = "ClusterPolicy",

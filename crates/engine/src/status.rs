@@ -664,7 +664,7 @@ pub fn differs(a: Option<&ClusterPolicyStatus>, b: &ClusterPolicyStatus) -> bool
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy};
-    use kube::api::ObjectMeta;
+    use kube_core::ObjectMeta;
 
     use super::*;
 

@@ -45,6 +45,13 @@ pub const WORKER_CONFIG_MAP: &str = "node-feature-discovery-worker-conf";
 pub const ROLE_LABEL: &str = "role";
 /// The label namespace GFD writes; always published.
 pub const NVIDIA_LABEL_NS: &str = "nvidia.com";
+/// The names of NFD's CRDs, which the operator installs with the NFD it deploys (sorted; RBAC
+/// names them).
+pub const CRD_NAMES: [&str; 3] = [
+    "nodefeaturegroups.nfd.k8s-sigs.io",
+    "nodefeaturerules.nfd.k8s-sigs.io",
+    "nodefeatures.nfd.k8s-sigs.io",
+];
 const MASTER_CONFIG_KEY: &str = "nfd-master.conf";
 const WORKER_CONFIG_KEY: &str = "nfd-worker.conf";
 const CONFIG_DIR: &str = "/etc/kubernetes/node-feature-discovery";

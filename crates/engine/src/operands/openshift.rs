@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube_core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
 use super::common::{meta, rule, rule_named};

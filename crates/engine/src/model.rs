@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::DynamicObject;
+use kube_core::DynamicObject;
 use serde_json::Value;
 
 use crate::api::{ClusterPolicySpec, Component, ImageKind};

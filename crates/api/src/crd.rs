@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
 };
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 use super::ClusterPolicy;
 
@@ -145,7 +145,7 @@ mod tests {
 
     fn committed_path() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
+            .join("../..")
             .join(CRD_PATH)
     }
 

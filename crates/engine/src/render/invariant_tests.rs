@@ -25,7 +25,7 @@ use crate::operands::validator::Stage;
 use crate::validate::validate;
 
 fn examples_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
 /// Every `examples/clusterpolicy-*.yaml`, by file name.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{ClusterPolicy, Component, crd};
 
 fn examples_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
 /// Every `examples/clusterpolicy-*.yaml`, parsed to JSON, with its file name.

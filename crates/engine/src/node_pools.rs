@@ -480,7 +480,7 @@ pub fn priority_class_plan(
 mod tests {
     use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use kube::api::ObjectMeta;
+    use kube_core::ObjectMeta;
 
     use super::*;
     use crate::api::{DerivedLabelsSpec, GpuMemoryResourceSpec, NodePoolsSpec, TaintEffect};

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::DynamicObject;
-use kube::core::TypeMeta;
+use kube_core::DynamicObject;
+use kube_core::TypeMeta;
 use serde_json::{Value, json};
 
 use super::common::{

@@ -232,7 +232,7 @@ pub(super) fn is_enabled(spec: &ClusterPolicySpec, component: Component) -> bool
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::api::{
+    use crate::{
         DcgmSpec, DriverSpec, NodeStatusExporterSpec, SandboxWorkloadsSpec, VfioManagerSpec,
     };
 

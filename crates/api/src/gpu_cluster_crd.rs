@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, ValidationRule,
 };
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 use super::crd::{quote_yaml11_booleans, tidy};
 use super::{GPU_CLUSTER_NAME, GPUCluster};
@@ -56,7 +56,7 @@ mod tests {
     #[test]
     fn committed_gpu_cluster_crd_matches_the_types() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
+            .join("../..")
             .join(CRD_PATH);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(

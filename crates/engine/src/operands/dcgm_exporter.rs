@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, Probe, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube_core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
 use super::common::{

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PodSpec, SecurityContext, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::DynamicObject;
+use kube_core::DynamicObject;
 use serde_json::json;
 
 use super::common::{

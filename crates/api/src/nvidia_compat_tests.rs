@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::crd::crd;
 
-const FACTS: &str = "tests/fixtures/nvidia-v26.7-clusterpolicy-paths.txt";
+const FACTS: &str = "../../operator/tests/fixtures/nvidia-v26.7-clusterpolicy-paths.txt";
 
 /// Paths where our type accepts more than NVIDIA's and stores what NVIDIA's would store: each
 /// with NVIDIA's type, ours, and why.

@@ -2,7 +2,7 @@
 //! committed copy in `crds/` is checked against it by a test.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 use super::NVIDIADriver;
 use super::crd::{quote_yaml11_booleans, tidy};
@@ -47,7 +47,7 @@ mod tests {
     #[test]
     fn committed_nvidia_driver_crd_matches_the_types() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
+            .join("../..")
             .join(CRD_PATH);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(

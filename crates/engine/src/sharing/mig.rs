@@ -1149,7 +1149,8 @@ mod tests {
     }
 
     /// Scenario 4's ConfigMap, as published.
-    const SCENARIO_4: &str = include_str!("../../tests/fixtures/scenario-4-mig-config.yaml");
+    const SCENARIO_4: &str =
+        include_str!("../../../../operator/tests/fixtures/scenario-4-mig-config.yaml");
 
     /// The fake fleet's products (tests/e2e/src/nodes.rs) with their gpu.count.
     const FLEET: [(&str, &str); 6] = [

@@ -85,7 +85,7 @@ pub struct NodeView {
     /// ([`crate::node_pools::RECORD_ANNOTATION`]).
     pub pool_record: Option<String>,
     /// The driver upgrade's annotations on the node
-    /// ([`crate::controller::upgrade::machine::NODE_ANNOTATIONS`]).
+    /// ([`crate::upgrade::machine::NODE_ANNOTATIONS`]).
     pub upgrade_annotations: BTreeMap<String, String>,
 }
 
