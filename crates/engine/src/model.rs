@@ -17,7 +17,8 @@ use serde_json::Value;
 
 use crate::api::{ClusterPolicySpec, Component, ImageKind};
 use crate::facts::{ClusterFacts, SharingConfig};
-use crate::nodes::{self, NodeView};
+use crate::nodes::NodeView;
+use crate::operands::Descriptor;
 
 /// Label every object the operator owns carries (the watches select on it).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -243,45 +244,20 @@ impl Operand {
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).
     pub const GPU_CLUSTER: [Operand; 2] = [Operand::DraDriver, Operand::DraDeviceClasses];
 
+    /// Everything the engine knows about the operand, from its home module.
+    pub const fn descriptor(self) -> &'static Descriptor {
+        crate::operands::descriptor(self)
+    }
+
     /// Stable name: the value of [`OPERAND_LABEL`] and the operand's name in status.
     pub const fn name(self) -> &'static str {
-        match self {
-            Operand::RuntimeClasses => "runtime-classes",
-            Operand::Driver => "driver",
-            Operand::Toolkit => "container-toolkit",
-            Operand::Validator => "operator-validator",
-            Operand::DevicePlugin => "device-plugin",
-            Operand::MpsControlDaemon => "mps-control-daemon",
-            Operand::Gfd => "gpu-feature-discovery",
-            Operand::Nfd => "node-feature-discovery",
-            Operand::Dcgm => "dcgm",
-            Operand::DcgmExporter => "dcgm-exporter",
-            Operand::MigManager => "mig-manager",
-            Operand::NodeStatusExporter => "node-status-exporter",
-            Operand::DraDriver => "dra-driver",
-            Operand::DraDeviceClasses => "dra-device-classes",
-            Operand::NvidiaDriver => "nvidia-driver",
-        }
+        self.descriptor().name
     }
 
     /// The node label (NVIDIA's key) whose value `true` selects the nodes the operand runs on;
     /// `None` for operands that are not per-GPU-node DaemonSets.
     pub const fn deploy_label(self) -> Option<&'static str> {
-        match self {
-            Operand::Driver | Operand::NvidiaDriver => Some(nodes::DEPLOY_DRIVER),
-            Operand::Toolkit => Some(nodes::DEPLOY_TOOLKIT),
-            Operand::Validator => Some(nodes::DEPLOY_VALIDATOR),
-            Operand::DevicePlugin | Operand::MpsControlDaemon => Some(nodes::DEPLOY_DEVICE_PLUGIN),
-            Operand::Gfd => Some(nodes::DEPLOY_GFD),
-            Operand::Dcgm => Some(nodes::DEPLOY_DCGM),
-            Operand::DcgmExporter => Some(nodes::DEPLOY_DCGM_EXPORTER),
-            Operand::MigManager => Some(nodes::DEPLOY_MIG_MANAGER),
-            Operand::NodeStatusExporter => Some(nodes::DEPLOY_NODE_STATUS_EXPORTER),
-            Operand::RuntimeClasses
-            | Operand::Nfd
-            | Operand::DraDriver
-            | Operand::DraDeviceClasses => None,
-        }
+        self.descriptor().deploy_label
     }
 
     /// Whether `node` is labelled to run the operand (its deploy label is exactly `true`).
@@ -293,22 +269,9 @@ impl Operand {
 
 impl Operand {
     /// The ClusterPolicy switch that turns the operand on (`None`: RuntimeClasses, which follow
-    /// the CDI / NRI settings).
+    /// the CDI / NRI settings, and the operands of other resources).
     pub const fn component(self) -> Option<Component> {
-        match self {
-            Operand::RuntimeClasses => None,
-            Operand::Driver => Some(Component::Driver),
-            Operand::Toolkit => Some(Component::Toolkit),
-            Operand::Validator => Some(Component::Validator),
-            Operand::DevicePlugin | Operand::MpsControlDaemon => Some(Component::DevicePlugin),
-            Operand::Gfd => Some(Component::Gfd),
-            Operand::Nfd => Some(Component::Nfd),
-            Operand::Dcgm => Some(Component::Dcgm),
-            Operand::DcgmExporter => Some(Component::DcgmExporter),
-            Operand::MigManager => Some(Component::MigManager),
-            Operand::NodeStatusExporter => Some(Component::NodeStatusExporter),
-            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => None,
-        }
+        self.descriptor().component
     }
 
     /// Whether the operand has objects to render under this policy and these facts (its switch,
@@ -316,50 +279,14 @@ impl Operand {
     /// stays on with `useNvidiaDriverCRD`: its render leaves the nodes NVIDIADriver pools run
     /// on to them ([`crate::operands::driver::render`]), so no GPU node is left without one.
     pub fn is_enabled(self, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
-        match self {
-            Operand::RuntimeClasses => !nri_enabled(spec),
-            Operand::Driver => spec.is_enabled(Component::Driver),
-            Operand::Nfd => spec.is_enabled(Component::Nfd) && !facts.nfd_running,
-            // A GPUCluster's or an NVIDIADriver's, not a ClusterPolicy's.
-            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => false,
-            other => other.component().is_some_and(|c| spec.is_enabled(c)),
-        }
+        self.descriptor().is_enabled(spec, facts)
     }
 
     /// The images the operand's pods run: its own, the validator image of its validation init
     /// containers, the device-plugin image of GFD's config-manager (only with a sharing config
     /// to mount: `sharing`).
     pub fn images(self, spec: &ClusterPolicySpec, sharing: bool) -> Vec<ImageKind> {
-        match self {
-            Operand::RuntimeClasses => vec![],
-            Operand::Nfd => vec![ImageKind::Nfd],
-            Operand::Driver => vec![ImageKind::Driver, ImageKind::DriverManager],
-            Operand::Toolkit => vec![ImageKind::Toolkit, ImageKind::Validator],
-            Operand::Validator => vec![ImageKind::Validator],
-            Operand::DevicePlugin | Operand::MpsControlDaemon => {
-                vec![ImageKind::DevicePlugin, ImageKind::Validator]
-            }
-            Operand::Gfd => {
-                let config_manager = spec.is_enabled(Component::DevicePlugin)
-                    && sharing
-                    && spec
-                        .device_plugin
-                        .as_ref()
-                        .and_then(|d| d.config.as_ref())
-                        .and_then(|c| c.name.as_deref())
-                        .is_some_and(|n| !n.is_empty());
-                let mut kinds = vec![ImageKind::Gfd, ImageKind::Validator];
-                if config_manager {
-                    kinds.push(ImageKind::DevicePlugin);
-                }
-                kinds
-            }
-            Operand::Dcgm => vec![ImageKind::Dcgm, ImageKind::Validator],
-            Operand::DcgmExporter => vec![ImageKind::DcgmExporter, ImageKind::Validator],
-            Operand::MigManager => vec![ImageKind::MigManager, ImageKind::Validator],
-            Operand::NodeStatusExporter => vec![ImageKind::NodeStatusExporter],
-            Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => vec![],
-        }
+        (self.descriptor().images)(spec, sharing)
     }
 }
 
@@ -394,6 +321,8 @@ pub struct ValidatedPolicy {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+
+    use crate::nodes;
 
     use super::*;
 

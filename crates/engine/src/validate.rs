@@ -53,7 +53,7 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
         problems.extend(host_path_problems(operand, &spec));
         problems.extend(operands::check(operand, &spec, facts));
         if let Some(freeze) = &sharing.freeze
-            && SHARING_CONSUMERS.contains(&operand)
+            && operand.descriptor().consumes_sharing_config
         {
             problems.push(freeze.clone());
         }
@@ -83,13 +83,6 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
         sharing: sharing.sharing,
     }
 }
-
-/// The operands that mount the device plugin's sharing config.
-const SHARING_CONSUMERS: [Operand; 3] = [
-    Operand::DevicePlugin,
-    Operand::Gfd,
-    Operand::MpsControlDaemon,
-];
 
 fn resolve_image(
     spec: &ClusterPolicySpec,
@@ -144,24 +137,7 @@ fn host_path_problems(operand: Operand, spec: &ClusterPolicySpec) -> Vec<String>
             host_paths.and_then(|h| h.kubelet_root_dir.as_deref()),
         ),
     ];
-    if matches!(
-        operand,
-        Operand::Toolkit | Operand::DevicePlugin | Operand::MigManager
-    ) {
-        paths.push((
-            "spec.toolkit.installDir",
-            spec.toolkit.as_ref().and_then(|t| t.install_dir.as_deref()),
-        ));
-    }
-    if matches!(operand, Operand::DevicePlugin | Operand::MpsControlDaemon) {
-        paths.push((
-            "spec.devicePlugin.mps.root",
-            spec.device_plugin
-                .as_ref()
-                .and_then(|d| d.mps.as_ref())
-                .and_then(|m| m.root.as_deref()),
-        ));
-    }
+    paths.extend((operand.descriptor().host_paths)(spec));
     paths
         .into_iter()
         .filter_map(|(field, value)| {

@@ -17,6 +17,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dcgm",
+    component: Some(Component::Dcgm),
+    deploy_label: Some(crate::nodes::DEPLOY_DCGM),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::Dcgm, ImageKind::Validator],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet, Service and `app` label name.
 pub const NAME: &str = "nvidia-dcgm";
 /// ServiceAccount, Role and SCC name.

@@ -19,6 +19,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dcgm-exporter",
+    component: Some(Component::DcgmExporter),
+    deploy_label: Some(crate::nodes::DEPLOY_DCGM_EXPORTER),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::DcgmExporter, ImageKind::Validator],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet, Service, ServiceMonitor and `app` label name.
 pub const NAME: &str = "nvidia-dcgm-exporter";
 /// ServiceAccount, Role and SCC name.

@@ -22,6 +22,24 @@ use crate::model::{Operand, OperandObjects};
 use crate::nodes::DEVICE_PLUGIN_CONFIG;
 use crate::sharing::select::{SharingDecision, select_config};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "device-plugin",
+    component: Some(Component::DevicePlugin),
+    deploy_label: Some(crate::nodes::DEPLOY_DEVICE_PLUGIN),
+    consumes_sharing_config: true,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::DevicePlugin, ImageKind::Validator],
+    host_paths: |spec| {
+        let mut paths = super::toolkit::install_dir_host_path(spec);
+        paths.extend(mps_root_host_path(spec));
+        paths
+    },
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-device-plugin-daemonset";
 /// ServiceAccount and ClusterRole name; the MPS control daemon runs under it too.
@@ -494,6 +512,18 @@ fn resolve_sharing(
 
 fn last_good_copy_name(config: &SharingConfig) -> String {
     copy_name(&config.source, &common::config_hash(&config.data))
+}
+
+/// `spec.devicePlugin.mps.root`, the MPS pipe and log folder the plugin and the MPS control
+/// daemon share.
+pub fn mps_root_host_path(spec: &ClusterPolicySpec) -> Vec<(&'static str, Option<&str>)> {
+    vec![(
+        "spec.devicePlugin.mps.root",
+        spec.device_plugin
+            .as_ref()
+            .and_then(|d| d.mps.as_ref())
+            .and_then(|m| m.root.as_deref()),
+    )]
 }
 
 #[cfg(test)]

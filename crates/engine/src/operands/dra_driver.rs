@@ -31,6 +31,32 @@ use crate::api::{
 };
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, OperandObjects};
+
+/// NVIDIA's DRA driver: rendered for a GPUCluster ([`render`]), never from a ClusterPolicy.
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dra-driver",
+    ..NOT_FROM_A_POLICY
+};
+
+/// A GPUCluster's attribute DeviceClasses, frozen alone when one is invalid
+/// ([`check_classes`]).
+pub const CLASSES_DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dra-device-classes",
+    ..NOT_FROM_A_POLICY
+};
+
+const NOT_FROM_A_POLICY: super::Descriptor = super::Descriptor {
+    name: "",
+    component: None,
+    deploy_label: None,
+    consumes_sharing_config: false,
+    enabled: super::Enabled::When(super::defaults::not_from_a_policy),
+    images: super::defaults::no_images,
+    host_paths: super::defaults::no_host_paths,
+    render: super::defaults::renders_nothing,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
 use crate::nodes::NFD_GPU_LABELS;
 
 /// The DRA driver's name: the `driver` of its ResourceSlices and the attribute domain.

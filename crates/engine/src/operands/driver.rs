@@ -31,6 +31,20 @@ use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 use crate::nodes::{DRIVER_POOL, NodeView};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "driver",
+    component: Some(Component::Driver),
+    deploy_label: Some(crate::nodes::DEPLOY_DRIVER),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::Driver, ImageKind::DriverManager],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check,
+    report: |_, facts| super::driver_os::report(facts),
+};
+
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-driver-daemonset";
 /// ServiceAccount, Role, ClusterRole and SCC name.

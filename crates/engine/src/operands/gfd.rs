@@ -10,10 +10,24 @@ use super::common::{
 };
 use super::device_plugin::{self, CONFIG_FILE};
 use super::{openshift, validator};
-use crate::api::{Component, GfdSpec, ImageKind};
+use crate::api::{ClusterPolicySpec, Component, GfdSpec, ImageKind};
 use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
+
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "gpu-feature-discovery",
+    component: Some(Component::Gfd),
+    deploy_label: Some(crate::nodes::DEPLOY_GFD),
+    consumes_sharing_config: true,
+    enabled: super::Enabled::BySwitch,
+    images,
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "gpu-feature-discovery";
@@ -146,4 +160,22 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         facts,
     ));
     Some(objects)
+}
+
+/// GFD's images: its own, the validator's (its init container), and the device plugin's for
+/// its config-manager sidecar, which runs only with a sharing config to mount (`sharing`).
+fn images(spec: &ClusterPolicySpec, sharing: bool) -> Vec<ImageKind> {
+    let config_manager = spec.is_enabled(Component::DevicePlugin)
+        && sharing
+        && spec
+            .device_plugin
+            .as_ref()
+            .and_then(|d| d.config.as_ref())
+            .and_then(|c| c.name.as_deref())
+            .is_some_and(|n| !n.is_empty());
+    let mut kinds = vec![ImageKind::Gfd, ImageKind::Validator];
+    if config_manager {
+        kinds.push(ImageKind::DevicePlugin);
+    }
+    kinds
 }

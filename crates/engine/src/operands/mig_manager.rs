@@ -23,6 +23,20 @@ use crate::model::{Operand, OperandObjects};
 use crate::nodes::NodeView;
 use crate::sharing::mig;
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "mig-manager",
+    component: Some(Component::MigManager),
+    deploy_label: Some(crate::nodes::DEPLOY_MIG_MANAGER),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::MigManager, ImageKind::Validator],
+    host_paths: super::toolkit::install_dir_host_path,
+    render,
+    check,
+    report: |_, facts| report(facts),
+};
+
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-mig-manager";
 /// ServiceAccount, Role, ClusterRole and SCC name.

@@ -39,9 +39,82 @@ mod toolkit_tests;
 #[cfg(test)]
 mod validator_tests;
 
-use crate::api::ClusterPolicySpec;
+use crate::api::{ClusterPolicySpec, Component, ImageKind};
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, OperandObjects, ValidatedPolicy};
+
+/// What the engine knows about one operand, declared once in the operand's own file
+/// (`pub const DESCRIPTOR`); [`descriptor`] is the one table that maps an [`Operand`] to it. A
+/// new operand is its file, its [`Operand`] variant and one line there.
+pub struct Descriptor {
+    /// Stable name: the value of [`crate::model::OPERAND_LABEL`] and the name in status.
+    pub name: &'static str,
+    /// The ClusterPolicy switch that turns it on (`None`: not a ClusterPolicy component).
+    pub component: Option<Component>,
+    /// The node label (NVIDIA's key) whose value `true` selects the nodes it runs on; `None`
+    /// for operands that are not per-GPU-node DaemonSets.
+    pub deploy_label: Option<&'static str>,
+    /// Whether it mounts the device plugin's sharing config (the operator-owned copy).
+    pub consumes_sharing_config: bool,
+    /// When it has objects to render under a policy and facts.
+    pub enabled: Enabled,
+    /// The images its pods run (`sharing`: a sharing config is mounted).
+    pub images: fn(&ClusterPolicySpec, bool) -> Vec<ImageKind>,
+    /// Host paths of the spec it mounts besides the common ones, by field path; validate
+    /// checks each is absolute.
+    pub host_paths: fn(&ClusterPolicySpec) -> Vec<HostPathField<'_>>,
+    /// Its objects; `None` when it has nothing to render here.
+    pub render: fn(&ValidatedPolicy, &ClusterFacts) -> Option<OperandObjects>,
+    /// What validate says about its own input beyond images and host paths: each problem
+    /// names the field and the fix, and freezes the operand.
+    pub check: fn(&ClusterPolicySpec, &ClusterFacts) -> Vec<String>,
+    /// What validate reports while it still renders (an invalid config the nodes are kept
+    /// away from).
+    pub report: fn(&ClusterPolicySpec, &ClusterFacts) -> Option<String>,
+}
+
+/// A host path of the spec by its field path, and its value when set.
+pub type HostPathField<'a> = (&'static str, Option<&'a str>);
+
+/// When an operand has objects to render.
+#[derive(Clone, Copy)]
+pub enum Enabled {
+    /// Whenever its [`Descriptor::component`] is switched on.
+    BySwitch,
+    /// When this says so (a switch plus a fact, or never from a ClusterPolicy).
+    When(fn(&ClusterPolicySpec, &ClusterFacts) -> bool),
+}
+
+impl Descriptor {
+    /// Whether the operand has objects to render under this policy and these facts.
+    pub fn is_enabled(&self, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
+        match self.enabled {
+            Enabled::BySwitch => self.component.is_some_and(|c| spec.is_enabled(c)),
+            Enabled::When(enabled) => enabled(spec, facts),
+        }
+    }
+}
+
+/// The descriptor of `operand`, from its home module.
+pub const fn descriptor(operand: Operand) -> &'static Descriptor {
+    match operand {
+        Operand::RuntimeClasses => &runtime_classes::DESCRIPTOR,
+        Operand::Driver => &driver::DESCRIPTOR,
+        Operand::Toolkit => &toolkit::DESCRIPTOR,
+        Operand::Validator => &validator::DESCRIPTOR,
+        Operand::DevicePlugin => &device_plugin::DESCRIPTOR,
+        Operand::MpsControlDaemon => &mps::DESCRIPTOR,
+        Operand::Gfd => &gfd::DESCRIPTOR,
+        Operand::Nfd => &nfd::DESCRIPTOR,
+        Operand::Dcgm => &dcgm::DESCRIPTOR,
+        Operand::DcgmExporter => &dcgm_exporter::DESCRIPTOR,
+        Operand::MigManager => &mig_manager::DESCRIPTOR,
+        Operand::NodeStatusExporter => &node_status_exporter::DESCRIPTOR,
+        Operand::DraDriver => &dra_driver::DESCRIPTOR,
+        Operand::DraDeviceClasses => &dra_driver::CLASSES_DESCRIPTOR,
+        Operand::NvidiaDriver => &nvidia_driver::DESCRIPTOR,
+    }
+}
 
 /// The objects of `operand`, from its home module; `None` when it has nothing to render here.
 pub fn render(
@@ -49,56 +122,83 @@ pub fn render(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
 ) -> Option<OperandObjects> {
-    match operand {
-        Operand::RuntimeClasses => runtime_classes::render(policy, facts),
-        Operand::Driver => driver::render(policy, facts),
-        Operand::Toolkit => toolkit::render(policy, facts),
-        Operand::Validator => validator::render(policy, facts),
-        Operand::DevicePlugin => device_plugin::render(policy, facts),
-        Operand::MpsControlDaemon => mps::render(policy, facts),
-        Operand::Gfd => gfd::render(policy, facts),
-        Operand::Nfd => nfd::render(policy, facts),
-        Operand::Dcgm => dcgm::render(policy, facts),
-        Operand::DcgmExporter => dcgm_exporter::render(policy, facts),
-        Operand::MigManager => mig_manager::render(policy, facts),
-        Operand::NodeStatusExporter => node_status_exporter::render(policy, facts),
-        // A GPUCluster's or an NVIDIADriver's: rendered from it (dra_driver::render,
-        // nvidia_driver::render), never from a ClusterPolicy.
-        Operand::DraDriver | Operand::DraDeviceClasses | Operand::NvidiaDriver => None,
-    }
+    (descriptor(operand).render)(policy, facts)
 }
 
 /// What validate says about `operand`'s own input beyond its images and host paths: each
 /// problem names the field and the fix, and freezes the operand.
 pub fn check(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    match operand {
-        Operand::Driver => driver::check(spec, facts),
-        Operand::MigManager => mig_manager::check(spec, facts),
-        Operand::DcgmExporter => dcgm_exporter::check(spec, facts),
-        Operand::RuntimeClasses
-        | Operand::Toolkit
-        | Operand::Validator
-        | Operand::DevicePlugin
-        | Operand::MpsControlDaemon
-        | Operand::Gfd
-        | Operand::Nfd
-        | Operand::Dcgm
-        | Operand::NodeStatusExporter
-        | Operand::DraDriver
-        | Operand::DraDeviceClasses
-        | Operand::NvidiaDriver => Vec::new(),
-    }
+    (descriptor(operand).check)(spec, facts)
 }
 
 /// What validate reports about `operand` while it still renders (an invalid config the nodes
 /// are kept away from).
 pub fn report(operand: Operand, spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Option<String> {
-    match operand {
-        Operand::MigManager => mig_manager::report(facts),
-        Operand::Driver => driver_os::report(facts),
-        _ => {
-            let _ = spec;
-            None
-        }
+    (descriptor(operand).report)(spec, facts)
+}
+
+/// The pieces descriptors share: an operand with nothing of its own to check, report, mount or
+/// run, and one that a ClusterPolicy never renders (a GPUCluster's or an NVIDIADriver's).
+pub mod defaults {
+    use super::*;
+
+    pub fn no_check(_: &ClusterPolicySpec, _: &ClusterFacts) -> Vec<String> {
+        Vec::new()
+    }
+
+    pub fn no_report(_: &ClusterPolicySpec, _: &ClusterFacts) -> Option<String> {
+        None
+    }
+
+    pub fn no_host_paths(_: &ClusterPolicySpec) -> Vec<(&'static str, Option<&str>)> {
+        Vec::new()
+    }
+
+    pub fn no_images(_: &ClusterPolicySpec, _: bool) -> Vec<ImageKind> {
+        Vec::new()
+    }
+
+    /// Never from a ClusterPolicy: rendered from the resource that owns it.
+    pub fn not_from_a_policy(_: &ClusterPolicySpec, _: &ClusterFacts) -> bool {
+        false
+    }
+
+    pub fn renders_nothing(_: &ValidatedPolicy, _: &ClusterFacts) -> Option<OperandObjects> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod descriptor_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn every_operand_has_a_descriptor_of_its_own_name() {
+        let every: Vec<Operand> = Operand::ALL
+            .into_iter()
+            .chain(Operand::GPU_CLUSTER)
+            .chain([Operand::NvidiaDriver])
+            .collect();
+        let names: BTreeSet<&str> = every.iter().map(|o| descriptor(*o).name).collect();
+        assert_eq!(names.len(), every.len(), "{names:?}");
+        assert!(names.iter().all(|n| !n.is_empty()));
+    }
+
+    #[test]
+    fn the_sharing_config_consumers_are_the_plugin_gfd_and_the_mps_daemon() {
+        let consumers: Vec<Operand> = Operand::ALL
+            .into_iter()
+            .filter(|o| descriptor(*o).consumes_sharing_config)
+            .collect();
+        assert_eq!(
+            consumers,
+            [
+                Operand::DevicePlugin,
+                Operand::MpsControlDaemon,
+                Operand::Gfd
+            ]
+        );
     }
 }

@@ -17,6 +17,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "mps-control-daemon",
+    component: Some(Component::DevicePlugin),
+    deploy_label: Some(crate::nodes::DEPLOY_DEVICE_PLUGIN),
+    consumes_sharing_config: true,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::DevicePlugin, ImageKind::Validator],
+    host_paths: super::device_plugin::mps_root_host_path,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-device-plugin-mps-control-daemon";
 pub const MAIN_CONTAINER: &str = "mps-control-daemon-ctr";

@@ -33,6 +33,22 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, MANAGER, Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "node-feature-discovery",
+    component: Some(Component::Nfd),
+    deploy_label: None,
+    consumes_sharing_config: false,
+    enabled: super::Enabled::When(|spec, facts| {
+        spec.is_enabled(Component::Nfd) && !facts.nfd_running
+    }),
+    images: |_, _| vec![crate::api::ImageKind::Nfd],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// Prefix of every NFD object name; also its `app.kubernetes.io/name`.
 pub const NAME: &str = "node-feature-discovery";
 /// The ServiceAccount master and worker share.

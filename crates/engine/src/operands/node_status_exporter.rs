@@ -19,6 +19,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "node-status-exporter",
+    component: Some(Component::NodeStatusExporter),
+    deploy_label: Some(crate::nodes::DEPLOY_NODE_STATUS_EXPORTER),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::NodeStatusExporter],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet, Service, ServiceMonitor and `app` label name.
 pub const NAME: &str = "nvidia-node-status-exporter";
 /// ServiceAccount, Role, ClusterRole and SCC name.

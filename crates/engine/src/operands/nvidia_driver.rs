@@ -27,6 +27,21 @@ use crate::facts::ClusterFacts;
 use crate::model::{OPERAND_LABEL, Operand, OperandObjects, ValidatedPolicy};
 use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
 
+/// The driver DaemonSets of one NVIDIADriver pool: rendered from the NVIDIADriver ([`render`]),
+/// never from a ClusterPolicy.
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "nvidia-driver",
+    component: None,
+    deploy_label: Some(crate::nodes::DEPLOY_DRIVER),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::When(super::defaults::not_from_a_policy),
+    images: super::defaults::no_images,
+    host_paths: super::defaults::no_host_paths,
+    render: super::defaults::renders_nothing,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// An NVIDIADriver after validate: what render needs.
 #[derive(Clone, Debug, Default)]
 pub struct ValidatedNvidiaDriver {

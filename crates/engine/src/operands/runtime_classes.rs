@@ -9,6 +9,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "runtime-classes",
+    component: None,
+    deploy_label: None,
+    consumes_sharing_config: false,
+    enabled: super::Enabled::When(|spec, _| !crate::model::nri_enabled(spec)),
+    images: super::defaults::no_images,
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// Handler names the toolkit configures besides the main one when CDI is on.
 pub const CDI_RUNTIME_CLASSES: [&str; 2] = ["nvidia-cdi", "nvidia-legacy"];
 

@@ -14,10 +14,24 @@ use super::common::{
 };
 use super::openshift;
 use super::validator::{self, VALIDATIONS_VOLUME};
-use crate::api::{Component, ImageKind, ToolkitSpec};
+use crate::api::{ClusterPolicySpec, Component, ImageKind, ToolkitSpec};
 use crate::facts::{ClusterFacts, Runtime};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
+
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "container-toolkit",
+    component: Some(Component::Toolkit),
+    deploy_label: Some(crate::nodes::DEPLOY_TOOLKIT),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::Toolkit, ImageKind::Validator],
+    host_paths: install_dir_host_path,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
 
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-container-toolkit-daemonset";
@@ -362,4 +376,13 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));
     Some(objects)
+}
+
+/// `spec.toolkit.installDir`, which the toolkit and the operands that find its binaries there
+/// mount.
+pub fn install_dir_host_path(spec: &ClusterPolicySpec) -> Vec<(&'static str, Option<&str>)> {
+    vec![(
+        "spec.toolkit.installDir",
+        spec.toolkit.as_ref().and_then(|t| t.install_dir.as_deref()),
+    )]
 }

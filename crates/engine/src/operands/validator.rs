@@ -18,6 +18,20 @@ use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
+/// What the engine knows about this operand ([`super::Descriptor`]).
+pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "operator-validator",
+    component: Some(Component::Validator),
+    deploy_label: Some(crate::nodes::DEPLOY_VALIDATOR),
+    consumes_sharing_config: false,
+    enabled: super::Enabled::BySwitch,
+    images: |_, _| vec![ImageKind::Validator],
+    host_paths: super::defaults::no_host_paths,
+    render,
+    check: super::defaults::no_check,
+    report: super::defaults::no_report,
+};
+
 /// DaemonSet name and `app` label.
 pub const NAME: &str = "nvidia-operator-validator";
 /// ServiceAccount (and Role, ClusterRole, SCC) name; the CUDA workload pod runs under it too.
