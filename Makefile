@@ -5,6 +5,10 @@ SHELL := /bin/bash
 
 export CARGO_TARGET_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-operator/cargo-target
 
+# `cargo xtask` (xtask/: the generated files) with a helm for the OLM bundle: $HELM when set,
+# else the pinned helm, built alone by tests/cluster/build.sh (reused once built).
+XTASK = set -o pipefail; helm="$${HELM:-$$(tests/cluster/build.sh helm | tail -1)/helm}" && HELM="$$helm" cargo xtask
+
 .PHONY: help
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -21,7 +25,8 @@ demo-down: ## stop what `make demo` started
 test: unit image-check e2e ## everything: unit tests, the image check, then the harness and the end-to-end tests
 
 .PHONY: unit
-unit: ## unit tests, golden files and CRD drift checks (no cluster needed)
+unit: ## the generated-file check (`cargo xtask check`), unit tests and golden files (no cluster needed)
+	$(XTASK) check
 	cargo test --workspace --exclude e2e
 	cargo test -p e2e --lib --bins
 
@@ -62,20 +67,12 @@ bench: harness ## operator benchmark on its own harness: convergence, rollout la
 	bench/run.sh $(or $(N),100)
 
 .PHONY: chart
-chart: ## regenerate the chart's copies of the CRD and of the operator's ClusterRole (a test checks them)
-	cargo build --quiet -p gpu-operator
-	$(CARGO_TARGET_DIR)/debug/gpu-operator crd > charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new
-	mv charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml.new charts/gpu-operator/crds/nvidia.com_clusterpolicies.yaml
-	cp crds/nfd-api-crds.yaml charts/gpu-operator/crds/nfd-api-crds.yaml
-	cp crds/nvidia.com_gpuclusters.yaml charts/gpu-operator/crds/nvidia.com_gpuclusters.yaml
-	cp crds/nvidia.com_nvidiadrivers.yaml charts/gpu-operator/crds/nvidia.com_nvidiadrivers.yaml
-	scripts/chart-clusterrole.sh $(CARGO_TARGET_DIR)/debug/gpu-operator > charts/gpu-operator/templates/clusterrole.yaml.new
-	mv charts/gpu-operator/templates/clusterrole.yaml.new charts/gpu-operator/templates/clusterrole.yaml
+chart: ## regenerate every generated file: the CRDs, the chart's copies of them and of the operator's ClusterRole, bundle/ (`cargo xtask generate`)
+	$(XTASK) generate
 
 .PHONY: bundle
-bundle: harness ## regenerate the OLM bundle (bundle/) from the chart's Deployment, `gpu-operator rbac` and `crd` (tests check it)
-	cargo build --quiet -p gpu-operator
-	PATH="$$(tests/cluster/build.sh 2>/dev/null | tail -1):$$PATH" scripts/bundle.sh $(CARGO_TARGET_DIR)/debug/gpu-operator bundle
+bundle: ## regenerate every generated file, the OLM bundle (bundle/) among them: the same as `make chart` (`cargo xtask generate`)
+	$(XTASK) generate
 
 .PHONY: lint
 lint: ## formatting and clippy, as CI wants them

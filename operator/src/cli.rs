@@ -4,8 +4,6 @@
 //! Each subcommand is one variant of [`Command`] with its own `Args` struct and one arm in
 //! [`Cli::run`]; adding `run`, `render` or `rbac` touches nothing else.
 
-/// OLM packaging (`gpu-operator bundle`): build-time only, kept out of the runtime modules.
-pub mod bundle;
 /// `gpu-operator doctor` (and `kubectl gpu doctor`): read-only diagnosis of GPU pods and nodes.
 pub mod doctor;
 
@@ -52,9 +50,6 @@ pub enum Command {
     /// Print the operator's ClusterRole `gpu-operator`: what the controller needs plus every
     /// permission it grants to operands (Kubernetes rejects grants the granter lacks).
     Rbac(RbacArgs),
-    /// Write the OLM bundle (CSV, CRD, metadata) from the chart's rendered operator Deployment
-    /// (`make bundle` runs it through scripts/bundle.sh).
-    Bundle(bundle::BundleArgs),
     /// Why GPU pods stay Pending: a table of the GPU nodes and their faults, or, given a pod
     /// name, that pod's checklist, each fault with the command that fixes it. Reads only; exits
     /// non-zero when it finds a fault. Also `kubectl gpu doctor` through a `kubectl-gpu` link.
@@ -250,6 +245,23 @@ impl RenderArgs {
     }
 }
 
+/// What `gpu-operator rbac` prints: the operator's ClusterRole and, given a namespace, the
+/// ClusterRoleBinding to ServiceAccount gpu-operator there. The chart's ClusterRole is this
+/// output under a templated header (`cargo xtask generate`, xtask/src/generated.rs).
+pub fn rbac_yaml(namespace: Option<&str>) -> anyhow::Result<String> {
+    use crate::render::rbac;
+    let mut yaml = serde_yaml_ng::to_string(&rbac::operator_cluster_role())
+        .context("serialising the ClusterRole")?;
+    if let Some(namespace) = namespace {
+        yaml.push_str("---\n");
+        yaml.push_str(
+            &serde_yaml_ng::to_string(&rbac::operator_cluster_role_binding(namespace))
+                .context("serialising the ClusterRoleBinding")?,
+        );
+    }
+    Ok(yaml)
+}
+
 /// The name kubectl finds a plugin by: `kubectl gpu ...` runs `kubectl-gpu ...`.
 pub const KUBECTL_PLUGIN: &str = "kubectl-gpu";
 
@@ -321,21 +333,11 @@ impl Cli {
                 Ok(())
             }
             Command::Rbac(RbacArgs { namespace }) => {
-                use crate::render::rbac;
-                let mut yaml = serde_yaml_ng::to_string(&rbac::operator_cluster_role())
-                    .context("serialising the ClusterRole")?;
-                if let Some(namespace) = namespace {
-                    yaml.push_str("---\n");
-                    yaml.push_str(
-                        &serde_yaml_ng::to_string(&rbac::operator_cluster_role_binding(&namespace))
-                            .context("serialising the ClusterRoleBinding")?,
-                    );
-                }
+                let yaml = rbac_yaml(namespace.as_deref())?;
                 out.write_all(yaml.as_bytes())
                     .context("writing the ClusterRole to standard output")?;
                 Ok(())
             }
-            Command::Bundle(args) => bundle::write(&args),
             Command::Doctor(args) => doctor::run(&args, out),
         }
     }
@@ -370,6 +372,17 @@ mod tests {
                 || (COMMIT.len() >= 7 && COMMIT.bytes().all(|b| b.is_ascii_hexdigit())),
             "the commit is neither a git hash nor \"unknown\": {COMMIT:?}"
         );
+    }
+
+    /// Packaging (the OLM bundle, the chart's generated files) is `cargo xtask`'s, not the
+    /// operator binary's: the binary holds only what users run.
+    #[test]
+    fn the_subcommands_are_the_user_facing_ones() {
+        let names: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        assert_eq!(names, ["run", "crd", "render", "rbac", "doctor"]);
     }
 
     #[test]

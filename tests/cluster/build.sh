@@ -4,6 +4,10 @@
 # with csv-rbac, and netns-run) from their Go modules into a cache outside the clone, one folder per tool
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
+#
+# usage: tests/cluster/build.sh [TOOL...]   TOOL: kubernetes etcd kwok helm nfd olm netns-run
+# With tools named, builds only those and prints a folder holding only their binaries: the OLM
+# bundle needs helm alone (`make chart`, `make bundle`).
 set -euo pipefail
 # A failed build inside $(build ...) must stop the script, not be cached as complete.
 shopt -s inherit_errexit
@@ -17,6 +21,17 @@ mkdir -p "$cache_root"
 go_version=$(go env GOVERSION)
 
 log() { echo "build.sh: $*" >&2; }
+
+tools=(kubernetes etcd kwok helm nfd olm netns-run)
+for tool in "$@"; do
+  if [[ " ${tools[*]} " != *" $tool "* ]]; then
+    log "unknown tool $tool (one of: ${tools[*]})"
+    exit 2
+  fi
+done
+only=("$@")
+# wanted TOOL: whether to build TOOL (every tool when none is named)
+wanted() { ((${#only[@]} == 0)) || [[ " ${only[*]} " == *" $1 "* ]]; }
 
 # key TOOL VERSION -> folder name that changes whenever the inputs of the build change: the Go
 # version, go.mod, go.sum and the wrapper module's own Go files (only go/nfd has any).
@@ -74,24 +89,34 @@ kube_ldflags() {
 }
 
 dirs=()
-dirs+=("$(build kubernetes "$KUBERNETES_VERSION" "$(kube_ldflags "$KUBERNETES_VERSION")" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)")
-dirs+=("$(build etcd "$ETCD_VERSION" "-s -w" go.etcd.io/etcd/server/v3)")
-dirs+=("$(build kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBERNETES_VERSION#v}" \
-  sigs.k8s.io/kwok/cmd/kwok)")
-dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-  helm.sh/helm/v3/cmd/helm)")
+if wanted kubernetes; then
+  dirs+=("$(build kubernetes "$KUBERNETES_VERSION" "$(kube_ldflags "$KUBERNETES_VERSION")" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)")
+fi
+if wanted etcd; then dirs+=("$(build etcd "$ETCD_VERSION" "-s -w" go.etcd.io/etcd/server/v3)"); fi
+if wanted kwok; then
+  dirs+=("$(build kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBERNETES_VERSION#v}" \
+    sigs.k8s.io/kwok/cmd/kwok)")
+fi
+if wanted helm; then
+  dirs+=("$(build helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+    helm.sh/helm/v3/cmd/helm)")
+fi
 # NFD as its image is built (its Dockerfile): host files are read under the /host- prefix.
-dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
-  sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
+if wanted nfd; then
+  dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
+    sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
+fi
 # Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
 # With it csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV (an InstallPlan's).
-dirs+=("$(build olm "$OLM_VERSION" \
-  "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
-  github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
+if wanted olm; then
+  dirs+=("$(build olm "$OLM_VERSION" \
+    "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
+    github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
+fi
 # Ours: runs a tool that binds every address (olm) in a network namespace of its own.
-dirs+=("$(build netns-run local "-s -w" .)")
+if wanted netns-run; then dirs+=("$(build netns-run local "-s -w" .)"); fi
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"

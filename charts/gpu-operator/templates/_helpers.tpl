@@ -44,7 +44,7 @@ with repository and version empty, an image with its own tag is used as it is.
 
 {{/*
 The oldest Kubernetes release the operator supports: MIN_KUBERNETES_VERSION in
-operator/src/api/mod.rs (operator/tests/release.rs checks that they agree).
+operator/src/api/mod.rs (xtask/tests/release.rs checks that they agree).
 */}}
 {{- define "gpu-operator.minKubernetesVersion" -}}1.33{{- end -}}
 

@@ -196,17 +196,11 @@ mod tests {
     #[test]
     fn committed_crd_matches_the_rust_types() {
         let generated = crd_yaml().unwrap();
-        let path = committed_path();
-        if std::env::var_os("UPDATE_CRDS").is_some() {
-            std::fs::write(&path, &generated).unwrap();
-            return;
-        }
-        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        let committed = std::fs::read_to_string(committed_path()).unwrap_or_default();
         assert!(
             committed == generated,
             "{CRD_PATH} differs from the CRD generated from the Rust types.\n\
-             Regenerate it with:\n    {REGENERATE_COMMAND}\n\
-             or:\n    UPDATE_CRDS=1 cargo test -p gpu-operator committed_crd_matches_the_rust_types\n\
+             Regenerate it, with the chart's and the bundle's copies, with:\n    cargo xtask generate\n\
              {}",
             first_difference(&committed, &generated)
         );

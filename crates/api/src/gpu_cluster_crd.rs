@@ -61,7 +61,7 @@ mod tests {
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             committed == crd_yaml().unwrap(),
-            "{CRD_PATH} is out of date; run: {REGENERATE_COMMAND}"
+            "{CRD_PATH} is out of date; run `cargo xtask generate` (it also updates the chart's and the bundle's copies)"
         );
     }
 

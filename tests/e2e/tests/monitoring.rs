@@ -176,10 +176,9 @@ fn the_alert_rules_parse_with_prometheus_and_select_only_known_metrics() {
 
     // The bundle carries the same rules.
     let bundle: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo_root().join(format!(
-            "bundle/{}",
-            gpu_operator::cli::bundle::PROMETHEUS_RULE_FILE
-        )))
+        &std::fs::read_to_string(
+            repo_root().join(format!("bundle/{}", xtask::bundle::PROMETHEUS_RULE_FILE)),
+        )
         .unwrap(),
     )
     .unwrap();

@@ -1,7 +1,7 @@
 //! The OLM bundle (`bundle/`) checked by the real tools: operator-framework's validators (the
 //! default, OperatorHub and good-practices suites, built from their Go module by
-//! `tests/olm/build.sh`) pass it and reject a broken copy; `scripts/bundle.sh` (what
-//! `make bundle` runs: helm renders the chart's Deployment) reproduces it byte for byte, and the
+//! `tests/olm/build.sh`) pass it and reject a broken copy; the bundle generator (what `cargo
+//! xtask generate` runs: helm renders the chart's Deployment) reproduces it byte for byte, and the
 //! CSV grants exactly the chart's ClusterRole; every `alm-examples` entry is accepted by the
 //! harness's API server and stored with every field as written (nothing pruned); the namespace
 //! the CSV suggests admits privileged operand pods under Pod Security admission.
@@ -18,7 +18,6 @@ use e2e::cluster::pinned_version;
 use e2e::session::{self, TIMEOUT};
 use e2e::tools::{self, repo_root};
 use e2e::wait;
-use gpu_operator::cli::bundle::{self, CRD_FILE, CSV_FILE};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -26,8 +25,9 @@ use kube::api::{
 };
 use kube::runtime::wait::conditions;
 use serde_json::Value;
+use xtask::bundle::{self, CRD_FILE, CSV_FILE};
 
-const FIX: &str = "regenerate it with `make bundle` and review the diff";
+const FIX: &str = "regenerate it with `cargo xtask generate` and review the diff";
 
 fn bundle_dir() -> PathBuf {
     repo_root().join("bundle")
@@ -127,20 +127,16 @@ fn helm_template(args: &[&str]) -> String {
 
 #[test]
 fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
-    let out = scratch("gpu-operator-fresh-bundle");
-    let status = Command::new(repo_root().join("scripts/bundle.sh"))
-        .arg(e2e::operator::binary().unwrap())
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/bundle.sh failed");
-    let fresh = bundle::read_files(&out);
-    std::fs::remove_dir_all(&out).unwrap();
-    for ((path, fresh), (_, committed)) in fresh.iter().zip(bundle::read_files(&bundle_dir())) {
-        assert!(fresh.is_some(), "scripts/bundle.sh wrote no {path}");
+    // helm from PATH, as helm_template below runs it.
+    let fresh = bundle::from_chart(&repo_root(), &xtask::helm::Helm::at("helm")).unwrap();
+    for (file, (path, committed)) in fresh.iter().zip(bundle::read_files(&bundle_dir())) {
+        assert_eq!(
+            file.path, path,
+            "read_files lists the files the generator writes"
+        );
         assert!(
-            *fresh == committed,
-            "bundle/{path} differs from what `make bundle` writes now (chart, RBAC, CRD, examples or images changed): {FIX}"
+            Some(&file.content) == committed.as_ref(),
+            "bundle/{path} differs from what `cargo xtask generate` writes now (chart, RBAC, CRD, examples or images changed): {FIX}"
         );
     }
 

@@ -19,7 +19,6 @@ use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
-use gpu_operator::cli::bundle::{CRD_FILE, CSV_FILE, NFD_CRD_FILES};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -30,6 +29,7 @@ use kube::api::{
 };
 use kube::runtime::wait::conditions;
 use serde_json::{Value, json};
+use xtask::bundle::{CRD_FILE, CSV_FILE, NFD_CRD_FILES};
 
 /// How long OLM may take to install the CSV (its requeues are seconds apart).
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(240);

@@ -1,18 +1,20 @@
 //! The OLM bundle (`bundle/`) holds generated copies: the ClusterPolicy CRD, the operator's
 //! RBAC in the CSV (decision 13), the image variables and `relatedImages`, `alm-examples` from
-//! `examples/`. These tests fail when a copy drifts from what this binary writes; `make bundle`
-//! regenerates them. The CSV's Deployment is the Helm chart's, rendered by helm: that step is
-//! checked by `tests/e2e/tests/olm.rs`, where helm is on PATH; here the Deployment is taken from
-//! the committed CSV and everything else is regenerated around it.
+//! `examples/`. These tests fail when a copy drifts from what the operator prints and the
+//! bundle generator writes; `cargo xtask generate` regenerates them. The CSV's Deployment is the
+//! Helm chart's, rendered by helm: that step is checked by `cargo xtask check` and
+//! `tests/e2e/tests/olm.rs`, where helm is at hand; here the Deployment is taken from the
+//! committed CSV and everything else is regenerated around it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use gpu_operator::cli::bundle::{self, CRD_FILE, CSV_FILE};
+use clap::Parser as _;
+use gpu_operator::cli::Cli;
 use serde_json::Value;
+use xtask::bundle::{self, CRD_FILE, CSV_FILE};
 
-const FIX: &str = "regenerate the bundle with `make bundle` and review the diff";
+const FIX: &str = "regenerate the bundle with `cargo xtask generate` and review the diff";
 
 fn repo_path(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,17 +27,14 @@ fn repo_file(path: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn run(args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gpu-operator {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+/// What `gpu-operator <args>` prints, run in this process.
+fn run(args: &[&str]) -> String {
+    let cli = Cli::try_parse_from(std::iter::once("gpu-operator").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("gpu-operator {args:?}: {e}"));
+    let mut out = Vec::new();
+    cli.run(&mut out)
+        .unwrap_or_else(|e| panic!("gpu-operator {args:?} failed: {e:#}"));
+    String::from_utf8(out).unwrap()
 }
 
 fn committed_csv() -> Value {
@@ -45,14 +44,14 @@ fn committed_csv() -> Value {
 #[test]
 fn the_bundles_crd_is_the_generated_one() {
     assert!(
-        repo_file(&format!("bundle/{CRD_FILE}")) == run(&["crd".as_ref()]),
+        repo_file(&format!("bundle/{CRD_FILE}")) == run(&["crd"]),
         "bundle/{CRD_FILE} differs from `gpu-operator crd`: {FIX}"
     );
 }
 
 #[test]
 fn the_csv_grants_exactly_the_generated_cluster_role_less_writing_crds() {
-    let role: Value = serde_yaml_ng::from_str(&run(&["rbac".as_ref()])).unwrap();
+    let role: Value = serde_yaml_ng::from_str(&run(&["rbac"])).unwrap();
     // Under OLM the bundle's CRDs are installed by OLM: the operator only reads CRDs.
     let mut role_rules: Vec<Value> = role["rules"].as_array().unwrap().clone();
     for rule in &mut role_rules {
@@ -114,35 +113,24 @@ fn the_bundle_holds_only_generated_files() {
     assert_eq!(
         files_under(&repo_path("bundle")),
         generated,
-        "bundle/ holds a file `gpu-operator bundle` does not write (OLM would ship it): remove it, or generate it"
+        "bundle/ holds a file the bundle generator does not write (OLM would ship it): remove it (`cargo xtask generate` does), or generate it"
     );
 }
 
 #[test]
 fn the_bundle_regenerates_unchanged_around_its_deployment() {
     let deployment = bundle::deployment_of_csv(&committed_csv()).unwrap();
-    let work =
-        std::env::temp_dir().join(format!("gpu-operator-bundle-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
-    let input = work.join("deployment.yaml");
-    std::fs::write(&input, serde_yaml_ng::to_string(&deployment).unwrap()).unwrap();
-    let output = work.join("bundle");
-    run(&[
-        "bundle".as_ref(),
-        "--deployment".as_ref(),
-        input.as_os_str(),
-        "--output".as_ref(),
-        output.as_os_str(),
-    ]);
-    let fresh = bundle::read_files(&output);
+    let fresh = bundle::files(deployment).unwrap();
     let committed = bundle::read_files(&repo_path("bundle"));
-    std::fs::remove_dir_all(&work).unwrap();
-    for ((path, fresh), (_, committed)) in fresh.iter().zip(&committed) {
-        assert!(fresh.is_some(), "gpu-operator bundle wrote no {path}");
+    assert_eq!(
+        fresh.iter().map(|f| f.path).collect::<Vec<_>>(),
+        committed.iter().map(|(path, _)| *path).collect::<Vec<_>>(),
+        "read_files lists the files `files` writes"
+    );
+    for (fresh, (path, committed)) in fresh.iter().zip(&committed) {
         assert!(committed.is_some(), "bundle/{path} is missing: {FIX}");
         assert!(
-            fresh == committed,
+            Some(&fresh.content) == committed.as_ref(),
             "bundle/{path} differs from a fresh bundle: {FIX}"
         );
     }

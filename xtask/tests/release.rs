@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gpu_operator::api::MIN_KUBERNETES_VERSION;
-use gpu_operator::cli::bundle::CSV_FILE;
 use serde_json::Value;
+use xtask::bundle::CSV_FILE;
 
-const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The operator's version (the workspace's, which this crate shares).
+const VERSION: &str = gpu_operator::crd_upgrade::OPERATOR_VERSION;
 
 fn repo_file(path: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -85,19 +86,19 @@ fn one_version_across_cargo_chart_bundle_image_and_changelog() {
     let csv = csv();
     assert_eq!(
         csv["spec"]["version"], VERSION,
-        "the CSV's spec.version: run `make bundle`"
+        "the CSV's spec.version: run `cargo xtask generate`"
     );
     assert_eq!(
         csv["metadata"]["name"],
         format!("gpu-operator.v{VERSION}"),
-        "the CSV's name: run `make bundle`"
+        "the CSV's name: run `cargo xtask generate`"
     );
     let image = csv["metadata"]["annotations"]["containerImage"]
         .as_str()
         .unwrap();
     assert!(
         image.ends_with(&format!(":{VERSION}")),
-        "the CSV's containerImage {image} is not tagged {VERSION}: run `make bundle`"
+        "the CSV's containerImage {image} is not tagged {VERSION}: run `cargo xtask generate`"
     );
 
     // The Containerfile's version label defaults to the release; `make image` takes it from
@@ -139,7 +140,7 @@ fn one_operator_image_reference_across_chart_bundle_and_docs() {
     let csv = csv();
     assert_eq!(
         csv["metadata"]["annotations"]["containerImage"], expected,
-        "the CSV's containerImage: run `make bundle`"
+        "the CSV's containerImage: run `cargo xtask generate`"
     );
     let deployment_images: Vec<&str> = csv["spec"]["install"]["spec"]["deployments"]
         .as_array()
@@ -155,7 +156,7 @@ fn one_operator_image_reference_across_chart_bundle_and_docs() {
     assert_eq!(
         deployment_images,
         [expected.as_str()],
-        "the CSV Deployment's image: run `make bundle`"
+        "the CSV Deployment's image: run `cargo xtask generate`"
     );
     let related: Vec<&Value> = csv["spec"]["relatedImages"]
         .as_array()
@@ -166,7 +167,7 @@ fn one_operator_image_reference_across_chart_bundle_and_docs() {
     assert_eq!(related.len(), 1, "relatedImages has no single gpu-operator");
     assert_eq!(
         related[0]["image"], expected,
-        "relatedImages gpu-operator: run `make bundle`"
+        "relatedImages gpu-operator: run `cargo xtask generate`"
     );
 
     // docs/install.md names the same registry and tag wherever it names the image.
@@ -299,9 +300,14 @@ fn the_containerfile_builds_the_layout_make_image_builds() {
             "scripts/image.sh does not set {key}"
         );
     }
+    // The operator's package description, read from its manifest (this crate's is xtask's).
+    let operator_description = repo_file("operator/Cargo.toml")
+        .lines()
+        .find_map(|l| l.strip_prefix("description = "))
+        .map(|d| d.trim_matches('"').to_owned())
+        .expect("operator/Cargo.toml has no description");
     assert_eq!(
-        env["IMAGE_DESCRIPTION"],
-        env!("CARGO_PKG_DESCRIPTION"),
+        env["IMAGE_DESCRIPTION"], operator_description,
         "image/image.env IMAGE_DESCRIPTION differs from operator/Cargo.toml's description"
     );
 }

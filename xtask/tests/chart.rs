@@ -1,12 +1,16 @@
-//! The Helm chart carries copies of two generated files (decision 13: RBAC is generated, never
-//! typed twice): the ClusterPolicy CRD and the rules of the operator's ClusterRole. These tests
-//! fail when a copy drifts from what this binary prints; `make chart` regenerates both.
+//! The Helm chart carries copies of generated files (decision 13: RBAC is generated, never typed
+//! twice): the CRDs and the rules of the operator's ClusterRole. These tests fail when a copy
+//! drifts from what the operator prints or from what `cargo xtask generate` writes (`make chart`
+//! runs it); none needs helm.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::process::Command;
 
-const FIX: &str = "regenerate them with `make chart` and review the diff";
+use clap::Parser as _;
+use gpu_operator::cli::Cli;
+use xtask::generated;
+
+const FIX: &str = "regenerate them with `cargo xtask generate` and review the diff";
 
 fn repo_file(path: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -15,14 +19,13 @@ fn repo_file(path: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Output of `gpu-operator <subcommand>`.
+/// What `gpu-operator <subcommand>` prints, run in this process.
 fn operator_output(subcommand: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-        .arg(subcommand)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "gpu-operator {subcommand} failed");
-    String::from_utf8(out.stdout).unwrap()
+    let cli = Cli::try_parse_from(["gpu-operator", subcommand]).unwrap();
+    let mut out = Vec::new();
+    cli.run(&mut out)
+        .unwrap_or_else(|e| panic!("gpu-operator {subcommand} failed: {e:#}"));
+    String::from_utf8(out).unwrap()
 }
 
 /// From the line `rules:` on.
@@ -53,5 +56,21 @@ fn the_charts_clusterrole_rules_are_the_generated_ones() {
     assert!(
         rules_part(&template) == rules_part(&operator_output("rbac")),
         "the rules of charts/gpu-operator/templates/clusterrole.yaml differ from `gpu-operator rbac`: {FIX}"
+    );
+}
+
+/// Everything `cargo xtask check` compares but the bundle (which needs helm).
+#[test]
+fn the_committed_crds_and_chart_copies_are_as_generated() {
+    let root = xtask::repo_root();
+    let drift = generated::drift(&root, &generated::crds_and_chart(&root).unwrap()).unwrap();
+    assert!(
+        drift.is_empty(),
+        "{}\n{FIX}",
+        drift
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
