@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark (issue 9): starts its own harness with N fake GPU nodes, measures the operator
+# The benchmark (bench/README.md): starts its own harness with N fake GPU nodes, measures the operator
 # (release build) and, with OPERATOR_CMD, another operator command on the same cluster, writes
 # bench/results/n<N>.{json,md}, refreshes bench/results/summary.md over every n*.json there,
 # and stops the harness, also on failure. See bench/README.md.
@@ -18,7 +18,7 @@ unset HARNESS_DIR KUBECONFIG
 # 5,000 nodes: ~45,000 operand pods for two cores. More kwok workers, so pods are readied as
 # fast as they are created; and leases renewed every 150 s, not 30 s (kwok renews at a quarter
 # of the duration): with 5,000 nodes renewing every 30 s behind a busy API server, leases
-# expired and nodes went NotReady (bench/results/README.md, session 9).
+# expired and nodes went NotReady (bench/results/README.md, the 5,000-node run).
 if ((n >= 5000)); then
   export HARNESS_KWOK_PARALLELISM=${HARNESS_KWOK_PARALLELISM:-32}
   export HARNESS_NODE_LEASE_SECONDS=${HARNESS_NODE_LEASE_SECONDS:-600}

@@ -116,7 +116,7 @@ fn clients_from(
     // minutes without a write, when every connection of the last burst has been closed (by
     // POOL_IDLE_TIMEOUT here, or after 90 s by the API server): its first writes then waited
     // for a TCP and TLS handshake, 40-45 ms per change at 1,000 nodes (bench/results/README.md,
-    // session 11). The renewals, every few seconds, keep a connection of this pool open.
+    // "first change after idle"). The renewals, every few seconds, keep a connection of this pool open.
     let shared = pool(&requests)?;
     let watch_pool = pool(&watches)?;
     Ok(Clients {

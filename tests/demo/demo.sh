@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the operator doing its job on a laptop, no GPU needed. Builds what it needs (the
 # harness binaries, the operator), starts a real control plane with fake GPU nodes (T4,
-# A100-40GB, H100 and one CPU node), installs the Helm chart as user scenario 1 does, runs the
+# A100-40GB, H100 and one CPU node), installs the Helm chart with the flags of NVIDIA's install docs, runs the
 # operator with the chart's ServiceAccount token, waits for the ClusterPolicy to be ready, then
-# applies a time-slicing config as scenario 2 does and shows the device plugin rolling.
+# applies a time-slicing config through chart values and shows the device plugin rolling.
 # Everything stays up for exploring; `make demo-down` stops it.
 #
 # Settings (environment): DEMO_PORT_BASE (19400; the harness uses base..base+5, the operator's
@@ -125,7 +125,7 @@ ds_line() {
 step "Before time-slicing: the config consumers"
 { ds_line "$plugin"; ds_line gpu-feature-discovery; } | column -t -s $'\t'
 
-step "helm upgrade $RELEASE ... -f charts/gpu-operator/ci/time-slicing-values.yaml (scenario 2: every GPU shared 4 ways)"
+step "helm upgrade $RELEASE ... -f charts/gpu-operator/ci/time-slicing-values.yaml (every GPU shared 4 ways)"
 sed -n '/^devicePlugin:/,/^node-feature-discovery:/p' "$TIME_SLICING" | sed '$d'
 before=$(kubectl get ds -n "$NAMESPACE" "$plugin" -o jsonpath='{.metadata.generation}')
 helm upgrade "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" \

@@ -1,4 +1,4 @@
-//! How render output changes with the policy ("what must be shown" 4 of issue 4): switching one
+//! How render output changes with the policy, so a change rolls only what it must: switching one
 //! operand off removes exactly that operand's objects (and touches only the objects that
 //! document a dependency on it); changing only the sharing config changes only the copy and
 //! the config hash (with the copy's name) of the device plugin, GFD and MPS daemon templates.

@@ -1148,7 +1148,7 @@ mod tests {
         assert!(report.contains("; node typo: "), "{report}");
     }
 
-    /// Scenario 4's ConfigMap, as published.
+    /// The per-model MIG layouts ConfigMap published for mixed A100/H100 fleets, as published.
     const SCENARIO_4: &str =
         include_str!("../../../../operator/tests/fixtures/scenario-4-mig-config.yaml");
 

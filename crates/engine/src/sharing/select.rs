@@ -223,7 +223,7 @@ mod tests {
 
     #[test]
     fn single_key_without_default_is_inferred() {
-        // Scenario 3: `kubectl create configmap time-slicing-config --from-file=any=any.yaml`
+        // What users type after the plugin's docs: `kubectl create configmap time-slicing-config --from-file=any=any.yaml`
         // and a patch that names no default.
         let c = config(select_config(
             "time-slicing-config",
