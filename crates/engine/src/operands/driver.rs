@@ -11,11 +11,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapVolumeSource, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle,
-    LifecycleHandler, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume,
-    VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar, ExecAction,
+    KeyToPath, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource,
+    SecretVolumeSource, Volume, VolumeMount,
 };
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::common::{
@@ -136,26 +137,41 @@ fn non_empty(s: Option<&String>) -> Option<&str> {
     s.map(String::as_str).filter(|s| !s.is_empty())
 }
 
-/// The driver ConfigMaps the policy names: (field path, name), for validate's checks.
-pub fn referenced_config_maps(driver: &DriverSpec) -> Vec<(&'static str, &str)> {
-    let mut out = Vec::new();
-    if let Some(name) = non_empty(
-        driver
-            .repo_config
-            .as_ref()
-            .and_then(|r| r.config_map_name.as_ref()),
-    ) {
-        out.push(("spec.driver.repoConfig.configMapName", name));
-    }
-    if let Some(name) = non_empty(driver.cert_config.as_ref().and_then(|c| c.name.as_ref())) {
-        out.push(("spec.driver.certConfig.name", name));
-    }
-    if let Some(name) = non_empty(
+/// `driver.kernelModuleConfig.name`, when set.
+fn kernel_module_config_name(driver: &DriverSpec) -> Option<&str> {
+    non_empty(
         driver
             .kernel_module_config
             .as_ref()
             .and_then(|c| c.name.as_ref()),
-    ) {
+    )
+}
+
+/// `driver.repoConfig.configMapName`, when set.
+fn repo_config_name(driver: &DriverSpec) -> Option<&str> {
+    non_empty(
+        driver
+            .repo_config
+            .as_ref()
+            .and_then(|r| r.config_map_name.as_ref()),
+    )
+}
+
+/// `driver.certConfig.name`, when set.
+fn cert_config_name(driver: &DriverSpec) -> Option<&str> {
+    non_empty(driver.cert_config.as_ref().and_then(|c| c.name.as_ref()))
+}
+
+/// The driver ConfigMaps the policy names: (field path, name), for validate's checks.
+pub fn referenced_config_maps(driver: &DriverSpec) -> Vec<(&'static str, &str)> {
+    let mut out = Vec::new();
+    if let Some(name) = repo_config_name(driver) {
+        out.push(("spec.driver.repoConfig.configMapName", name));
+    }
+    if let Some(name) = cert_config_name(driver) {
+        out.push(("spec.driver.certConfig.name", name));
+    }
+    if let Some(name) = kernel_module_config_name(driver) {
         out.push(("spec.driver.kernelModuleConfig.name", name));
     }
     out
@@ -375,18 +391,103 @@ fn render_os(
     if !spec.is_enabled(Component::Driver) {
         return None;
     }
-    let rdma = driver.rdma_enabled();
-    let host_mofed = driver.rdma.as_ref().is_some_and(|r| r.uses_host_mofed());
-    let os = facts.os_tag.as_deref().map(os_id).unwrap_or_default();
-    let keys_of = |name: &str| -> Vec<String> {
-        facts
-            .driver_config_maps
-            .get(name)
-            .map(|cm| cm.data.keys().cloned().collect())
-            .unwrap_or_default()
-    };
+    let files = host_files(driver, facts);
+    let manager = manager_container(policy, driver);
+    let mut containers = vec![driver_container(driver, &image, files.driver_mounts)];
+    containers.extend(peermem_container(driver, &image, files.peermem_mounts));
+    let pod = pod_spec(manager, containers, files.volumes);
+    let daemon_set = daemon_set(policy, facts, driver, pod);
+    Some(objects(facts, daemon_set))
+}
 
-    let mut volumes = vec![
+/// Whether the driver builds against the host's MOFED instead of the MOFED driver container's.
+fn uses_host_mofed(driver: &DriverSpec) -> bool {
+    driver.rdma.as_ref().is_some_and(|r| r.uses_host_mofed())
+}
+
+/// The keys of the driver ConfigMap `name` (none when it is not present).
+fn config_map_keys(facts: &ClusterFacts, name: &str) -> Vec<String> {
+    facts
+        .driver_config_maps
+        .get(name)
+        .map(|cm| cm.data.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The driver pod's volumes and what the driver and peermem containers mount of them.
+#[derive(Default)]
+struct HostFiles {
+    volumes: Vec<Volume>,
+    driver_mounts: Vec<VolumeMount>,
+    peermem_mounts: Vec<VolumeMount>,
+}
+
+impl HostFiles {
+    /// `other`'s volumes and mounts after these.
+    fn append(&mut self, other: HostFiles) {
+        self.volumes.extend(other.volumes);
+        self.driver_mounts.extend(other.driver_mounts);
+        self.peermem_mounts.extend(other.peermem_mounts);
+    }
+}
+
+/// Every volume of the driver pod and the driver and peermem containers' mounts: the host
+/// directories they always use, then those of the optional sources the policy names.
+fn host_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
+    let os = facts.os_tag.as_deref().map(os_id).unwrap_or_default();
+    let mut files = standard_host_files(uses_host_mofed(driver));
+    for optional in [
+        licensing_files(driver),
+        topology_files(driver),
+        kernel_module_files(driver, facts),
+        repo_files(driver, os, facts),
+        cert_files(driver, os, facts),
+        subscription_files(driver, os, facts),
+    ] {
+        files.append(optional);
+    }
+    files
+}
+
+/// The host directories every driver pod uses and the startup-probe script, with the driver
+/// and peermem containers' mounts of them.
+fn standard_host_files(host_mofed: bool) -> HostFiles {
+    let driver_mounts = vec![
+        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+        mount(VAR_LOG, "/var/log"),
+        mount(DEV_LOG, "/dev/log"),
+        mount(HOST_OS_RELEASE, "/host-etc/os-release").read_only(),
+        mount(RUN_FABRICMANAGER, "/run/nvidia-fabricmanager"),
+        mount(RUN_TOPOLOGYD, "/run/nvidia-topologyd"),
+        mount(MOFED_USR_SRC, "/run/mellanox/drivers/usr/src").host_to_container(),
+        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
+        mount(
+            FIRMWARE_SEARCH_PATH,
+            "/sys/module/firmware_class/parameters/path",
+        ),
+        mount(SYS_DEVICES_SYSTEM, "/sys/devices/system"),
+        mount(NV_FIRMWARE, "/lib/firmware"),
+        mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH)
+            .sub_path(STARTUP_PROBE_KEY)
+            .read_only(),
+    ];
+    let peermem_mounts = vec![
+        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+        mount(VAR_LOG, "/var/log"),
+        mount(DEV_LOG, "/dev/log").read_only(),
+        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
+    ];
+    HostFiles {
+        volumes: standard_volumes(host_mofed),
+        driver_mounts,
+        peermem_mounts,
+    }
+}
+
+/// The volumes of [`standard_host_files`]. With `host_mofed` the MOFED sources are the host's
+/// `/usr/src`, else those the MOFED driver container publishes.
+fn standard_volumes(host_mofed: bool) -> Vec<Volume> {
+    vec![
         host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::DirectoryOrCreate),
         host_path_volume(VAR_LOG, "/var/log", HostPathType::Any),
         host_path_volume(DEV_LOG, "/dev/log", HostPathType::Any),
@@ -438,148 +539,150 @@ fn render_os(
             Some(0o755),
             &[],
         ),
-    ];
+    ]
+}
 
+/// vGPU guest licensing: gridd.conf (and the NLS client token) from a Secret or ConfigMap.
+fn licensing_files(driver: &DriverSpec) -> HostFiles {
+    let Some(licensing) = driver.licensing_config.as_ref() else {
+        return HostFiles::default();
+    };
+    if !driver.vgpu_licensing_enabled() {
+        return HostFiles::default();
+    }
+    let mut items = vec![("gridd.conf", "gridd.conf")];
+    let nls = licensing.nls_enabled.unwrap_or(false);
+    if nls {
+        items.push((
+            "client_configuration_token.tok",
+            "client_configuration_token.tok",
+        ));
+    }
+    let items: Vec<KeyToPath> = items
+        .iter()
+        .map(|(k, p)| KeyToPath {
+            key: (*k).to_owned(),
+            path: (*p).to_owned(),
+            mode: None,
+        })
+        .collect();
+    let volume = match non_empty(licensing.secret_name.as_ref()) {
+        Some(secret) => Volume {
+            name: LICENSING.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                items: Some(items),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        None => Volume {
+            name: LICENSING.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: non_empty(licensing.config_map_name.as_ref())
+                    .unwrap_or_default()
+                    .to_owned(),
+                items: Some(items),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    };
     let mut driver_mounts = vec![
-        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
-        mount(VAR_LOG, "/var/log"),
-        mount(DEV_LOG, "/dev/log"),
-        mount(HOST_OS_RELEASE, "/host-etc/os-release").read_only(),
-        mount(RUN_FABRICMANAGER, "/run/nvidia-fabricmanager"),
-        mount(RUN_TOPOLOGYD, "/run/nvidia-topologyd"),
-        mount(MOFED_USR_SRC, "/run/mellanox/drivers/usr/src").host_to_container(),
-        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
-        mount(
-            FIRMWARE_SEARCH_PATH,
-            "/sys/module/firmware_class/parameters/path",
-        ),
-        mount(SYS_DEVICES_SYSTEM, "/sys/devices/system"),
-        mount(NV_FIRMWARE, "/lib/firmware"),
-        mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH)
-            .sub_path(STARTUP_PROBE_KEY)
+        mount(LICENSING, "/drivers/gridd.conf")
+            .sub_path("gridd.conf")
             .read_only(),
     ];
-    let mut peermem_mounts = vec![
-        mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
-        mount(VAR_LOG, "/var/log"),
-        mount(DEV_LOG, "/dev/log").read_only(),
-        mount(RUN_MELLANOX, MOFED_DRIVERS_DIR).host_to_container(),
-    ];
-
-    // vGPU guest licensing: gridd.conf (and the NLS client token) from a Secret or ConfigMap.
-    if let Some(licensing) = driver.licensing_config.as_ref()
-        && driver.vgpu_licensing_enabled()
-    {
-        let mut items = vec![("gridd.conf", "gridd.conf")];
-        let nls = licensing.nls_enabled.unwrap_or(false);
-        if nls {
-            items.push((
-                "client_configuration_token.tok",
-                "client_configuration_token.tok",
-            ));
-        }
-        let to_paths = || {
-            items
-                .iter()
-                .map(|(k, p)| KeyToPath {
-                    key: (*k).to_owned(),
-                    path: (*p).to_owned(),
-                    mode: None,
-                })
-                .collect::<Vec<_>>()
-        };
-        let volume = match non_empty(licensing.secret_name.as_ref()) {
-            Some(secret) => Volume {
-                name: LICENSING.to_owned(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.to_owned()),
-                    items: Some(to_paths()),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-            None => Volume {
-                name: LICENSING.to_owned(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: non_empty(licensing.config_map_name.as_ref())
-                        .unwrap_or_default()
-                        .to_owned(),
-                    items: Some(to_paths()),
-                    ..ConfigMapVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-        };
-        volumes.push(volume);
+    if nls {
         driver_mounts.push(
-            mount(LICENSING, "/drivers/gridd.conf")
-                .sub_path("gridd.conf")
-                .read_only(),
+            mount(
+                LICENSING,
+                "/drivers/ClientConfigToken/client_configuration_token.tok",
+            )
+            .sub_path("client_configuration_token.tok")
+            .read_only(),
         );
-        if nls {
-            driver_mounts.push(
-                mount(
-                    LICENSING,
-                    "/drivers/ClientConfigToken/client_configuration_token.tok",
-                )
-                .sub_path("client_configuration_token.tok")
-                .read_only(),
-            );
-        }
     }
-    if let Some(topology) = non_empty(
+    HostFiles {
+        volumes: vec![volume],
+        driver_mounts,
+        peermem_mounts: Vec::new(),
+    }
+}
+
+/// The vGPU topology daemon's config, from `driver.virtualTopology.config`.
+fn topology_files(driver: &DriverSpec) -> HostFiles {
+    let Some(topology) = non_empty(
         driver
             .virtual_topology
             .as_ref()
             .and_then(|t| t.config.as_ref()),
-    ) {
-        volumes.push(common::config_map_volume(
+    ) else {
+        return HostFiles::default();
+    };
+    HostFiles {
+        volumes: vec![common::config_map_volume(
             TOPOLOGY,
             topology,
             None,
             &[("nvidia-topologyd.conf", "nvidia-topologyd.conf")],
-        ));
-        driver_mounts.push(
+        )],
+        driver_mounts: vec![
             mount(TOPOLOGY, "/etc/nvidia/nvidia-topologyd.conf")
                 .sub_path("nvidia-topologyd.conf")
                 .read_only(),
-        );
+        ],
+        peermem_mounts: Vec::new(),
     }
-    if let Some(name) = non_empty(
-        driver
-            .kernel_module_config
-            .as_ref()
-            .and_then(|c| c.name.as_ref()),
-    ) {
-        volumes.push(common::config_map_volume(
+}
+
+/// Kernel module parameters, one file per key under /drivers, for the driver and peermem.
+fn kernel_module_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
+    let Some(name) = kernel_module_config_name(driver) else {
+        return HostFiles::default();
+    };
+    let keys = config_map_keys(facts, name);
+    HostFiles {
+        volumes: vec![common::config_map_volume(
             KERNEL_MODULE_CONFIG,
             name,
             None,
             &[],
-        ));
-        let keys = keys_of(name);
-        driver_mounts.extend(per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys));
-        peermem_mounts.extend(per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys));
+        )],
+        driver_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
+        peermem_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
     }
-    let repo_config = non_empty(
-        driver
-            .repo_config
-            .as_ref()
-            .and_then(|r| r.config_map_name.as_ref()),
-    );
-    if let (Some(name), Some(dir)) = (repo_config, repo_dir(os)) {
-        volumes.push(common::config_map_volume(REPO_CONFIG, name, None, &[]));
-        driver_mounts.extend(per_key_mounts(REPO_CONFIG, dir, &keys_of(name)));
+}
+
+/// Package repository files, where the OS's package manager reads them (none for an OS
+/// without a known place).
+fn repo_files(driver: &DriverSpec, os: &str, facts: &ClusterFacts) -> HostFiles {
+    let (Some(name), Some(dir)) = (repo_config_name(driver), repo_dir(os)) else {
+        return HostFiles::default();
+    };
+    HostFiles {
+        volumes: vec![common::config_map_volume(REPO_CONFIG, name, None, &[])],
+        driver_mounts: per_key_mounts(REPO_CONFIG, dir, &config_map_keys(facts, name)),
+        peermem_mounts: Vec::new(),
     }
-    if let (Some(name), Some(dir)) = (
-        non_empty(driver.cert_config.as_ref().and_then(|c| c.name.as_ref())),
-        cert_dir(os),
-    ) {
-        volumes.push(common::config_map_volume(CERT_CONFIG, name, None, &[]));
-        driver_mounts.extend(per_key_mounts(CERT_CONFIG, dir, &keys_of(name)));
+}
+
+/// Extra CA certificates, where the OS reads them (none for an OS without a known place).
+fn cert_files(driver: &DriverSpec, os: &str, facts: &ClusterFacts) -> HostFiles {
+    let (Some(name), Some(dir)) = (cert_config_name(driver), cert_dir(os)) else {
+        return HostFiles::default();
+    };
+    HostFiles {
+        volumes: vec![common::config_map_volume(CERT_CONFIG, name, None, &[])],
+        driver_mounts: per_key_mounts(CERT_CONFIG, dir, &config_map_keys(facts, name)),
+        peermem_mounts: Vec::new(),
     }
-    // Entitled package repositories of the host, for builds on RHEL and SLES nodes when no
-    // repository config replaces them (OpenShift and CRI-O hosts provide their own).
+}
+
+/// Entitled package repositories of the host, for builds on RHEL and SLES nodes when no
+/// repository config replaces them (OpenShift and CRI-O hosts provide their own).
+fn subscription_files(driver: &DriverSpec, os: &str, facts: &ClusterFacts) -> HostFiles {
+    let repo_config = repo_config_name(driver);
     let subscriptions: &[(&str, &str, HostPathType)] = match os {
         "rhel" if !facts.openshift && facts.runtime != Runtime::CriO && repo_config.is_none() => &[
             (
@@ -610,13 +713,30 @@ fn render_os(
     };
     let mut subscriptions = subscriptions.to_vec();
     subscriptions.sort_by_key(|(_, mount_path, _)| *mount_path);
+    let mut files = HostFiles::default();
     for (i, (host, path, kind)) in subscriptions.into_iter().enumerate() {
         let name = format!("subscription-config-{i}");
-        volumes.push(host_path_volume(&name, host, kind));
-        driver_mounts.push(mount(&name, path).read_only());
+        files.volumes.push(host_path_volume(&name, host, kind));
+        files.driver_mounts.push(mount(&name, path).read_only());
     }
+    files
+}
 
-    // Containers.
+/// What the manager and the driver container are told about GPUDirect RDMA.
+fn rdma_env(driver: &DriverSpec) -> Vec<EnvVar> {
+    let mut envs = Vec::new();
+    if driver.rdma_enabled() {
+        envs.push(env("GPU_DIRECT_RDMA_ENABLED", "true"));
+        if uses_host_mofed(driver) {
+            envs.push(env("USE_HOST_MOFED", "true"));
+        }
+    }
+    envs
+}
+
+/// The k8s-driver-manager init container: it makes the node ready for a new driver (evicting
+/// GPU pods, unloading the old driver) before the driver container starts.
+fn manager_container(policy: &ValidatedPolicy, driver: &DriverSpec) -> Container {
     let mut manager_env = vec![
         env_field("NODE_NAME", "spec.nodeName"),
         // The manager talks to the API server only; it must not get GPUs from the runtime.
@@ -629,36 +749,12 @@ fn render_os(
         env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
         env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
     ];
-    let mut driver_env = vec![
-        env_field("NODE_NAME", "spec.nodeName"),
-        env_field("NODE_IP", "status.hostIP"),
-    ];
-    if let Some(kind) = driver.kernel_module_type {
-        let value = match kind {
-            KernelModuleType::Auto => "auto",
-            KernelModuleType::Open => "open",
-            KernelModuleType::Proprietary => "proprietary",
-        };
-        driver_env.push(env("KERNEL_MODULE_TYPE", value));
-        if kind == KernelModuleType::Open {
-            driver_env.push(env("OPEN_KERNEL_MODULES_ENABLED", "true"));
-        }
-    }
-    if rdma {
-        for envs in [&mut manager_env, &mut driver_env] {
-            envs.push(env("GPU_DIRECT_RDMA_ENABLED", "true"));
-            if host_mofed {
-                envs.push(env("USE_HOST_MOFED", "true"));
-            }
-        }
-    }
-    merge_user_env(&mut driver_env, driver.container.env.as_ref());
+    manager_env.extend(rdma_env(driver));
     merge_user_env(
         &mut manager_env,
         driver.manager.as_ref().and_then(|m| m.env.as_ref()),
     );
-
-    let manager = Container {
+    Container {
         env: Some(manager_env),
         security_context: Some(common::privileged()),
         volume_mounts: Some(vec![
@@ -675,10 +771,36 @@ fn render_os(
             &["driver-manager"],
             &["uninstall_driver"],
         )
-    };
+    }
+}
+
+/// The driver container's env: the node, the kernel module flavour, RDMA, then the user's.
+fn driver_env(driver: &DriverSpec) -> Vec<EnvVar> {
+    let mut driver_env = vec![
+        env_field("NODE_NAME", "spec.nodeName"),
+        env_field("NODE_IP", "status.hostIP"),
+    ];
+    if let Some(kind) = driver.kernel_module_type {
+        let value = match kind {
+            KernelModuleType::Auto => "auto",
+            KernelModuleType::Open => "open",
+            KernelModuleType::Proprietary => "proprietary",
+        };
+        driver_env.push(env("KERNEL_MODULE_TYPE", value));
+        if kind == KernelModuleType::Open {
+            driver_env.push(env("OPEN_KERNEL_MODULES_ENABLED", "true"));
+        }
+    }
+    driver_env.extend(rdma_env(driver));
+    merge_user_env(&mut driver_env, driver.container.env.as_ref());
+    driver_env
+}
+
+/// The driver container, which builds (or installs) and loads the driver and keeps it loaded.
+fn driver_container(driver: &DriverSpec, image: &str, mounts: Vec<VolumeMount>) -> Container {
     let ready_files = "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status";
-    let main = Container {
-        env: Some(driver_env),
+    Container {
+        env: Some(driver_env(driver)),
         env_from: non_empty(driver.secret_env.as_ref()).map(|secret| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource {
@@ -689,7 +811,7 @@ fn render_os(
             }]
         }),
         security_context: Some(common::privileged_s0()),
-        volume_mounts: Some(driver_mounts),
+        volume_mounts: Some(mounts),
         // Building and loading the modules can take many minutes.
         startup_probe: Some(probe(
             &["sh", STARTUP_PROBE_PATH],
@@ -710,32 +832,47 @@ fn render_os(
             }),
             ..Lifecycle::default()
         }),
-        ..common::container(MAIN_CONTAINER, &image, &["nvidia-driver"], &["init"])
-    };
-    let mut containers = vec![main];
-    if rdma {
-        let mut peermem_env = Vec::new();
-        if host_mofed {
-            peermem_env.push(env("USE_HOST_MOFED", "true"));
-        }
-        let peermem_probe = &["nvidia-driver", "probe_nvidia_peermem"];
-        containers.push(Container {
-            env: (!peermem_env.is_empty()).then_some(peermem_env),
-            security_context: Some(common::privileged_s0()),
-            volume_mounts: Some(peermem_mounts),
-            startup_probe: Some(probe(peermem_probe, [10, 10, 10, 120, 1], None)),
-            liveness_probe: Some(probe(peermem_probe, [30, 30, 10, 1, 1], None)),
-            ..common::container(
-                PEERMEM_CONTAINER,
-                &image,
-                &["nvidia-driver"],
-                &["reload_nvidia_peermem"],
-            )
-        });
+        ..common::container(MAIN_CONTAINER, image, &["nvidia-driver"], &["init"])
     }
+}
 
-    let component = || common::string_map(&[(COMPONENT_LABEL, COMPONENT)]);
-    let pod = PodSpec {
+/// The nvidia-peermem sidecar, with GPUDirect RDMA only.
+fn peermem_container(
+    driver: &DriverSpec,
+    image: &str,
+    mounts: Vec<VolumeMount>,
+) -> Option<Container> {
+    if !driver.rdma_enabled() {
+        return None;
+    }
+    let mut peermem_env = Vec::new();
+    if uses_host_mofed(driver) {
+        peermem_env.push(env("USE_HOST_MOFED", "true"));
+    }
+    let peermem_probe = &["nvidia-driver", "probe_nvidia_peermem"];
+    Some(Container {
+        env: (!peermem_env.is_empty()).then_some(peermem_env),
+        security_context: Some(common::privileged_s0()),
+        volume_mounts: Some(mounts),
+        startup_probe: Some(probe(peermem_probe, [10, 10, 10, 120, 1], None)),
+        liveness_probe: Some(probe(peermem_probe, [30, 30, 10, 1, 1], None)),
+        ..common::container(
+            PEERMEM_CONTAINER,
+            image,
+            &["nvidia-driver"],
+            &["reload_nvidia_peermem"],
+        )
+    })
+}
+
+/// The `app.kubernetes.io/component` label of driver DaemonSets and pods.
+fn component_labels() -> BTreeMap<String, String> {
+    common::string_map(&[(COMPONENT_LABEL, COMPONENT)])
+}
+
+/// The driver pod: host PID, the manager first, and at most one driver pod per node.
+fn pod_spec(manager: Container, containers: Vec<Container>, volumes: Vec<Volume>) -> PodSpec {
+    PodSpec {
         service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
         host_pid: Some(true),
         init_containers: Some(vec![manager]),
@@ -746,7 +883,7 @@ fn render_os(
             pod_anti_affinity: Some(PodAntiAffinity {
                 required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
                     label_selector: Some(LabelSelector {
-                        match_labels: Some(component()),
+                        match_labels: Some(component_labels()),
                         match_expressions: None,
                     }),
                     topology_key: "kubernetes.io/hostname".to_owned(),
@@ -757,9 +894,19 @@ fn render_os(
             ..Affinity::default()
         }),
         ..PodSpec::default()
-    };
+    }
+}
+
+/// The driver DaemonSet running `pod`: always OnDelete, with the config digest the manager
+/// compares with the node's installed driver.
+fn daemon_set(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    driver: &DriverSpec,
+    pod: PodSpec,
+) -> DaemonSet {
     let mut ds = OperandDaemonSet::new(Operand::Driver, NAME, pod, MAIN_CONTAINER);
-    ds.labels = component();
+    ds.labels = component_labels();
     ds.labels
         .insert(PRECOMPILED_LABEL.to_owned(), "false".to_owned());
     ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
@@ -771,8 +918,11 @@ fn render_os(
     ds.always_on_delete = true;
     let mut daemon_set = common::operand_daemon_set(policy, facts, ds);
     add_config_digest(&mut daemon_set);
+    daemon_set
+}
 
-    let mut objects = OperandObjects::default();
+/// The cluster-wide permissions of the driver's ServiceAccount (those of the manager).
+fn cluster_rules(facts: &ClusterFacts) -> Vec<PolicyRule> {
     let mut cluster_rules = Vec::new();
     if facts.openshift {
         cluster_rules.push(rule(
@@ -794,14 +944,11 @@ fn render_os(
         rule(&["resource.k8s.io"], &["resourceclaims"], &["get", "list"]),
         rule(&["apps"], &["daemonsets"], &["get"]),
     ]);
-    common::add_identity(
-        &mut objects,
-        Operand::Driver,
-        SERVICE_ACCOUNT,
-        openshift::use_privileged_scc(facts).into_iter().collect(),
-        cluster_rules,
-        facts,
-    );
+    cluster_rules
+}
+
+/// The ConfigMap holding the driver container's startup-probe script.
+fn startup_probe_config_map(facts: &ClusterFacts) -> ConfigMap {
     let mut probe_config = common::config_map(
         Operand::Driver,
         STARTUP_PROBE_CONFIG_MAP,
@@ -815,7 +962,22 @@ fn render_os(
         &mut probe_config.metadata,
         &[(common::APP_LABEL, NAME), (COMPONENT_LABEL, COMPONENT)],
     );
-    objects.config_maps.push(probe_config);
+    probe_config
+}
+
+/// The driver's objects around `daemon_set`: its identity (ServiceAccount, RBAC), the
+/// startup-probe ConfigMap and, on OpenShift, its SCC.
+fn objects(facts: &ClusterFacts, daemon_set: DaemonSet) -> OperandObjects {
+    let mut objects = OperandObjects::default();
+    common::add_identity(
+        &mut objects,
+        Operand::Driver,
+        SERVICE_ACCOUNT,
+        openshift::use_privileged_scc(facts).into_iter().collect(),
+        cluster_rules(facts),
+        facts,
+    );
+    objects.config_maps.push(startup_probe_config_map(facts));
     objects.daemon_sets.push(daemon_set);
     objects.dynamic.extend(openshift::scc(
         Operand::Driver,
@@ -826,7 +988,7 @@ fn render_os(
         },
         facts,
     ));
-    Some(objects)
+    objects
 }
 
 /// Sets `DRIVER_CONFIG_DIGEST` on the manager and driver containers: a hash of what decides
