@@ -2,12 +2,19 @@
 //! validate and render stages need. The `resolve` module fills it from the API server; the
 //! `render` subcommand fills it from flags, so rendering never needs a client (decision 3).
 
+mod assemble;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::nodes::NodeView;
+
+pub use assemble::{
+    NamespaceObjects, Observed, assemble, cluster_runtime, gpu_nodes, nfd_already_running,
+    parse_runtime,
+};
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

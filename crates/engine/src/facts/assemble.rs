@@ -1,0 +1,287 @@
+//! Resolve stage, the pure half: [`ClusterFacts`] from what was read of the cluster. The operator
+//! reads from its caches, the chaos checker from listings of the API server; both go through
+//! [`assemble`], so the checker cannot drift from the operator it checks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
+use crate::api::ClusterPolicySpec;
+use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
+use crate::operands::{device_plugin, driver, driver_os, mig_manager};
+
+/// The objects of the operator namespace that facts are read from, by name.
+pub trait NamespaceObjects {
+    fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>>;
+    fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>>;
+}
+
+/// What was observed about the cluster as a whole, besides the namespace's objects.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    pub namespace: String,
+    pub owner: Option<OwnerReference>,
+    pub runtime: Runtime,
+    pub openshift: bool,
+    pub service_monitor_api: bool,
+    /// Why NFD already runs, if it does ([`nfd_already_running`]).
+    pub nfd_running: Option<String>,
+    /// Every node the caches hold; the GPU nodes are picked here ([`gpu_nodes`]).
+    pub nodes: Vec<Arc<NodeView>>,
+    pub image_env: BTreeMap<String, String>,
+}
+
+/// The facts validate and render need, from the policy's references and what was observed.
+pub fn assemble(
+    spec: &ClusterPolicySpec,
+    objects: &impl NamespaceObjects,
+    observed: Observed,
+) -> ClusterFacts {
+    let present = |name: Option<&str>| -> Option<ConfigMapData> {
+        let name = name.filter(|n| !n.is_empty())?;
+        let cm = objects.config_map(name)?;
+        Some(ConfigMapData {
+            name: name.to_owned(),
+            data: cm.data.clone().unwrap_or_default(),
+        })
+    };
+    let sharing_source = present(
+        spec.device_plugin
+            .as_ref()
+            .and_then(|d| d.config.as_ref())
+            .and_then(|c| c.name.as_deref()),
+    );
+    // The schema defaults the name to the operator's own ConfigMap, which render creates.
+    let mig_config = present(
+        spec.mig_manager
+            .as_ref()
+            .and_then(mig_manager::custom_config_name),
+    );
+    let dcgm_metrics = present(
+        spec.dcgm_exporter
+            .as_ref()
+            .and_then(|d| d.config.as_ref())
+            .and_then(|c| c.name.as_deref()),
+    );
+    // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
+    let driver_config_maps = spec
+        .driver
+        .as_ref()
+        .map(|d| {
+            driver::referenced_config_maps(d)
+                .into_iter()
+                .filter_map(|(_, name)| Some((name.to_owned(), present(Some(name))?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let gpu_nodes = gpu_nodes(&observed.nodes);
+    // The OS the live driver DaemonSet runs stays the primary one (driver_os).
+    let live_os = objects
+        .daemon_set(driver::NAME)
+        .and_then(|ds| live_driver_os(&ds));
+    ClusterFacts {
+        namespace: observed.namespace,
+        owner: observed.owner,
+        runtime: observed.runtime,
+        os_tag: driver_os::primary_os(&gpu_nodes, live_os.as_deref()),
+        openshift: observed.openshift,
+        service_monitor_api: observed.service_monitor_api,
+        nfd_running: observed.nfd_running.is_some(),
+        sharing_source,
+        sharing_last_good: last_good(objects),
+        mig_config,
+        dcgm_metrics,
+        driver_config_maps,
+        gpu_nodes,
+        image_env: observed.image_env,
+    }
+}
+
+/// The GPU nodes: NFD's GPU label or our `nvidia.com/gpu.present`.
+pub fn gpu_nodes(nodes: &[Arc<NodeView>]) -> Vec<Arc<NodeView>> {
+    nodes
+        .iter()
+        .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
+        .cloned()
+        .collect()
+}
+
+/// The OS suffix of the image the live driver DaemonSet's main container runs.
+fn live_driver_os(ds: &DaemonSet) -> Option<String> {
+    let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
+    let main = pod
+        .containers
+        .iter()
+        .find(|c| c.name == driver::MAIN_CONTAINER)?;
+    driver_os::image_os_suffix(main.image.as_deref()?).map(str::to_owned)
+}
+
+/// The sharing config the live device plugin mounts (decision 4's "last good").
+fn last_good(objects: &impl NamespaceObjects) -> LastGood {
+    let Some((copy, default_key)) = objects
+        .daemon_set(device_plugin::NAME)
+        .as_deref()
+        .and_then(device_plugin::mounted_copy)
+    else {
+        return LastGood::Nothing;
+    };
+    match objects.config_map(&copy) {
+        Some(cm) => LastGood::Copy(SharingConfig {
+            source: cm
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(device_plugin::CONFIG_SOURCE_ANNOTATION))
+                .cloned()
+                .unwrap_or_else(|| copy.clone()),
+            data: cm.data.clone().unwrap_or_default(),
+            default_key,
+            default_inferred: false,
+        }),
+        None => LastGood::Gone(copy),
+    }
+}
+
+/// Why NFD counts as already running, if it does: a foreign master workload, or nodes that an
+/// NFD master annotated while ours is not deployed (decision 16).
+pub fn nfd_already_running(
+    foreign: Option<&str>,
+    nodes: &[Arc<NodeView>],
+    ours_deployed: bool,
+) -> Option<String> {
+    if let Some(workload) = foreign {
+        return Some(format!("its master runs as {workload}"));
+    }
+    let annotated = nodes.iter().filter(|n| n.nfd_annotated).count();
+    (annotated > 0 && !ours_deployed).then(|| {
+        format!("{annotated} nodes carry {NFD_ANNOTATION_PREFIX}* annotations from an NFD master that is not ours")
+    })
+}
+
+/// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU node's,
+/// else containerd.
+pub fn cluster_runtime(gpu_node_runtimes: impl IntoIterator<Item = Runtime>) -> Runtime {
+    let mut first = None;
+    for runtime in gpu_node_runtimes {
+        if runtime == Runtime::Containerd {
+            return Runtime::Containerd;
+        }
+        first.get_or_insert(runtime);
+    }
+    first.unwrap_or_default()
+}
+
+/// A node's runtime from its `containerRuntimeVersion` (`containerd://2.1.0`).
+pub fn parse_runtime(version: &str) -> Runtime {
+    match version.split("://").next() {
+        Some("cri-o") => Runtime::CriO,
+        Some("docker") => Runtime::Docker,
+        _ => Runtime::Containerd,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::model::Operand;
+    use crate::operands::test_support::{SHARED, TS4, daemon_set, sharing};
+
+    #[derive(Default)]
+    struct Listed {
+        config_maps: BTreeMap<String, Arc<ConfigMap>>,
+        daemon_sets: BTreeMap<String, Arc<DaemonSet>>,
+    }
+
+    impl NamespaceObjects for Listed {
+        fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+            self.config_maps.get(name).cloned()
+        }
+        fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {
+            self.daemon_sets.get(name).cloned()
+        }
+    }
+
+    fn config_map(name: &str, data: &[(&str, &str)]) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        })
+    }
+
+    fn spec(yaml: &str) -> ClusterPolicySpec {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn only_referenced_config_maps_that_exist_are_read() {
+        let mut listed = Listed::default();
+        listed
+            .config_maps
+            .insert("ts".into(), config_map("ts", &[("any", TS4)]));
+        listed
+            .config_maps
+            .insert("repos".into(), config_map("repos", &[("a.repo", "x")]));
+        let spec = spec(
+            "devicePlugin: {config: {name: ts}}\n\
+             dcgmExporter: {config: {name: missing}}\n\
+             driver: {repoConfig: {configMapName: repos}, certConfig: {name: certs}}\n",
+        );
+        let facts = assemble(&spec, &listed, Observed::default());
+        assert_eq!(facts.sharing_source.unwrap().data["any"], TS4);
+        assert!(facts.dcgm_metrics.is_none());
+        assert_eq!(
+            facts.driver_config_maps.keys().collect::<Vec<_>>(),
+            ["repos"]
+        );
+    }
+
+    #[test]
+    fn the_last_good_sharing_config_is_what_the_live_plugin_mounts() {
+        let plugin = daemon_set(SHARED, &sharing(&[("default", TS4)]), Operand::DevicePlugin);
+        let (copy, default_key) = device_plugin::mounted_copy(&plugin).unwrap();
+        let mut listed = Listed::default();
+        listed
+            .daemon_sets
+            .insert(device_plugin::NAME.into(), Arc::new(plugin));
+        let spec = spec(SHARED);
+        assert_eq!(
+            assemble(&spec, &listed, Observed::default()).sharing_last_good,
+            LastGood::Gone(copy.clone())
+        );
+        listed
+            .config_maps
+            .insert(copy.clone(), config_map(&copy, &[("default", TS4)]));
+        let LastGood::Copy(last) = assemble(&spec, &listed, Observed::default()).sharing_last_good
+        else {
+            panic!("no copy read back");
+        };
+        assert_eq!(
+            (last.default_key, last.data["default"].as_str()),
+            (default_key, TS4)
+        );
+    }
+
+    #[test]
+    fn containerd_wins_the_cluster_runtime_and_otherwise_the_first_node_decides() {
+        use Runtime::*;
+        assert_eq!(cluster_runtime([CriO, Containerd, Docker]), Containerd);
+        assert_eq!(cluster_runtime([Docker, CriO]), Docker);
+        assert_eq!(cluster_runtime([]), Containerd);
+        assert_eq!(parse_runtime("cri-o://1.31.0"), CriO);
+    }
+}
