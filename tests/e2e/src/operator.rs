@@ -13,6 +13,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
 use crate::cluster::{service_account_token, unique_name};
+use crate::procs::{Signal, signal};
 
 /// The operator binary built by `cargo build -p gpu-operator` (next to the test binaries).
 pub fn binary() -> Result<PathBuf> {
@@ -325,7 +326,9 @@ impl Operator {
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub fn terminate(&mut self, timeout: Duration) -> Result<Option<i32>> {
-        self.signal("-TERM")?;
+        if let Some(pid) = self.pid() {
+            signal(pid, Signal::Term)?;
+        }
         self.wait(timeout)
     }
 
@@ -334,16 +337,6 @@ impl Operator {
         if let Some(mut child) = self.child.take() {
             child.kill()?;
             child.wait()?;
-        }
-        Ok(())
-    }
-
-    fn signal(&self, signal: &str) -> Result<()> {
-        if let Some(pid) = self.pid() {
-            let status = Command::new("kill")
-                .args([signal, &pid.to_string()])
-                .status()?;
-            anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use e2e::audit::{self, AuditLog};
 use e2e::cluster::unique_name;
-use e2e::faults::{self, Harness, LeaseBlackHole};
+use e2e::faults::{ControlPlane, LeaseBlackHole};
 use e2e::nodes;
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::*;
@@ -153,14 +153,15 @@ fn assert_alive(operator: &mut Operator, who: &str) {
 /// change made after the outage within the bound.
 #[tokio::test]
 async fn api_server_restart_at_steady_state_keeps_both_replicas_and_converges() {
-    let harness = Harness::from_env().unwrap();
+    let control_plane = ControlPlane::from_env().unwrap();
     let mut s = start(json!({}), &LEASE).await;
     s.await_state(State::Ready, "policy ready").await;
     let mut standby = Operator::start(&s.identity, &LEASE).unwrap();
     await_log_count(&standby, "waiting to become leader", 1, TIMEOUT).await;
 
     // Down for longer than the Lease: the leader's write window closes and it steps down.
-    let outage = faults::stop_apiserver_for(&harness, Duration::from_secs(LEASE_SECONDS + 2))
+    let outage = control_plane
+        .restart_apiserver(&s.admin, Duration::from_secs(LEASE_SECONDS + 2))
         .await
         .unwrap();
     eprintln!("API server unavailable for {:?}", outage.unavailable);
@@ -184,7 +185,7 @@ async fn api_server_restart_at_steady_state_keeps_both_replicas_and_converges() 
 /// exiting and the rollout completes.
 #[tokio::test]
 async fn api_server_restart_mid_rollout_recovers_and_converges() {
-    let harness = Harness::from_env().unwrap();
+    let control_plane = ControlPlane::from_env().unwrap();
     let mut s = start(json!({}), &LEASE).await;
     s.await_state(State::Ready, "policy ready").await;
     let mut standby = Operator::start(&s.identity, &LEASE).unwrap();
@@ -207,7 +208,10 @@ async fn api_server_restart_mid_rollout_recovers_and_converges() {
     )
     .await
     .unwrap();
-    let outage = faults::restart_apiserver(&harness).await.unwrap();
+    let outage = control_plane
+        .restart_apiserver(&s.admin, Duration::ZERO)
+        .await
+        .unwrap();
     eprintln!("API server unavailable for {:?}", outage.unavailable);
     let converged = await_operator_converged(&s, 7, "rollout converged after the restart").await;
     eprintln!(
