@@ -1,6 +1,6 @@
 //! The Helm chart (`charts/gpu-operator`) checked by the real helm against the harness:
-//! lint and template for the default values, user scenario 1's flags and scenario 2's values
-//! file; misspelt values rejected with a message that names them; the chart's generated copies
+//! lint and template for the default values, the per-component flags NVIDIA's documentation
+//! installs with and the time-slicing values file; misspelt values rejected with a message that names them; the chart's generated copies
 //! (CRD, operator ClusterRole) equal to what the operator prints; `helm install --wait`, the
 //! operator running with nothing but the chart's ServiceAccount, `helm upgrade` rolling the
 //! sharing-config consumers and `helm uninstall` leaving no operand behind; and a CRD change
@@ -57,8 +57,8 @@ use e2e::crd::CLUSTER_POLICY_CRD as CRD_NAME;
 const MANAGED_BY_OPERATOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// User scenario 1's flags, as NVIDIA's documentation writes them.
-const SCENARIO_1: [&str; 10] = [
+/// The per-component flags NVIDIA's documentation installs with, as it writes them.
+const DOCUMENTED_FLAGS: [&str; 10] = [
     "--set",
     "driver.enabled=true",
     "--set",
@@ -71,16 +71,10 @@ const SCENARIO_1: [&str; 10] = [
     "migManager.enabled=true",
 ];
 
-/// User scenario 2's values file (time-slicing, NFD workers on GPU nodes).
-fn scenario_2_values() -> String {
-    repo_root()
-        .join("charts/gpu-operator/ci/time-slicing-values.yaml")
-        .display()
-        .to_string()
-}
-
-fn scenario_2() -> Vec<String> {
-    vec!["-f".into(), scenario_2_values()]
+/// The chart's time-slicing values file (a sharing config, NFD workers on GPU nodes), as `-f`.
+fn time_slicing_values() -> Vec<String> {
+    let file = repo_root().join("charts/gpu-operator/ci/time-slicing-values.yaml");
+    vec!["-f".into(), file.display().to_string()]
 }
 
 /// `helm template` as users type it: Helm's offline defaults (no --kube-version), which the
@@ -135,11 +129,11 @@ fn assert_spec_uses_only_api_fields(case: &str, spec: &Value) {
 }
 
 #[test]
-fn chart_lints_and_renders_the_policy_for_default_values_scenario_1_and_scenario_2() {
+fn chart_lints_and_renders_the_policy_for_default_values_documented_flags_and_time_slicing() {
     let cases: [(&str, Vec<String>); 3] = [
         ("default values", Vec::new()),
-        ("scenario 1 flags", strings(&SCENARIO_1)),
-        ("scenario 2 values", scenario_2()),
+        ("documented flags", strings(&DOCUMENTED_FLAGS)),
+        ("time-slicing values", time_slicing_values()),
     ];
     for (case, args) in &cases {
         let mut lint = strings(&["lint", "--strict"]);
@@ -236,12 +230,13 @@ fn chart_lints_and_renders_the_policy_for_default_values_scenario_1_and_scenario
         assert!(find(&docs, "ClusterRole", "gpu-operator").is_some());
 
         let sharing_config = find(&docs, "ConfigMap", "device-plugin-config");
-        if *case == "scenario 2 values" {
+        if *case == "time-slicing values" {
             assert_eq!(
                 spec["devicePlugin"]["config"],
                 json!({"name": "device-plugin-config", "default": "default"})
             );
-            let config = sharing_config.expect("scenario 2: no ConfigMap device-plugin-config");
+            let config =
+                sharing_config.expect("time-slicing values: no ConfigMap device-plugin-config");
             assert_eq!(config["metadata"]["namespace"], "gpu-operator");
             let default = config["data"]["default"].as_str().unwrap();
             assert!(default.contains("replicas: 4"), "{default}");
@@ -853,9 +848,9 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
     remove_leftovers(&admin).await;
     let namespace = release_namespace(&admin).await;
 
-    // Scenario 1: install with the documented flags, waiting for the operator Deployment (its
+    // Install with the documented flags, waiting for the operator Deployment (its
     // pod lands on a fake node, where kwok marks it ready).
-    let took = helm_release("install", &namespace, &strings(&SCENARIO_1));
+    let took = helm_release("install", &namespace, &strings(&DOCUMENTED_FLAGS));
     println!("helm install --wait: {took:?}");
     let deployment = Api::<Deployment>::namespaced(admin.clone(), &namespace)
         .get("gpu-operator")
@@ -929,13 +924,13 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
         );
     }
 
-    // Scenario 2: time-slicing through values rolls the config consumers, nothing else.
+    // Time-slicing through the values file rolls the config consumers, nothing else.
     let took = helm_release(
         "upgrade",
         &namespace,
-        &[strings(&SCENARIO_1), scenario_2()].concat(),
+        &[strings(&DOCUMENTED_FLAGS), time_slicing_values()].concat(),
     );
-    println!("helm upgrade --wait with scenario 2: {took:?}");
+    println!("helm upgrade --wait with the time-slicing values: {took:?}");
     let started = Instant::now();
     for consumer in ["nvidia-device-plugin-daemonset", "gpu-feature-discovery"] {
         let old = config_hash(&before[consumer]);
@@ -1066,7 +1061,7 @@ async fn crd_upgrade_steps(admin: &Client, namespace: &str) {
     put_crd(admin, older, BTreeMap::new()).await;
 
     // helm upgrade alone leaves it as it is.
-    helm_release("upgrade", namespace, &strings(&SCENARIO_1));
+    helm_release("upgrade", namespace, &strings(&DOCUMENTED_FLAGS));
     let served = crds.get(CRD_NAME).await.unwrap();
     assert!(
         !schema_has(&served, SPEC_NFD),

@@ -1,4 +1,4 @@
-//! Real NFD finds the GPU nodes (issue 14, point 1). The chart installed by `helm install` with
+//! Real NFD finds the GPU nodes. The chart installed by `helm install` with
 //! NFD enabled (its default) on a harness where NFD's CRDs were deleted first; the three CRDs
 //! Established; then the nfd-master and nfd-workers the operator rendered run for real
 //! (`e2e::nfd`, each as the pod kwok only pretends to run: its ServiceAccount's token, its args,

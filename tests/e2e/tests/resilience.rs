@@ -1,7 +1,7 @@
-//! The operator under faults (issue 17): the API server restarting, a leader whose Lease
-//! renewals vanish, NVIDIA's operator appearing after start-up, NFD losing half the fleet's
-//! labels, a node deleted while its label loss is in its grace period. Each test measures what
-//! it bounds and prints the figure (`eprintln!`, shown with `--nocapture`).
+//! The operator under faults: the API server restarting, a leader whose Lease renewals vanish,
+//! NVIDIA's operator appearing after start-up, NFD losing half the fleet's labels, a node
+//! deleted while its label loss is in its grace period. Each test measures what it bounds and
+//! prints the figure (`eprintln!`, shown with `--nocapture`).
 //!
 //! The API server tests stop and start the harness's kube-apiserver (e2e::faults): run them on
 //! a harness of your own, one test at a time (tests/e2e.sh does both).
