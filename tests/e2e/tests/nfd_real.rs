@@ -79,7 +79,9 @@ async fn await_nodes(
 
 #[tokio::test]
 async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_gets_ready() {
-    let admin = e2e::client().await.unwrap();
+    let Some(admin) = e2e::connect().await else {
+        return;
+    };
     e2e::helm::remove_releases(&admin).await;
     // On a fresh harness too: the leftover policies are listed through it.
     e2e::crd::install_cluster_policy_crd(&admin, "e2e-nfd-real")

@@ -145,7 +145,9 @@ async fn copies(s: &Setup) -> Vec<String> {
 
 #[tokio::test]
 async fn time_slicing_by_patching_the_live_policy() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let ns = s.identity.namespace.clone();
 
@@ -325,11 +327,14 @@ async fn time_slicing_by_patching_the_live_policy() {
 
 #[tokio::test]
 async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
-    let s = start(
+    let Some(s) = start(
         json!({"devicePlugin": {"config": {"name": "sharing", "default": "default"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let ns = s.identity.namespace.clone();
     config_map(
         &s.admin,
@@ -372,11 +377,14 @@ const PUBLISHED_MIG_CONFIG: &str =
 
 #[tokio::test]
 async fn published_mig_layouts_are_checked_against_each_gpu_model() {
-    let s = start(
+    let Some(s) = start(
         json!({"migManager": {"config": {"name": "mig-config"}}, "mig": {"strategy": "single"}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     config_map(
         &s.admin,
         &s.identity.namespace,
@@ -472,11 +480,14 @@ async fn published_mig_layouts_are_checked_against_each_gpu_model() {
 
 #[tokio::test]
 async fn an_mps_config_runs_the_mps_control_daemon_on_the_nodes_gfd_marks() {
-    let s = start(
+    let Some(s) = start(
         json!({"devicePlugin": {"config": {"name": "mps-config", "default": "mps"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let ns = s.identity.namespace.clone();
     let mps = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
     config_map(&s.admin, &ns, "mps-config", &[("mps", mps)]).await;
@@ -544,11 +555,14 @@ async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
     // As in NVIDIA's v26.7 CRD, migManager.config.name has no server-side default; without it
     // mig-manager mounts the layouts ConfigMap the operator renders itself (NVIDIA's chart sets
     // exactly this section).
-    let s = start(
+    let Some(s) = start(
         json!({"migManager": {"config": {"default": "all-disabled"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let p = s
         .await_state(State::Ready, "ready with the default MIG config")
         .await;
@@ -617,7 +631,9 @@ async fn a_missing_mig_or_dcgm_config_map_reads_the_same_in_status_and_in_gpu_op
         "migManager": {"config": {"name": "missing-layouts"}},
         "dcgmExporter": {"config": {"name": "missing-metrics"}},
     });
-    let s = start(spec.clone(), &[]).await;
+    let Some(s) = start(spec.clone(), &[]).await else {
+        return;
+    };
     await_invalid_config(&s, &["missing-layouts", "missing-metrics"]).await;
     let p = policy(&s.admin, &s.policy).await;
     const KEPT: &str = "invalid configuration, live objects kept as they were: ";
