@@ -10,6 +10,8 @@ cluster=$root/tests/cluster
 export HARNESS_PORT_BASE=${HARNESS_PORT_BASE:-16600}
 # shellcheck source=cluster/lib.sh
 source "$cluster/lib.sh"
+# The harness is started here: no cluster is a failure, not a skip (tests/e2e/src/cluster.rs).
+export E2E_REQUIRE_CLUSTER=1
 export CHAOS_FAULTS=${1:-100}
 
 # etcd is stopped for up to 60 s: with the default 50 s node-monitor grace the node controller

@@ -8,6 +8,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cluster=$root/tests/cluster
 # shellcheck source=cluster/lib.sh
 source "$cluster/lib.sh"
+# The harness is started here: a test that finds no cluster (or no harness tool) fails instead of
+# skipping itself (tests/e2e/src/cluster.rs).
+export E2E_REQUIRE_CLUSTER=1
 
 # A harness left behind by an interrupted run is stopped first.
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi

@@ -21,6 +21,9 @@ pub const MUTATING_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "d
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
     pub verb: String,
+    /// Empty for a request the API server could not authenticate (a 401 while a restarted API
+    /// server's token authenticator is still starting).
+    #[serde(default)]
     pub user: AuditUser,
     #[serde(default)]
     pub object_ref: Option<ObjectRef>,
@@ -33,8 +36,9 @@ pub struct AuditEvent {
     pub stage_timestamp: Timestamp,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct AuditUser {
+    #[serde(default)]
     pub username: String,
 }
 
@@ -223,6 +227,9 @@ mod tests {
     const LEASE: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"y","stage":"ResponseComplete","requestURI":"/apis/coordination.k8s.io/v1/namespaces/ns/leases/gpu-operator","verb":"update","user":{"username":"system:serviceaccount:ns:gpu-operator"},"objectRef":{"resource":"leases","namespace":"ns","name":"gpu-operator","apiGroup":"coordination.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-11-22T02:49:18Z","stageTimestamp":"2026-11-22T02:49:18.001Z"}"#;
     const OTHER: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"z","stage":"ResponseComplete","requestURI":"/api/v1/nodes","verb":"list","user":{"username":"admin"},"objectRef":{"resource":"nodes","apiVersion":"v1"},"requestReceivedTimestamp":"2026-11-22T02:49:19Z","stageTimestamp":"2026-11-22T02:49:19Z"}"#;
 
+    /// A lease read refused while the API server was starting again: no username.
+    const UNAUTHENTICATED: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a9a65f45-761e-4a20-a998-3d5dbd3d3f48","stage":"ResponseStarted","requestURI":"/apis/coordination.k8s.io/v1/namespaces/gpu-operator-4ff841/leases/gpu-operator-leader","verb":"get","user":{},"sourceIPs":["127.0.0.1"],"objectRef":{"resource":"leases","namespace":"gpu-operator-4ff841","name":"gpu-operator-leader","apiGroup":"coordination.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401},"requestReceivedTimestamp":"2026-11-28T18:32:26.260434Z","stageTimestamp":"2026-11-28T18:32:26.292552Z"}"#;
+
     fn log_with(text: &str) -> (AuditLog, PathBuf) {
         let path = std::env::temp_dir().join(format!(
             "audit-test-{}-{}.log",
@@ -253,6 +260,21 @@ mod tests {
         assert_eq!(by_verb_and_resource(&events)["update leases"], 1);
         assert_eq!(described_writes(&events), ["patch nodes n1"]);
         assert_eq!(log.since(Mark(0)).unwrap().len(), 3);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn an_unauthenticated_request_is_read_as_nobodys() {
+        let (log, path) = log_with(&format!("{UNAUTHENTICATED}\n{PATCH}\n"));
+        let events = log.since(Mark(0)).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].user.username, "");
+        assert_eq!(
+            log.of_user_since(Mark(0), "system:serviceaccount:ns:gpu-operator")
+                .unwrap()
+                .len(),
+            1
+        );
         std::fs::remove_file(path).unwrap();
     }
 }

@@ -1,5 +1,8 @@
-//! Connecting to the harness: the admin client, identities with their own token, and kubectl.
+//! Connecting to the harness (IO): whether this run has a test cluster at all (the one place a
+//! test without one is skipped, or failed where the harness is expected), the admin client,
+//! identities with their own token, and kubectl.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -9,6 +12,85 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+
+/// Set (to anything but empty or `0`) where a harness is expected: tests/e2e.sh and
+/// tests/chaos.sh start one and export it, so a test that finds no cluster there fails instead
+/// of being skipped, and a skip can never hide a failure in CI.
+pub const REQUIRE_CLUSTER_ENV: &str = "E2E_REQUIRE_CLUSTER";
+
+/// How to get what a skipped test needs.
+const HOW_TO_RUN: &str = "run `make test` or tests/e2e.sh";
+
+/// Whether this run must have the harness (see [`REQUIRE_CLUSTER_ENV`]).
+pub fn cluster_required() -> bool {
+    std::env::var_os(REQUIRE_CLUSTER_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// What a test does without something it needs (a test cluster, a tool the harness build
+/// provides): with it, `Some`; without it, `None` after one line on stderr naming the test and
+/// what is missing (the caller returns: the test is skipped), or a panic where the harness is
+/// expected ([`cluster_required`]). Every skip of the e2e crate is decided here.
+pub fn prerequisite<T>(missing: &str, found: Result<T>) -> Option<T> {
+    match found {
+        Ok(value) => Some(value),
+        Err(e) if cluster_required() => {
+            panic!("{missing}, but {REQUIRE_CLUSTER_ENV} is set (the harness should be up): {e:#}")
+        }
+        Err(_) => {
+            // Straight to the stderr stream: the test harness captures `eprintln!` of passing
+            // tests, and a skip has to be seen.
+            let test = std::thread::current()
+                .name()
+                .filter(|name| *name != "main")
+                .map(|name| format!("test {name} "))
+                .unwrap_or_default();
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "{test}skipped: {missing} ({HOW_TO_RUN})"
+            );
+            None
+        }
+    }
+}
+
+/// The harness this run talks to, from the environment `$HARNESS_DIR/env` sets.
+#[derive(Clone, Debug)]
+pub struct TestCluster {
+    /// Logs, pids, PKI and the audit log.
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+}
+
+impl TestCluster {
+    /// Both variables or none: `KUBECONFIG` alone may name someone's real cluster, which these
+    /// tests (they delete every ClusterPolicy, add nodes, restart the API server) must never
+    /// touch.
+    fn from_env() -> Result<Self> {
+        let dir = harness_dir()?;
+        let kubeconfig = std::env::var_os("KUBECONFIG")
+            .map(PathBuf::from)
+            .context("HARNESS_DIR is set but KUBECONFIG is not: source $HARNESS_DIR/env")?;
+        Ok(TestCluster { dir, kubeconfig })
+    }
+}
+
+/// The test cluster, or `None` when this run has none and the test is to be skipped
+/// ([`prerequisite`]). For tests that need the cluster but not a client (yet).
+pub fn test_cluster() -> Option<TestCluster> {
+    prerequisite("no test cluster", TestCluster::from_env())
+}
+
+/// The admin client of the test cluster, or `None` when this run has none and the test is to
+/// be skipped ([`prerequisite`]). Every cluster test starts here (or in the session builder,
+/// which starts here). A cluster that is there but does not answer is a failure, not a skip.
+pub async fn connect() -> Option<Client> {
+    test_cluster()?;
+    match client().await {
+        Ok(client) => Some(client),
+        Err(e) => panic!("connecting to the test cluster: {e:#}"),
+    }
+}
 
 /// The harness folder (logs, pids, audit log), from `HARNESS_DIR` as written by `up.sh`.
 pub fn harness_dir() -> Result<PathBuf> {

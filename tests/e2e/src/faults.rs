@@ -1,96 +1,46 @@
-//! Faults of the control plane and of operator processes, for the resilience and chaos tests:
-//! restarting the API server with the flags and ports `up.sh` gave it, stopping etcd for a
-//! while, signals to an operator process, and a black hole for one identity's Lease updates.
+//! Faults of the harness's control plane (IO), for the resilience tests and the chaos suite:
+//! kube-apiserver stopped and started again (after a chosen time down), kwok restarted, etcd
+//! frozen for a while, and a black hole for one identity's Lease updates. Signals to operator
+//! processes are [`crate::procs::signal`] and [`crate::operator::Operator`]'s own methods.
 //!
-//! Restarts reuse the command line of the running process (read from `/proc/<pid>/cmdline`), so
-//! ports, certificates, the audit log and etcd's data folder stay the same, and rewrite the
-//! process's line in `$HARNESS_DIR/pids` so `down.sh` stops the new process.
-//!
-//! Public API:
-//! - [`Harness::from_env`], [`restart_apiserver`], [`stop_apiserver_for`], [`stop_etcd_for`]
-//! - [`sigstop`], [`sigcont`], [`sigkill`] of an [`Operator`]
-//! - [`LeaseBlackHole::install`]: a validating webhook that never answers, so the Lease updates
-//!   of one identity hang (until the API server's webhook timeout, then fail) while everything
-//!   else it does goes through.
+//! A restart reuses the command line of the running process (read from `/proc/<pid>/cmdline`),
+//! so ports, certificates, the audit log and etcd's data folder stay the same, and rewrites the
+//! process's line in `$HARNESS_DIR/pids` so `down.sh` stops the new process. The new process is
+//! started as up.sh starts it (nohup, in the background of a shell that exits at once, so the
+//! test never has to reap it) and in a process group of its own, so a Ctrl-C of the test does
+//! not reach it.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
-use crate::operator::Operator;
-use crate::procs::{HarnessProcess, recorded};
+use crate::procs::{self, HarnessProcess, Signal, signal};
+use crate::wait;
 
-/// The running harness: its folder (pids, logs, PKI) and the API server's address.
+/// How long the API server may take to come back (the machine is loaded).
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a process gets after SIGTERM before SIGKILL, as a kubelet's grace period.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The control plane of the running harness: its folder (pids, logs, PKI).
 #[derive(Clone, Debug)]
-pub struct Harness {
-    pub dir: PathBuf,
+pub struct ControlPlane {
+    dir: PathBuf,
 }
 
-impl Harness {
-    /// The harness of `HARNESS_DIR` (set by sourcing `$HARNESS_DIR/env`).
-    pub fn from_env() -> Result<Self> {
-        Ok(Harness {
-            dir: crate::cluster::harness_dir()?,
-        })
-    }
-
-    /// The process `up.sh` recorded as `name` (`etcd`, `kube-apiserver`, ...).
-    pub fn process(&self, name: &str) -> Result<HarnessProcess> {
-        recorded(&self.dir)?
-            .into_iter()
-            .find(|p| p.name == name)
-            .with_context(|| format!("no {name} recorded in {}/pids", self.dir.display()))
-    }
-
-    /// Whether the API server answers `/readyz` with 200 (admin client certificate, via curl as
-    /// up.sh checks it).
-    pub fn apiserver_ready(&self) -> bool {
-        let Ok(url) = self.apiserver_url() else {
-            return false;
-        };
-        let pki = self.dir.join("pki");
-        Command::new("curl")
-            .arg("-sf")
-            .arg("--max-time")
-            .arg("2")
-            .arg("--cacert")
-            .arg(pki.join("ca.crt"))
-            .arg("--cert")
-            .arg(pki.join("admin.crt"))
-            .arg("--key")
-            .arg(pki.join("admin.key"))
-            .arg(format!("{url}/readyz"))
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }
-
-    /// `https://127.0.0.1:<port>` from the admin kubeconfig.
-    fn apiserver_url(&self) -> Result<String> {
-        let text = std::fs::read_to_string(self.dir.join("admin.kubeconfig"))?;
-        let config: serde_json::Value = serde_yaml_ng::from_str(&text)?;
-        config["clusters"][0]["cluster"]["server"]
-            .as_str()
-            .map(str::to_owned)
-            .context("no server in admin.kubeconfig")
-    }
-
-    /// Waits until the API server is ready again; returns how long that took.
-    pub async fn await_apiserver_ready(&self, timeout: Duration) -> Result<Duration> {
-        let started = Instant::now();
-        while !self.apiserver_ready() {
-            if started.elapsed() > timeout {
-                bail!("kube-apiserver not ready within {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Ok(started.elapsed())
-    }
+/// What a control-plane fault measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Outage {
+    /// From the stop signal until the API server was ready again.
+    pub unavailable: Duration,
 }
 
 /// A harness process stopped by a fault, with what it takes to start it again.
@@ -98,7 +48,142 @@ struct Stopped {
     name: String,
     binary: String,
     args: Vec<String>,
-    log: PathBuf,
+}
+
+impl ControlPlane {
+    /// The harness of `HARNESS_DIR` (set by sourcing `$HARNESS_DIR/env`).
+    pub fn from_env() -> Result<Self> {
+        Ok(ControlPlane {
+            dir: crate::cluster::harness_dir()?,
+        })
+    }
+
+    /// The running process `up.sh` recorded as `name` (`etcd`, `kube-apiserver`, ...).
+    pub fn process(&self, name: &str) -> Result<HarnessProcess> {
+        let process = procs::recorded(&self.dir)?
+            .into_iter()
+            .find(|p| p.name == name)
+            .with_context(|| format!("no {name} recorded in {}/pids", self.dir.display()))?;
+        anyhow::ensure!(
+            process.is_running(),
+            "{name} (pid {}) is not running",
+            process.pid
+        );
+        Ok(process)
+    }
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s), keeps it down for `down` more,
+    /// starts it again with the same flags and waits until it serves requests again
+    /// ([`Self::await_apiserver`]).
+    pub async fn restart_apiserver(&self, admin: &Client, down: Duration) -> Result<Outage> {
+        let started = Instant::now();
+        let stopped = self.stop("kube-apiserver").await?;
+        tokio::time::sleep(down).await;
+        self.start_again(&stopped)?;
+        self.await_apiserver(admin).await?;
+        Ok(Outage {
+            unavailable: started.elapsed(),
+        })
+    }
+
+    /// Restarts kwok (the fake kubelets). kwok v0.8 does not always re-establish its pod watch
+    /// after an API server restart (pods stay unpatched for minutes), where real kubelets
+    /// reconnect: the chaos suite restarts it so that what is measured is the operator.
+    pub async fn restart_kwok(&self) -> Result<()> {
+        let stopped = self.stop("kwok").await?;
+        self.start_again(&stopped)?;
+        Ok(())
+    }
+
+    /// Freezes etcd for `duration` (SIGSTOP), then lets it go on (SIGCONT): the API server stays
+    /// up and its requests wait, then fail. SIGCONT is sent whatever happens in between, so the
+    /// harness never stays frozen.
+    pub async fn pause_etcd_for(&self, duration: Duration) -> Result<()> {
+        let etcd = self.process("etcd")?;
+        signal(etcd.pid, Signal::Stop)?;
+        tokio::time::sleep(duration).await;
+        signal(etcd.pid, Signal::Cont)
+    }
+
+    /// Waits until the API server reports ready (`/readyz`, which includes its informers'
+    /// sync: before it, RBAC denies every ServiceAccount), and answers a read.
+    pub async fn await_apiserver(&self, admin: &Client) -> Result<()> {
+        let api: Api<Namespace> = Api::all(admin.clone());
+        wait::until(READY_TIMEOUT, "kube-apiserver ready again", || {
+            let api = api.clone();
+            async move {
+                if let Err(e) = crate::cluster::kubectl_output(&["get", "--raw", "/readyz"]) {
+                    return Ok(Err(e.to_string()));
+                }
+                Ok(
+                    match tokio::time::timeout(Duration::from_secs(5), api.get("default")).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("no answer within 5s".into()),
+                    },
+                )
+            }
+        })
+        .await
+    }
+
+    /// Stops harness process `name` (SIGTERM, SIGKILL after [`STOP_GRACE`]) and returns how to
+    /// start it again.
+    async fn stop(&self, name: &str) -> Result<Stopped> {
+        let process = self.process(name)?;
+        let args = cmdline_args(process.pid)?;
+        signal(process.pid, Signal::Term)?;
+        if self.await_exit(&process, STOP_GRACE).await.is_err() {
+            signal(process.pid, Signal::Kill)?;
+            self.await_exit(&process, Duration::from_secs(30)).await?;
+        }
+        Ok(Stopped {
+            name: name.to_owned(),
+            binary: process.binary,
+            args,
+        })
+    }
+
+    async fn await_exit(&self, process: &HarnessProcess, timeout: Duration) -> Result<()> {
+        wait::until(timeout, &format!("{} stopped", process.name), || {
+            let running = process.is_running();
+            async move {
+                Ok(if running {
+                    Err("running".into())
+                } else {
+                    Ok(())
+                })
+            }
+        })
+        .await
+    }
+
+    /// Starts a stopped process again, its output appended to its log, and records its new pid.
+    fn start_again(&self, stopped: &Stopped) -> Result<u32> {
+        let log = self.dir.join("logs").join(format!("{}.log", stopped.name));
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(r#"log=$1; shift; nohup "$@" >>"$log" 2>&1 </dev/null & echo $!"#)
+            .arg("sh")
+            .arg(&log)
+            .arg(&stopped.binary)
+            .args(&stopped.args)
+            .process_group(0)
+            .output()
+            .with_context(|| format!("starting {} again", stopped.name))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "starting {} again failed: {}",
+            stopped.name,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let pid: u32 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .context("reading the new pid")?;
+        record_pid(&self.dir, &stopped.name, pid)?;
+        Ok(pid)
+    }
 }
 
 /// The command line of a running pid, without the program itself.
@@ -113,69 +198,6 @@ fn cmdline_args(pid: u32) -> Result<Vec<String>> {
     anyhow::ensure!(!words.is_empty(), "pid {pid} has an empty command line");
     words.remove(0);
     Ok(words)
-}
-
-/// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to `pid` with kill(1).
-fn signal(pid: u32, signal: &str) -> Result<()> {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .context("running kill")?;
-    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
-    Ok(())
-}
-
-/// Stops harness process `name` (SIGTERM, SIGKILL after 10 s) and returns how to start it
-/// again.
-async fn stop(harness: &Harness, name: &str) -> Result<Stopped> {
-    let process = harness.process(name)?;
-    anyhow::ensure!(
-        process.is_running(),
-        "{name} (pid {}) is not running",
-        process.pid
-    );
-    let args = cmdline_args(process.pid)?;
-    signal(process.pid, "TERM")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while process.is_running() {
-        if Instant::now() > deadline {
-            signal(process.pid, "KILL")?;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(Stopped {
-        name: name.to_owned(),
-        binary: process.binary,
-        args,
-        log: harness.dir.join("logs").join(format!("{name}.log")),
-    })
-}
-
-/// Starts a stopped process again, detached (as up.sh does: nohup in the background of a shell
-/// that exits at once, so the test process never has to reap it), and records its new pid.
-fn start_again(harness: &Harness, stopped: &Stopped) -> Result<u32> {
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg(r#"log=$1; shift; nohup "$@" >>"$log" 2>&1 </dev/null & echo $!"#)
-        .arg("sh")
-        .arg(&stopped.log)
-        .arg(&stopped.binary)
-        .args(&stopped.args)
-        .output()
-        .with_context(|| format!("starting {} again", stopped.name))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "starting {} again failed: {}",
-        stopped.name,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let pid: u32 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .context("reading the new pid")?;
-    record_pid(&harness.dir, &stopped.name, pid)?;
-    Ok(pid)
 }
 
 /// Rewrites `name`'s line in `<dir>/pids` with `pid` (same binary, same position, so down.sh
@@ -193,72 +215,8 @@ fn record_pid(dir: &Path, name: &str, pid: u32) -> Result<()> {
             }
         })
         .collect();
-    std::fs::write(&path, rewritten.join("\n") + "\n")?;
-    Ok(())
-}
-
-/// What a control-plane fault measured.
-#[derive(Clone, Copy, Debug)]
-pub struct Outage {
-    /// From the stop signal until the API server answered `/readyz` again.
-    pub unavailable: Duration,
-}
-
-/// Restarts kube-apiserver (SIGTERM, then the same command line) and waits until it is ready.
-pub async fn restart_apiserver(harness: &Harness) -> Result<Outage> {
-    stop_apiserver_for(harness, Duration::ZERO).await
-}
-
-/// Stops kube-apiserver, keeps it down for `down`, starts it again with the same flags and
-/// waits until it is ready.
-pub async fn stop_apiserver_for(harness: &Harness, down: Duration) -> Result<Outage> {
-    let started = Instant::now();
-    let stopped = stop(harness, "kube-apiserver").await?;
-    tokio::time::sleep(down).await;
-    start_again(harness, &stopped)?;
-    harness
-        .await_apiserver_ready(Duration::from_secs(180))
-        .await?;
-    Ok(Outage {
-        unavailable: started.elapsed(),
-    })
-}
-
-/// Stops etcd for `down` (the API server stays up and answers with errors meanwhile), starts it
-/// again on the same data folder and waits until the API server is ready.
-pub async fn stop_etcd_for(harness: &Harness, down: Duration) -> Result<Outage> {
-    let started = Instant::now();
-    let stopped = stop(harness, "etcd").await?;
-    tokio::time::sleep(down).await;
-    start_again(harness, &stopped)?;
-    harness
-        .await_apiserver_ready(Duration::from_secs(180))
-        .await?;
-    Ok(Outage {
-        unavailable: started.elapsed(),
-    })
-}
-
-fn operator_pid(operator: &Operator) -> Result<u32> {
-    operator
-        .pid()
-        .context("the operator process has already been reaped")
-}
-
-/// Freezes the operator process (SIGSTOP): it holds its connections and timers but does
-/// nothing, as a process on a stalled node or in a long GC pause.
-pub fn sigstop(operator: &Operator) -> Result<()> {
-    signal(operator_pid(operator)?, "STOP")
-}
-
-/// Lets a frozen operator process run again (SIGCONT).
-pub fn sigcont(operator: &Operator) -> Result<()> {
-    signal(operator_pid(operator)?, "CONT")
-}
-
-/// Kills the operator process (SIGKILL, no clean-up, no Lease release) and reaps it.
-pub fn sigkill(operator: &mut Operator) -> Result<()> {
-    operator.kill()
+    std::fs::write(&path, rewritten.join("\n") + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn webhook_configs(client: &Client) -> Api<DynamicObject> {

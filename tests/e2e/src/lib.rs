@@ -22,4 +22,4 @@ pub mod steady;
 pub mod tools;
 pub mod wait;
 
-pub use cluster::{client, kubectl};
+pub use cluster::{client, connect, kubectl};

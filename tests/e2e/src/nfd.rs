@@ -1,4 +1,4 @@
-//! Real Node Feature Discovery on the harness (issue 14): `nfd-master` and `nfd-worker`, built
+//! Real Node Feature Discovery on the harness: `nfd-master` and `nfd-worker`, built
 //! from NFD's Go module at the version the operator deploys (tests/cluster/build.sh), run for
 //! the pods of the NFD Deployment and DaemonSet the operator applied. kwok only marks those pods
 //! running; [`RealNfd`] runs their containers as a kubelet would, from the live pod: command,

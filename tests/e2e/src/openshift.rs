@@ -134,40 +134,19 @@ pub async fn run_on_simulated_openshift<T>(
     }
 }
 
-/// An operator session on the simulated OpenShift as installed there: the ClusterPolicy CRD,
-/// leftovers of failed tests removed, the operator running with its generated ClusterRole under
-/// the test's name `operator_role` (decision 13; the API server refuses Roles that grant `use` of
-/// SCCs unless the operator holds that itself), and a policy with `spec` created.
+/// An operator session on the simulated OpenShift as installed there: the operator running
+/// with its generated ClusterRole under the test's name `operator_role` (decision 13; the API
+/// server refuses Roles that grant `use` of SCCs unless the operator holds that itself; the
+/// fixed name lets [`run_on_simulated_openshift`] remove it after a panic too), and a policy
+/// with `spec` created. Called inside [`run_on_simulated_openshift`], whose caller connected:
+/// the test cluster is there.
 pub async fn start_with_generated_role(
-    admin: &Client,
     operator_role: &str,
     spec: serde_json::Value,
 ) -> crate::session::Setup {
-    use crate::operator::{Operator, OperatorIdentity};
-    crate::crd::install_cluster_policy_crd(admin, "e2e-controller-test")
+    crate::session::builder()
+        .cluster_role(crate::operator::generated_role(operator_role))
+        .start(spec)
         .await
-        .unwrap();
-    crate::session::remove_leftovers(admin).await;
-    let mut role = gpu_operator::render::rbac::operator_cluster_role();
-    role.metadata.name = Some(operator_role.to_owned());
-    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
-        .patch(
-            operator_role,
-            &PatchParams::apply("e2e-openshift").force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(admin, operator_role)
-        .await
-        .unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = crate::cluster::unique_name("cluster-policy");
-    crate::session::create_policy(admin, &policy, spec).await;
-    crate::session::Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy,
-    }
+        .expect("the caller connected to the test cluster")
 }

@@ -10,9 +10,10 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::cluster::{service_account_token, unique_name};
+use crate::procs::{Signal, signal};
 
 /// The operator binary built by `cargo build -p gpu-operator` (next to the test binaries).
 pub fn binary() -> Result<PathBuf> {
@@ -53,20 +54,29 @@ impl Drop for OperatorIdentity {
 
 impl OperatorIdentity {
     /// A fresh namespace with a ServiceAccount bound to the operator's generated ClusterRole
-    /// (`gpu-operator rbac`, what the chart and the CSV grant), created under the namespace's
-    /// name: the operator runs with exactly the chart's RBAC, never more. [`Self::delete`]
-    /// removes the role too.
+    /// (`gpu-operator rbac`, what the chart and the CSV grant), created for this identity alone:
+    /// the operator runs with exactly the chart's RBAC, never more. [`Self::delete`] removes
+    /// the role too.
     pub async fn with_generated_role(admin: &Client) -> Result<Self> {
-        let name = unique_name("gpu-operator-role");
-        let mut role = gpu_operator::render::rbac::operator_cluster_role();
-        role.metadata = ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        };
+        Self::with_role(admin, generated_role(&unique_name("gpu-operator-role"))).await
+    }
+
+    /// [`Self::create`] with `role` applied first (server-side, so a role of a fixed name that
+    /// an interrupted run left is taken over); [`Self::delete`] removes the role too.
+    pub async fn with_role(admin: &Client, role: ClusterRole) -> Result<Self> {
+        let name = role
+            .metadata
+            .name
+            .clone()
+            .context("the ClusterRole has no name")?;
         Api::<ClusterRole>::all(admin.clone())
-            .create(&PostParams::default(), &role)
+            .patch(
+                &name,
+                &PatchParams::apply("e2e-operator-identity").force(),
+                &Patch::Apply(&role),
+            )
             .await
-            .with_context(|| format!("creating the generated ClusterRole {name}"))?;
+            .with_context(|| format!("applying ClusterRole {name}"))?;
         let mut identity = Self::create(admin, &name).await?;
         identity.own_role = Some(name);
         Ok(identity)
@@ -152,6 +162,16 @@ impl OperatorIdentity {
         }
         Ok(())
     }
+}
+
+/// The operator's generated ClusterRole (`gpu-operator rbac`) under `name`.
+pub fn generated_role(name: &str) -> ClusterRole {
+    let mut role = gpu_operator::render::rbac::operator_cluster_role();
+    role.metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        ..ObjectMeta::default()
+    };
+    role
 }
 
 /// A kubeconfig with the harness server and CA but authenticating with `token` only, written to
@@ -325,7 +345,9 @@ impl Operator {
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub fn terminate(&mut self, timeout: Duration) -> Result<Option<i32>> {
-        self.signal("-TERM")?;
+        if let Some(pid) = self.pid() {
+            signal(pid, Signal::Term)?;
+        }
         self.wait(timeout)
     }
 
@@ -334,16 +356,6 @@ impl Operator {
         if let Some(mut child) = self.child.take() {
             child.kill()?;
             child.wait()?;
-        }
-        Ok(())
-    }
-
-    fn signal(&self, signal: &str) -> Result<()> {
-        if let Some(pid) = self.pid() {
-            let status = Command::new("kill")
-                .args([signal, &pid.to_string()])
-                .status()?;
-            anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
         }
         Ok(())
     }

@@ -1,10 +1,50 @@
-//! What the harness processes are and where they listen, from `$HARNESS_DIR/pids` and /proc.
+//! Processes the tests start or watch (IO): what the harness processes are and where they
+//! listen, from `$HARNESS_DIR/pids` and /proc, and signals to any of them by pid.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
+use std::process::Command;
 
 use anyhow::{Context, Result};
+
+/// The signals the tests send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// Asks a process to shut down (a kubelet's first step).
+    Term,
+    /// Ends it at once: no clean-up, no Lease released.
+    Kill,
+    /// Freezes it: it keeps its connections and timers but does nothing, as a process on a
+    /// stalled node or in a long GC pause.
+    Stop,
+    /// Lets a stopped process run again.
+    Cont,
+}
+
+impl Signal {
+    /// The name kill(1) takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Signal::Term => "TERM",
+            Signal::Kill => "KILL",
+            Signal::Stop => "STOP",
+            Signal::Cont => "CONT",
+        }
+    }
+}
+
+/// Sends `signal` to `pid` with kill(1) (the crate forbids the unsafe libc call).
+pub fn signal(pid: u32, signal: Signal) -> Result<()> {
+    let name = signal.name();
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{name} {pid} failed");
+    Ok(())
+}
 
 /// A process `up.sh` started: its name, pid and the binary it runs.
 #[derive(Clone, Debug)]

@@ -1,7 +1,9 @@
-//! One operator session for an end-to-end test: the ClusterPolicy CRD installed, leftovers of
-//! failed tests removed, the operator binary running with its own ServiceAccount identity and
-//! a policy created; plus the waits and edits the tests share. A failed step panics: this is
-//! test support, and the panic message is the test's failure.
+//! One operator session for an end-to-end test (IO), set up by one builder ([`builder`]): the
+//! ClusterPolicy CRD (and others) installed, leftovers of failed tests removed, the operator
+//! binary running with its own ServiceAccount identity and a policy created; plus the waits and
+//! edits the tests share. Where this run has no test cluster, starting a session returns `None`
+//! and the test returns (skipped; [`crate::cluster::prerequisite`]). A failed step panics: this
+//! is test support, and the panic message is the test's failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -11,6 +13,7 @@ use gpu_operator::api::{ClusterPolicy, State};
 use gpu_operator::model::Kind;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -144,21 +147,126 @@ pub async fn remove_leftovers(admin: &Client) {
     .unwrap();
 }
 
-pub async fn start(spec: serde_json::Value, extra: &[&str]) -> Setup {
-    let admin = crate::client().await.unwrap();
-    crate::crd::install_cluster_policy_crd(&admin, "e2e-controller-test")
-        .await
+/// The field manager of every session's CRD installs. The OLM tests apply the bundle's copies
+/// of the same CRDs under it too, so a session's apply of the committed copy takes back any
+/// field they set.
+pub const CRD_FIELD_MANAGER: &str = "e2e-controller-test";
+
+/// A CRD a session installs beside the ClusterPolicy's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crd {
+    NvidiaDriver,
+    GpuCluster,
+}
+
+/// How a test's operator session is set up; [`builder`] starts one. The steps, in order:
+/// connect (or skip the test where this run has no cluster: [`crate::cluster::connect`]), the
+/// CRDs installed, leftovers of failed tests removed ([`remove_leftovers`]), then (from
+/// [`Prepared`], after what the test itself removes or adds) the operator's identity with its
+/// ClusterRole, the operator process and, for [`Prepared::start`], the policy.
+#[derive(Default)]
+pub struct SessionBuilder {
+    crds: Vec<Crd>,
+    cluster_role: Option<ClusterRole>,
+    operator_args: Vec<String>,
+}
+
+/// A session builder: the generated ClusterRole, no extra CRD, no extra operator argument.
+pub fn builder() -> SessionBuilder {
+    SessionBuilder::default()
+}
+
+/// A session with the generated ClusterRole running the operator with `extra` arguments and a
+/// policy with `spec`; `None` where this run has no test cluster (the test is skipped).
+pub async fn start(spec: serde_json::Value, extra: &[&str]) -> Option<Setup> {
+    builder().operator_args(extra).start(spec).await
+}
+
+impl SessionBuilder {
+    /// Installs `crd` too (and waits until it is established).
+    pub fn crd(mut self, crd: Crd) -> Self {
+        self.crds.push(crd);
+        self
+    }
+
+    /// Runs the operator with `role` (applied, and deleted with the identity) instead of a
+    /// fresh copy of the generated one.
+    pub fn cluster_role(mut self, role: ClusterRole) -> Self {
+        self.cluster_role = Some(role);
+        self
+    }
+
+    /// Extra arguments of `gpu-operator run`.
+    pub fn operator_args(mut self, args: &[&str]) -> Self {
+        self.operator_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+
+    /// Connects, installs the CRDs and removes leftovers; `None` where this run has no test
+    /// cluster (the test is skipped).
+    pub async fn prepare(self) -> Option<Prepared> {
+        let admin = crate::cluster::connect().await?;
+        crate::crd::install_cluster_policy_crd(&admin, CRD_FIELD_MANAGER)
+            .await
+            .unwrap();
+        for crd in &self.crds {
+            match crd {
+                Crd::NvidiaDriver => {
+                    crate::crd::install_nvidia_driver_crd(&admin, CRD_FIELD_MANAGER)
+                        .await
+                        .unwrap()
+                }
+                Crd::GpuCluster => crate::dra::install_gpu_cluster_crd(&admin).await.unwrap(),
+            }
+        }
+        remove_leftovers(&admin).await;
+        Some(Prepared {
+            admin,
+            cluster_role: self.cluster_role,
+            operator_args: self.operator_args,
+        })
+    }
+
+    /// [`Self::prepare`], then [`Prepared::start`].
+    pub async fn start(self, spec: serde_json::Value) -> Option<Setup> {
+        Some(self.prepare().await?.start(spec).await)
+    }
+}
+
+/// A cluster ready for a session: CRDs installed, leftovers removed, no operator yet. A test
+/// removes or adds what it needs besides (its own leftovers, extra nodes) with `admin` before
+/// the operator starts.
+pub struct Prepared {
+    pub admin: Client,
+    cluster_role: Option<ClusterRole>,
+    operator_args: Vec<String>,
+}
+
+impl Prepared {
+    /// The operator's identity and process, and no policy (for tests of other custom
+    /// resources).
+    pub async fn start_operator(self) -> (Client, OperatorIdentity, Operator) {
+        let identity = match self.cluster_role {
+            Some(role) => OperatorIdentity::with_role(&self.admin, role).await,
+            None => OperatorIdentity::with_generated_role(&self.admin).await,
+        }
         .unwrap();
-    remove_leftovers(&admin).await;
-    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
-    let operator = Operator::start(&identity, extra).unwrap();
-    let policy = unique_name("cluster-policy");
-    create_policy(&admin, &policy, spec).await;
-    Setup {
-        admin,
-        identity,
-        operator,
-        policy,
+        let args: Vec<&str> = self.operator_args.iter().map(String::as_str).collect();
+        let operator = Operator::start(&identity, &args).unwrap();
+        (self.admin, identity, operator)
+    }
+
+    /// The operator's identity and process, and a policy with `spec`.
+    pub async fn start(self, spec: serde_json::Value) -> Setup {
+        let (admin, identity, operator) = self.start_operator().await;
+        let policy = unique_name("cluster-policy");
+        create_policy(&admin, &policy, spec).await;
+        Setup {
+            admin,
+            identity,
+            operator,
+            policy,
+        }
     }
 }
 

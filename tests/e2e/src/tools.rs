@@ -28,6 +28,22 @@ pub fn on_path(name: &str) -> Result<PathBuf> {
         .with_context(|| format!("resolving {name}"))
 }
 
+/// Harness tool `name` (helm, kubectl, ...) for a test that runs it, or `None` when it is not on
+/// PATH and the test is to be skipped ([`crate::cluster::prerequisite`]).
+pub fn harness_tool(name: &str) -> Option<PathBuf> {
+    crate::cluster::prerequisite(&format!("{name} is not on PATH"), on_path(name))
+}
+
+/// The checker `script` builds (or reuses), for a test that runs it, or `None` when it cannot
+/// be built here (no Go toolchain, no module proxy) and the test is to be skipped
+/// ([`crate::cluster::prerequisite`]).
+pub fn checker(script: &str) -> Option<PathBuf> {
+    crate::cluster::prerequisite(
+        &format!("{script} could not build its tool"),
+        built_by(script),
+    )
+}
+
 /// Runs `script` (relative to the clone, e.g. `tests/olm/build.sh`), which builds a tool or
 /// reuses its cached build and prints the binary's path as its last line; that path.
 pub fn built_by(script: &str) -> Result<PathBuf> {

@@ -217,7 +217,9 @@ async fn sharing_config(setup: &Setup) {
 
 #[tokio::test]
 async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_makes() {
-    let setup = session::start(contract::policy(), &[]).await;
+    let Some(setup) = session::start(contract::policy(), &[]).await else {
+        return;
+    };
     sharing_config(&setup).await;
     setup
         .await_state(State::Ready, "contract policy ready")
@@ -229,16 +231,16 @@ async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_
 
 #[tokio::test]
 async fn on_openshift_every_operand_may_make_its_requests_and_use_its_scc() {
-    let admin = e2e::client().await.unwrap();
+    let Some(admin) = e2e::connect().await else {
+        return;
+    };
     let failures =
-        openshift::run_on_simulated_openshift(&admin, OPERATOR_ROLE, openshift_contract(&admin))
-            .await;
+        openshift::run_on_simulated_openshift(&admin, OPERATOR_ROLE, openshift_contract()).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-async fn openshift_contract(admin: &Client) -> Vec<String> {
-    let setup =
-        openshift::start_with_generated_role(admin, OPERATOR_ROLE, contract::policy()).await;
+async fn openshift_contract() -> Vec<String> {
+    let setup = openshift::start_with_generated_role(OPERATOR_ROLE, contract::policy()).await;
     sharing_config(&setup).await;
     setup
         .await_state(State::Ready, "contract policy ready on OpenShift")

@@ -20,7 +20,9 @@ use serde_json::json;
 
 #[tokio::test]
 async fn policy_rolls_out_every_operand_on_gpu_nodes_only_and_becomes_ready() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     let policy = s.await_state(State::Ready, "policy ready").await;
     let status = policy.status.unwrap();
     let components: Vec<String> = status
@@ -96,7 +98,9 @@ async fn policy_rolls_out_every_operand_on_gpu_nodes_only_and_becomes_ready() {
 
 #[tokio::test]
 async fn disabling_dcgm_exporter_removes_its_objects_and_rolls_nothing_else() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let before = s.generations().await;
     s.patch_policy(json!({"spec": {"dcgmExporter": {"enabled": false}}}))
@@ -202,15 +206,16 @@ async fn await_unsupported(s: &Setup, paths: &[&str]) -> String {
 
 #[tokio::test]
 async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
-    let s = start(
+    let Some(s) = start(
         json!({
             "driver": {"useOpenKernelModules": true, "upgradePolicy": {"autoUpgrade": false}, "livenessProbe": {"periodSeconds": 20}},
             "operator": {"metrics": {"serviceMonitor": {"enabled": true}}},
             "gds": {"enabled": true},
         }),
         &[],
-    )
-    .await;
+    ).await else {
+        return;
+    };
     let message = await_unsupported(
         &s,
         &[
@@ -236,7 +241,9 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
 
 #[tokio::test]
 async fn patching_the_device_plugin_config_name_rolls_the_config_consumers_only() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     config_map(
         &s.admin,
@@ -269,11 +276,14 @@ async fn patching_the_device_plugin_config_name_rolls_the_config_consumers_only(
 
 #[tokio::test]
 async fn editing_the_referenced_configmap_rolls_the_device_plugin_within_2_seconds() {
-    let s = start(
+    let Some(s) = start(
         json!({"devicePlugin": {"config": {"name": "time-slicing-config"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     config_map(
         &s.admin,
         &s.identity.namespace,
@@ -325,7 +335,9 @@ async fn editing_the_referenced_configmap_rolls_the_device_plugin_within_2_secon
 
 #[tokio::test]
 async fn deleting_or_editing_a_managed_daemonset_is_undone_within_2_seconds() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let ds = s.daemonsets();
     ds.delete("gpu-feature-discovery", &DeleteParams::background())
@@ -380,7 +392,9 @@ async fn deleting_or_editing_a_managed_daemonset_is_undone_within_2_seconds() {
 
 #[tokio::test]
 async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_lease() {
-    let mut s = start(json!({}), &[]).await;
+    let Some(mut s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     // What the old process still sends while it stops does not count.
     s.operator.terminate(Duration::from_secs(20)).unwrap();
@@ -401,7 +415,9 @@ async fn restarting_the_operator_with_nothing_changed_makes_no_writes_but_its_le
 
 #[tokio::test]
 async fn crash_looping_validator_pods_turn_the_status_not_ready_until_they_recover() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let victim = nodes::gpu_node_names(&s.admin).await.unwrap()[0].clone();
     let crash = CrashLoop::start(&s.admin, &victim, "nvidia-operator-validator")
@@ -433,7 +449,9 @@ async fn crash_looping_validator_pods_turn_the_status_not_ready_until_they_recov
 
 #[tokio::test]
 async fn a_second_policy_is_ignored_and_deleting_the_active_one_removes_every_operand() {
-    let s = start(json!({}), &[]).await;
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let second = unique_name("second-policy");
     create_policy(&s.admin, &second, json!({"driver": {"enabled": false}})).await;
@@ -478,7 +496,9 @@ async fn a_second_policy_is_ignored_and_deleting_the_active_one_removes_every_op
 
 #[tokio::test]
 async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_them() {
-    let s = start(json!({}), &["--gpu-label-grace-seconds", "3"]).await;
+    let Some(s) = start(json!({}), &["--gpu-label-grace-seconds", "3"]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let name = unique_name("late-t4");
     nodes::create(&s.admin, &[FakeNode::gpu(&name, GpuModel::T4)])
@@ -548,7 +568,9 @@ async fn a_new_gpu_node_gets_labels_and_pods_and_losing_its_nfd_label_removes_th
 
 #[tokio::test]
 async fn an_untolerated_taint_shows_in_status_and_a_short_nfd_label_loss_deletes_nothing() {
-    let s = start(json!({}), &["--gpu-label-grace-seconds", "30"]).await;
+    let Some(s) = start(json!({}), &["--gpu-label-grace-seconds", "30"]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let node_api = Api::<Node>::all(s.admin.clone());
     let name = unique_name("taint-probe");
@@ -663,7 +685,9 @@ async fn await_leadership(operator: &Operator, timeout: Duration, what: &str) {
 #[tokio::test]
 async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm_and_sigkill() {
     let lease = ["--lease-duration-seconds", "6"];
-    let mut s = start(json!({}), &lease).await;
+    let Some(mut s) = start(json!({}), &lease).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let mut standby = Operator::start(&s.identity, &lease).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, GpuModel};
-use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
@@ -19,7 +18,6 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -28,47 +26,6 @@ use serde_json::json;
 const POOL_LABEL_TYPE: &str = "gpu-type";
 /// A PriorityClass the node pool lists but someone else created first.
 const OTHERS_PRIORITY_CLASS: &str = "gpu-experiments";
-
-/// A session whose operator holds only its generated ClusterRole (`gpu-operator rbac`).
-async fn start_with_generated_role(spec: serde_json::Value) -> (Setup, String) {
-    let admin = e2e::client().await.unwrap();
-    e2e::crd::install_cluster_policy_crd(&admin, "e2e-node-pools-test")
-        .await
-        .unwrap();
-    session::remove_leftovers(&admin).await;
-    let role_name = unique_name("gpu-operator-pools");
-    let mut role = gpu_operator::render::rbac::operator_cluster_role();
-    role.metadata = kube::api::ObjectMeta {
-        name: Some(role_name.clone()),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(&admin, &role_name).await.unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = unique_name("cluster-policy");
-    session::create_policy(&admin, &policy, spec).await;
-    (
-        Setup {
-            admin,
-            identity,
-            operator,
-            policy,
-        },
-        role_name,
-    )
-}
-
-async fn finish(setup: Setup, role: &str) {
-    let admin = setup.admin.clone();
-    setup.teardown().await;
-    Api::<ClusterRole>::all(admin)
-        .delete(role, &DeleteParams::default())
-        .await
-        .unwrap();
-}
 
 /// Asks the API server's authorizer whether the operator's ServiceAccount may `verb` the
 /// core `resource` (with `subresource`).
@@ -202,9 +159,11 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
             ]
         }
     });
+    let Some(prepared) = session::builder().prepare().await else {
+        return;
+    };
     // A PriorityClass of a name the section lists, created by someone else first.
-    let admin = e2e::client().await.unwrap();
-    let classes: Api<PriorityClass> = Api::all(admin.clone());
+    let classes: Api<PriorityClass> = Api::all(prepared.admin.clone());
     let _ = classes
         .delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default())
         .await;
@@ -218,7 +177,7 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
         )
         .await
         .unwrap();
-    let (setup, role) = start_with_generated_role(spec).await;
+    let setup = prepared.start(spec).await;
     assert!(allowed(&setup, "patch", "nodes", None).await);
     assert!(allowed(&setup, "patch", "nodes", Some("status")).await);
 
@@ -388,7 +347,7 @@ async fn node_pool_taints_and_labels_keep_other_pods_off_gpu_nodes_and_only_ours
         .delete(OTHERS_PRIORITY_CLASS, &DeleteParams::default())
         .await
         .unwrap();
-    finish(setup, &role).await;
+    setup.teardown().await;
 }
 
 /// A GPU node with 48 GiB of GPU memory: an A30 board reported twice (2 x 24 GiB).
@@ -400,7 +359,9 @@ fn node_with_48_gib(name: &str) -> nodes::FakeNode {
 async fn gpu_memory_resource_follows_the_model_fits_four_of_five_12gib_pods_and_goes_when_off() {
     let resource = "example.com/vram";
     let spec = json!({"gpuMemoryResource": {"enabled": true, "name": resource}});
-    let (setup, role) = start_with_generated_role(spec).await;
+    let Some(setup) = session::start(spec, &[]).await else {
+        return;
+    };
     let node48 = unique_name("vram-48gib");
     nodes::create(&setup.admin, &[node_with_48_gib(&node48)])
         .await
@@ -515,5 +476,5 @@ async fn gpu_memory_resource_follows_the_model_fits_four_of_five_12gib_pods_and_
     })
     .await;
     nodes::delete(&setup.admin, &[node48]).await.unwrap();
-    finish(setup, &role).await;
+    setup.teardown().await;
 }

@@ -11,15 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::cluster::unique_name;
 use e2e::nodes::{self, GpuModel};
-use e2e::operator::{Operator, OperatorIdentity};
-use e2e::session::{self, Setup};
+use e2e::session::{self, Crd, Setup};
 use e2e::wait;
 use gpu_operator::api::{NVIDIADriver, NvidiaDriverState, State};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -80,18 +77,12 @@ async fn clean_nodes(admin: &Client) {
 }
 
 /// The ClusterPolicy and the NVIDIADriver CRD installed, leftovers removed, the operator
-/// running on the generated ClusterRole, and four pool nodes beside the standard fleet.
-async fn start(spec: serde_json::Value) -> (Setup, String, Vec<String>) {
-    let admin = e2e::client().await.unwrap();
-    e2e::crd::install_cluster_policy_crd(&admin, "e2e-nvidia-driver")
-        .await
-        .unwrap();
-    e2e::crd::install_nvidia_driver_crd(&admin, "e2e-nvidia-driver")
-        .await
-        .unwrap();
-    session::remove_leftovers(&admin).await;
-    remove_drivers(&admin).await;
-    clean_nodes(&admin).await;
+/// running on the generated ClusterRole, and four pool nodes beside the standard fleet; `None`
+/// where this run has no test cluster (the test is skipped).
+async fn start(spec: serde_json::Value) -> Option<(Setup, Vec<String>)> {
+    let prepared = session::builder().crd(Crd::NvidiaDriver).prepare().await?;
+    remove_drivers(&prepared.admin).await;
+    clean_nodes(&prepared.admin).await;
     let pool_nodes = vec![
         session::ephemeral_gpu_node("nvd-a-0", GpuModel::T4).label("pool", "a"),
         session::ephemeral_gpu_node("nvd-a-1", GpuModel::T4).label("pool", "a"),
@@ -100,32 +91,9 @@ async fn start(spec: serde_json::Value) -> (Setup, String, Vec<String>) {
             .label("pool", "b")
             .os("ubuntu", "24.04"),
     ];
-    nodes::create(&admin, &pool_nodes).await.unwrap();
-    let role_name = unique_name("gpu-operator-nvd");
-    let mut role = gpu_operator::render::rbac::operator_cluster_role();
-    role.metadata = kube::api::ObjectMeta {
-        name: Some(role_name.clone()),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(&admin, &role_name).await.unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = unique_name("cluster-policy");
-    session::create_policy(&admin, &policy, spec).await;
+    nodes::create(&prepared.admin, &pool_nodes).await.unwrap();
     let names = pool_nodes.iter().map(|n| n.name.clone()).collect();
-    (
-        Setup {
-            admin,
-            identity,
-            operator,
-            policy,
-        },
-        role_name,
-        names,
-    )
+    Some((prepared.start(spec).await, names))
 }
 
 async fn create_driver(admin: &Client, name: &str, version: &str, pool: &str) {
@@ -283,7 +251,9 @@ fn assert_gaps(gaps: &BTreeMap<String, Duration>, what: &str) {
 
 #[tokio::test]
 async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_driverless_nodes() {
-    let (s, role, pool_nodes) = start(json!({})).await;
+    let Some((s, pool_nodes)) = start(json!({})).await else {
+        return;
+    };
     let admin = s.admin.clone();
     let ns = s.identity.namespace.clone();
     s.await_state(State::Ready, "policy ready with its own driver everywhere")
@@ -553,8 +523,4 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
     s.teardown().await;
     nodes::delete(&admin, &pool_nodes).await.unwrap();
     clean_nodes(&admin).await;
-    Api::<ClusterRole>::all(admin.clone())
-        .delete(&role, &DeleteParams::default())
-        .await
-        .unwrap();
 }

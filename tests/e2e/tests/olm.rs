@@ -47,14 +47,10 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Builds (or reuses) validate-bundle; its path.
-fn validator() -> PathBuf {
-    tools::built_by("tests/olm/build.sh").unwrap()
-}
-
-/// Runs the validators on `dir`: success and the combined output.
-fn validate(dir: &Path) -> (bool, String) {
-    let out = Command::new(validator()).arg(dir).output().unwrap();
+/// Runs the validators (`validator`: validate-bundle, which tests/olm/build.sh builds) on
+/// `dir`: success and the combined output.
+fn validate(validator: &Path, dir: &Path) -> (bool, String) {
+    let out = Command::new(validator).arg(dir).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -65,7 +61,10 @@ fn validate(dir: &Path) -> (bool, String) {
 
 #[test]
 fn the_bundle_passes_the_operator_framework_validators() {
-    let (ok, output) = validate(&bundle_dir());
+    let Some(validator) = tools::checker("tests/olm/build.sh") else {
+        return;
+    };
+    let (ok, output) = validate(&validator, &bundle_dir());
     println!("{output}");
     // No warning either: the CSV may not create CRDs (OLM installs the bundle's, NFD's
     // included), which was the one good-practices warning before NFD's CRDs were bundled.
@@ -93,7 +92,7 @@ fn the_bundle_passes_the_operator_framework_validators() {
         serde_yaml_ng::to_string(&csv).unwrap(),
     )
     .unwrap();
-    let (ok, output) = validate(&broken);
+    let (ok, output) = validate(&validator, &broken);
     std::fs::remove_dir_all(&broken).unwrap();
     assert!(
         !ok,
@@ -127,8 +126,10 @@ fn helm_template(args: &[&str]) -> String {
 
 #[test]
 fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
-    // helm from PATH, as helm_template below runs it.
-    let fresh = bundle::from_chart(&repo_root(), &xtask::helm::Helm::at("helm")).unwrap();
+    let Some(helm) = tools::harness_tool("helm") else {
+        return;
+    };
+    let fresh = bundle::from_chart(&repo_root(), &xtask::helm::Helm::at(helm)).unwrap();
     for (file, (path, committed)) in fresh.iter().zip(bundle::read_files(&bundle_dir())) {
         assert_eq!(
             file.path, path,
@@ -202,9 +203,11 @@ fn stored_as_written(written: &Value, live: &Value, path: &str, lost: &mut Vec<S
 
 #[tokio::test]
 async fn every_alm_example_is_stored_as_written() {
-    let admin = e2e::client().await.unwrap();
+    let Some(admin) = e2e::connect().await else {
+        return;
+    };
     // The bundle's own CRD copies, as OLM would install them (the same field manager as the
-    // other tests, which apply the identical crds/ copies).
+    // sessions, which apply the identical crds/ copies).
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let mut scopes = std::collections::BTreeMap::new();
     let own = [
@@ -220,7 +223,7 @@ async fn every_alm_example_is_stored_as_written() {
         scopes.insert(crd.spec.names.kind.clone(), crd.spec.scope.clone());
         crds.patch(
             &name,
-            &PatchParams::apply("e2e-controller-test").force(),
+            &PatchParams::apply(session::CRD_FIELD_MANAGER).force(),
             &Patch::Apply(&crd),
         )
         .await
@@ -336,7 +339,9 @@ async fn delete_namespace(client: &kube::Client, name: &str) {
 
 #[tokio::test]
 async fn the_suggested_namespace_admits_privileged_operands_under_pod_security() {
-    let admin = e2e::client().await.unwrap();
+    let Some(admin) = e2e::connect().await else {
+        return;
+    };
     let template: Namespace = serde_json::from_str(
         committed_csv()["metadata"]["annotations"]["operatorframework.io/suggested-namespace-template"]
             .as_str()

@@ -7,11 +7,10 @@
 use std::time::{Duration, Instant};
 
 use e2e::cluster::unique_name;
-use e2e::operator::{Operator, OperatorIdentity};
 use e2e::{session, wait};
 use gpu_operator::api::State;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 /// The status code and body of GET `path` on the operator's endpoint port (HTTP/1.0, so no
@@ -36,11 +35,7 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
 /// DaemonSets when `hold_caches`: start-up (discovery, CRD and Lease checks) works, but the
 /// DaemonSet cache can never fill.
 fn operator_role(name: &str, hold_caches: bool) -> ClusterRole {
-    let mut role = gpu_operator::render::rbac::operator_cluster_role();
-    role.metadata = kube::api::ObjectMeta {
-        name: Some(name.to_owned()),
-        ..Default::default()
-    };
+    let mut role = e2e::operator::generated_role(name);
     if hold_caches {
         let rules = role.rules.get_or_insert_with(Vec::new);
         let mut held = Vec::new();
@@ -64,29 +59,19 @@ fn operator_role(name: &str, hold_caches: bool) -> ClusterRole {
 
 #[tokio::test]
 async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() {
-    let admin = e2e::client().await.unwrap();
-    e2e::crd::install_cluster_policy_crd(&admin, "e2e-monitoring-test")
-        .await
-        .unwrap();
-    session::remove_leftovers(&admin).await;
-    let roles = Api::<ClusterRole>::all(admin.clone());
-    let role = unique_name("gpu-operator-readyz");
-    roles
-        .create(&PostParams::default(), &operator_role(&role, true))
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(&admin, &role).await.unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let port = operator.metrics_port;
     // The harness serves no monitoring.coreos.com: the exporter's ServiceMonitor is skipped
     // and said so in status, and the policy still becomes ready.
-    let policy = unique_name("cluster-policy");
-    session::create_policy(
-        &admin,
-        &policy,
-        json!({"dcgmExporter": {"serviceMonitor": {"enabled": true}}}),
-    )
-    .await;
+    let role = unique_name("gpu-operator-readyz");
+    let Some(setup) = session::builder()
+        .cluster_role(operator_role(&role, true))
+        .start(json!({"dcgmExporter": {"serviceMonitor": {"enabled": true}}}))
+        .await
+    else {
+        return;
+    };
+    let roles = Api::<ClusterRole>::all(setup.admin.clone());
+    let operator = &setup.operator;
+    let port = operator.metrics_port;
 
     // Leader election is on (the chart's default): a standby is ready while it waits for the
     // Lease; the leader is not until its first pass. Caches not filled: not ready, alive, and
@@ -136,12 +121,6 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
         "ready before a pass ended"
     );
 
-    let setup = session::Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy,
-    };
     let ready = setup
         .await_state(State::Ready, "policy ready without a ServiceMonitor API")
         .await;
@@ -154,5 +133,4 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
         "{message}"
     );
     setup.teardown().await;
-    roles.delete(&role, &DeleteParams::default()).await.unwrap();
 }

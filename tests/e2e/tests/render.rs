@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e::tools::repo_root;
-use e2e::{client, kubectl, wait};
+use e2e::{connect, kubectl, wait};
 use gpu_operator::api::ClusterPolicy;
 use gpu_operator::facts::Runtime;
 use gpu_operator::render::inputs::{RenderOptions, facts_for, render_yaml};
@@ -135,7 +135,9 @@ fn dry_run(yaml: &str) -> Result<String, String> {
 
 #[tokio::test]
 async fn everything_render_prints_for_every_example_passes_server_side_dry_run() {
-    let client = client().await.unwrap();
+    let Some(client) = connect().await else {
+        return;
+    };
     ensure_crd(&client).await;
     ensure_namespace(&client).await;
     let mut skip = Vec::new();

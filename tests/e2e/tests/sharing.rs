@@ -1,7 +1,7 @@
-//! GPU sharing configs end to end (issue 6): scenario 3 of USER-SCENARIOS.md exactly
-//! (time-slicing by patching the live policy, edits, a broken edit that never reaches the
-//! nodes, the fix), a node label naming a missing key, and scenario 4's MIG layouts checked
-//! against each fake GPU model.
+//! GPU sharing configs end to end: time-slicing as a user sets it up on a running cluster
+//! (a ConfigMap, then a patch of the live policy; edits, a broken edit that never reaches the
+//! nodes, the fix), a node label naming a missing key, and a published mig-parted config's
+//! layouts checked against each fake GPU model.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -144,8 +144,10 @@ async fn copies(s: &Setup) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn scenario_3_time_slicing_by_patching_the_live_policy() {
-    let s = start(json!({}), &[]).await;
+async fn time_slicing_by_patching_the_live_policy() {
+    let Some(s) = start(json!({}), &[]).await else {
+        return;
+    };
     s.await_state(State::Ready, "policy ready").await;
     let ns = s.identity.namespace.clone();
 
@@ -325,11 +327,14 @@ async fn scenario_3_time_slicing_by_patching_the_live_policy() {
 
 #[tokio::test]
 async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
-    let s = start(
+    let Some(s) = start(
         json!({"devicePlugin": {"config": {"name": "sharing", "default": "default"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let ns = s.identity.namespace.clone();
     config_map(
         &s.admin,
@@ -365,22 +370,26 @@ async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
     s.teardown().await;
 }
 
-/// Scenario 4 of USER-SCENARIOS.md, as published.
-const SCENARIO_4: &str =
+/// A user's mig-parted config as published (`inference-7`: seven 1g.5gb slices, which fit an
+/// A100 40GB; `training-4`: four 2g.10gb), shared with the operator's MIG unit tests.
+const PUBLISHED_MIG_CONFIG: &str =
     include_str!("../../../operator/tests/fixtures/scenario-4-mig-config.yaml");
 
 #[tokio::test]
-async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
-    let s = start(
+async fn published_mig_layouts_are_checked_against_each_gpu_model() {
+    let Some(s) = start(
         json!({"migManager": {"config": {"name": "mig-config"}}, "mig": {"strategy": "single"}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     config_map(
         &s.admin,
         &s.identity.namespace,
         "mig-config",
-        &[("config.yaml", SCENARIO_4)],
+        &[("config.yaml", PUBLISHED_MIG_CONFIG)],
     )
     .await;
     let layout = "nvidia.com/mig.config";
@@ -471,11 +480,14 @@ async fn scenario_4_mig_layouts_are_checked_against_each_gpu_model() {
 
 #[tokio::test]
 async fn an_mps_config_runs_the_mps_control_daemon_on_the_nodes_gfd_marks() {
-    let s = start(
+    let Some(s) = start(
         json!({"devicePlugin": {"config": {"name": "mps-config", "default": "mps"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let ns = s.identity.namespace.clone();
     let mps = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
     config_map(&s.admin, &ns, "mps-config", &[("mps", mps)]).await;
@@ -543,11 +555,14 @@ async fn a_mig_config_section_without_a_name_uses_the_operators_own_layouts() {
     // As in NVIDIA's v26.7 CRD, migManager.config.name has no server-side default; without it
     // mig-manager mounts the layouts ConfigMap the operator renders itself (NVIDIA's chart sets
     // exactly this section).
-    let s = start(
+    let Some(s) = start(
         json!({"migManager": {"config": {"default": "all-disabled"}}}),
         &[],
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let p = s
         .await_state(State::Ready, "ready with the default MIG config")
         .await;
@@ -610,12 +625,15 @@ fn render_message(policy: &serde_json::Value, namespace: &str, operand: &str) ->
 
 #[tokio::test]
 async fn a_missing_mig_or_dcgm_config_map_reads_the_same_in_status_and_in_gpu_operator_render() {
-    // One validate step for both (issue 16): the controller and the CLI cannot disagree.
+    // The controller and `gpu-operator render` share one validate step, so they cannot
+    // disagree about a missing ConfigMap.
     let spec = json!({
         "migManager": {"config": {"name": "missing-layouts"}},
         "dcgmExporter": {"config": {"name": "missing-metrics"}},
     });
-    let s = start(spec.clone(), &[]).await;
+    let Some(s) = start(spec.clone(), &[]).await else {
+        return;
+    };
     await_invalid_config(&s, &["missing-layouts", "missing-metrics"]).await;
     let p = policy(&s.admin, &s.policy).await;
     const KEPT: &str = "invalid configuration, live objects kept as they were: ";

@@ -13,16 +13,14 @@ use e2e::audit::AuditLog;
 use e2e::chaos::CrashLoop;
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, GpuModel};
-use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Setup};
 use e2e::wait;
 use gpu_operator::api::State;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -47,14 +45,13 @@ fn bump() -> serde_json::Value {
     json!({"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "600.10.01"}}})
 }
 
-/// A session whose operator runs on the generated ClusterRole (not cluster-admin).
-async fn start_on_generated_rbac(spec: serde_json::Value) -> (Setup, String) {
-    let admin = e2e::client().await.unwrap();
-    e2e::crd::install_cluster_policy_crd(&admin, "e2e-upgrade-test")
-        .await
-        .unwrap();
-    session::remove_leftovers(&admin).await;
-    clean_nodes(&admin).await;
+/// A session whose operator runs on the generated ClusterRole (not cluster-admin), after the
+/// nodes and workload namespaces a failed run left are cleaned; `None` where this run has no
+/// test cluster (the test is skipped).
+async fn start_on_generated_rbac(spec: serde_json::Value) -> Option<Setup> {
+    let prepared = session::builder().prepare().await?;
+    let admin = &prepared.admin;
+    clean_nodes(admin).await;
     // Workloads a failed run left (their pods would come back on nodes of the same name).
     let namespaces = Api::<Namespace>::all(admin.clone());
     let left = ListParams::default().labels(&format!("{WORKLOADS}=true"));
@@ -71,29 +68,7 @@ async fn start_on_generated_rbac(spec: serde_json::Value) -> (Setup, String) {
     )
     .await
     .unwrap();
-    let role_name = unique_name("gpu-operator-upgrade");
-    let mut role = gpu_operator::render::rbac::operator_cluster_role();
-    role.metadata = kube::api::ObjectMeta {
-        name: Some(role_name.clone()),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let identity = OperatorIdentity::create(&admin, &role_name).await.unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    let policy = unique_name("cluster-policy");
-    session::create_policy(&admin, &policy, spec).await;
-    (
-        Setup {
-            admin,
-            identity,
-            operator,
-            policy,
-        },
-        role_name,
-    )
+    Some(prepared.start(spec).await)
 }
 
 /// Asks the API server whether the operator's identity may `verb` `resource`.
@@ -305,18 +280,12 @@ async fn clean_nodes(admin: &Client) {
     }
 }
 
-async fn teardown(s: Setup, role: &str, extra_nodes: &[String]) {
+async fn teardown(s: Setup, extra_nodes: &[String]) {
     let admin = s.admin.clone();
     s.teardown().await;
     nodes::delete(&admin, extra_nodes).await.unwrap();
     clean_nodes(&admin).await;
-    Api::<ClusterRole>::all(admin.clone())
-        .delete(role, &DeleteParams::default())
-        .await
-        .unwrap();
 }
-
-use k8s_openapi::api::core::v1::Namespace;
 
 #[tokio::test]
 async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_pods_and_honouring_a_pdb()
@@ -326,7 +295,9 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
         "podDeletion": {"force": true, "timeoutSeconds": 60},
         "drain": {"enable": true, "force": true, "timeoutSeconds": 6}
     }}});
-    let (s, role) = start_on_generated_rbac(spec).await;
+    let Some(s) = start_on_generated_rbac(spec).await else {
+        return;
+    };
     let admin = s.admin.clone();
     // The standard fleet's 6 GPU nodes and 6 more: 12.
     let extra: Vec<String> = (0..6).map(|i| format!("upg-t4-{i}")).collect();
@@ -545,7 +516,7 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
         metrics.contains("gpu_operator_driver_auto_upgrade_enabled 1"),
         "{metrics}"
     );
-    teardown(s, &role, &extra).await;
+    teardown(s, &extra).await;
     let _ = Api::<Namespace>::all(admin.clone())
         .delete(&ml, &DeleteParams::default())
         .await;
@@ -556,7 +527,9 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
     let spec = json!({"driver": {"upgradePolicy": {
         "autoUpgrade": true, "maxParallelUpgrades": 2, "maxUnavailable": 1
     }}});
-    let (s, role) = start_on_generated_rbac(spec).await;
+    let Some(s) = start_on_generated_rbac(spec).await else {
+        return;
+    };
     let admin = s.admin.clone();
     s.await_state(State::Ready, "policy ready").await;
     let before = driver_pods(&admin, &s.identity.namespace).await;
@@ -621,13 +594,15 @@ async fn a_node_whose_new_validator_never_gets_ready_fails_and_stops_the_rollout
     let states = node_states(&admin).await;
     assert!(states.values().all(|(_, cordoned)| !cordoned), "{states:?}");
     s.await_state(State::Ready, "ready after the upgrade").await;
-    teardown(s, &role, &[]).await;
+    teardown(s, &[]).await;
 }
 
 #[tokio::test]
 async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_unknown_os_is_reported()
  {
-    let (s, role) = start_on_generated_rbac(json!({})).await;
+    let Some(s) = start_on_generated_rbac(json!({})).await else {
+        return;
+    };
     let admin = s.admin.clone();
     s.await_state(State::Ready, "policy ready on the Ubuntu 22.04 fleet")
         .await;
@@ -728,5 +703,5 @@ async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_u
 
     let mut extra = noble.clone();
     extra.push(odd);
-    teardown(s, &role, &extra).await;
+    teardown(s, &extra).await;
 }

@@ -17,7 +17,6 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::checker;
-use super::control_plane::ControlPlane;
 use super::faults::{
     self, Fault, FaultSettings, MIG_CONFIG, SHARING_CONFIG, World, mig_config, sharing_config,
 };
@@ -26,6 +25,7 @@ use super::report::Report;
 use super::split_brain::LeaseFollower;
 use crate::audit::{AuditLog, Mark, described_writes};
 use crate::cluster::unique_name;
+use crate::faults::ControlPlane;
 use crate::session::{self, create_policy, policies};
 
 /// A convergence slower than this prints what it waited on.

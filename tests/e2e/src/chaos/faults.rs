@@ -14,9 +14,9 @@ use rand::rngs::StdRng;
 use serde_json::json;
 
 use super::checker::{self, ready_now, status_line};
-use super::control_plane::ControlPlane;
 use super::crash_loop::CrashLoop;
 use super::replicas::Replicas;
+use crate::faults::ControlPlane;
 use crate::nodes::{self, GpuModel, NFD_GPU_LABEL_KEYS};
 use crate::session::{ephemeral_gpu_node, policies};
 use crate::wait;
@@ -277,7 +277,7 @@ impl World {
             Fault::EtcdStop => {
                 let (low, high) = self.settings.etcd_stop_seconds;
                 let stop = Duration::from_secs(self.rng.random_range(low..=high));
-                self.control_plane.stop_etcd(stop).await?;
+                self.control_plane.pause_etcd_for(stop).await?;
                 // Requests that were waiting for etcd finish now; the API server must answer.
                 self.control_plane.await_apiserver(&self.admin).await?;
                 Ok(format!("stopped {stop:?}"))

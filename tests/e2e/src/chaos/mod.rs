@@ -7,7 +7,6 @@
 //! the seed is printed at the start and in every failure message.
 
 pub mod checker;
-pub mod control_plane;
 mod crash_loop;
 pub mod driver;
 pub mod faults;

@@ -17,8 +17,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use crate::audit::service_account_user;
 use crate::cluster::{service_account_token_valid_for, unique_name};
 use crate::operator::{self, Operator, OperatorIdentity, write_token_kubeconfig};
-
-use super::control_plane::signal;
+use crate::procs::{Signal, signal};
 
 /// The Lease the replicas elect their leader with (the operator's default name).
 pub const LEASE: &str = "gpu-operator-leader";
@@ -247,9 +246,9 @@ impl Replicas {
             .as_ref()
             .and_then(Operator::pid)
             .with_context(|| format!("{} runs no process", self.slots[index].name))?;
-        signal(pid, "-STOP")?;
+        signal(pid, Signal::Stop)?;
         tokio::time::sleep(duration).await;
-        signal(pid, "-CONT")
+        signal(pid, Signal::Cont)
     }
 
     /// Waits up to `timeout` for replica `index`'s process to exit; whether it did.
