@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
-use crate::api::ClusterPolicySpec;
+use kube_core::Resource;
+
+use crate::api::{ClusterPolicy, ClusterPolicySpec};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
 use crate::operands::{device_plugin, driver, driver_os, mig_manager};
 
@@ -162,9 +164,15 @@ pub fn nfd_already_running(
     })
 }
 
-/// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU node's,
-/// else containerd.
-pub fn cluster_runtime(gpu_node_runtimes: impl IntoIterator<Item = Runtime>) -> Runtime {
+/// One runtime for the cluster: CRI-O on OpenShift; elsewhere containerd if any GPU node runs
+/// it, else the first GPU node's, else containerd.
+pub fn cluster_runtime(
+    openshift: bool,
+    gpu_node_runtimes: impl IntoIterator<Item = Runtime>,
+) -> Runtime {
+    if openshift {
+        return Runtime::CriO;
+    }
     let mut first = None;
     for runtime in gpu_node_runtimes {
         if runtime == Runtime::Containerd {
@@ -173,6 +181,13 @@ pub fn cluster_runtime(gpu_node_runtimes: impl IntoIterator<Item = Runtime>) -> 
         first.get_or_insert(runtime);
     }
     first.unwrap_or_default()
+}
+
+/// Controller owner reference to the policy, so deleting it garbage-collects every operand.
+pub fn owner_reference(policy: &ClusterPolicy) -> Option<OwnerReference> {
+    let mut reference = policy.controller_owner_ref(&())?;
+    reference.block_owner_deletion = Some(true);
+    Some(reference)
 }
 
 /// A node's runtime from its `containerRuntimeVersion` (`containerd://2.1.0`).
@@ -279,9 +294,13 @@ mod tests {
     #[test]
     fn containerd_wins_the_cluster_runtime_and_otherwise_the_first_node_decides() {
         use Runtime::*;
-        assert_eq!(cluster_runtime([CriO, Containerd, Docker]), Containerd);
-        assert_eq!(cluster_runtime([Docker, CriO]), Docker);
-        assert_eq!(cluster_runtime([]), Containerd);
+        assert_eq!(
+            cluster_runtime(false, [CriO, Containerd, Docker]),
+            Containerd
+        );
+        assert_eq!(cluster_runtime(false, [Docker, CriO]), Docker);
+        assert_eq!(cluster_runtime(false, []), Containerd);
+        assert_eq!(cluster_runtime(true, [Containerd]), CriO);
         assert_eq!(parse_runtime("cri-o://1.31.0"), CriO);
     }
 }

@@ -3,14 +3,16 @@
 //! references are left out, so the output can be applied by GitOps tools as it is.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use thiserror::Error;
 
 use super::render;
 use crate::api::ClusterPolicy;
-use crate::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime};
-use crate::operands::{driver, mig_manager};
+use crate::facts::{self, ClusterFacts, NamespaceObjects, Observed, Runtime};
+use crate::operands::mig_manager;
 use crate::sharing::select::{SharingDecision, select_config};
 use crate::validate::validate;
 
@@ -73,13 +75,6 @@ impl InputError {
 
 fn name_of(cm: &ConfigMap) -> String {
     cm.metadata.name.clone().unwrap_or_default()
-}
-
-fn data_of(cm: &ConfigMap) -> ConfigMapData {
-    ConfigMapData {
-        name: name_of(cm),
-        data: cm.data.clone().unwrap_or_default(),
-    }
 }
 
 /// Picks the ConfigMap the policy names at `field` from an explicit flag or from the pool.
@@ -150,8 +145,7 @@ pub fn facts_for(
             });
         }
     }
-    let sharing_source = sharing_cm.map(data_of);
-    let mig_config = pick(
+    let mig_cm = pick(
         spec.mig_manager
             .as_ref()
             .and_then(mig_manager::custom_config_name),
@@ -159,9 +153,8 @@ pub fn facts_for(
         pool,
         "--mig-config",
         "spec.migManager.config.name",
-    )?
-    .map(data_of);
-    let dcgm_metrics = pick(
+    )?;
+    let dcgm_cm = pick(
         spec.dcgm_exporter
             .as_ref()
             .and_then(|d| d.config.as_ref())
@@ -170,32 +163,52 @@ pub fn facts_for(
         pool,
         "--dcgm-metrics",
         "spec.dcgmExporter.config.name",
-    )?
-    .map(data_of);
-    let mut driver_config_maps = BTreeMap::new();
-    if let Some(driver_spec) = spec.driver.as_ref() {
-        for (_, name) in driver::referenced_config_maps(driver_spec) {
-            if let Some(cm) = pool.iter().find(|cm| name_of(cm) == name) {
-                driver_config_maps.insert(name.to_owned(), data_of(cm));
-            }
-        }
+    )?;
+    let objects = Given {
+        picked: [sharing_cm, mig_cm, dcgm_cm]
+            .into_iter()
+            .flatten()
+            .collect(),
+        pool,
+    };
+    let mut facts = facts::assemble(
+        spec,
+        &objects,
+        Observed {
+            namespace: options.namespace.clone(),
+            owner: None,
+            runtime,
+            openshift: options.openshift,
+            service_monitor_api: options.service_monitor_api,
+            nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
+            nodes: Vec::new(),
+            image_env: BTreeMap::new(),
+        },
+    );
+    // No nodes here: the flag stands in for the GPU nodes' OS.
+    facts.os_tag = options.os_tag.clone().filter(|t| !t.is_empty());
+    Ok(facts)
+}
+
+/// The ConfigMaps given on the command line, as the namespace's objects (no DaemonSets live).
+struct Given<'a> {
+    picked: Vec<&'a ConfigMap>,
+    pool: &'a [ConfigMap],
+}
+
+impl NamespaceObjects for Given<'_> {
+    fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+        self.picked
+            .iter()
+            .copied()
+            .chain(self.pool)
+            .find(|cm| name_of(cm) == name)
+            .map(|cm| Arc::new(cm.clone()))
     }
-    Ok(ClusterFacts {
-        namespace: options.namespace.clone(),
-        owner: None,
-        runtime,
-        os_tag: options.os_tag.clone().filter(|t| !t.is_empty()),
-        openshift: options.openshift,
-        service_monitor_api: options.service_monitor_api,
-        nfd_running: options.nfd_running,
-        sharing_source,
-        sharing_last_good: LastGood::Nothing,
-        mig_config,
-        dcgm_metrics,
-        driver_config_maps,
-        gpu_nodes: Vec::new(),
-        image_env: BTreeMap::new(),
-    })
+
+    fn daemon_set(&self, _: &str) -> Option<Arc<DaemonSet>> {
+        None
+    }
 }
 
 /// Validates and renders `policy` with these facts, as multi-document YAML. A sharing config

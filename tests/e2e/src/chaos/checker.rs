@@ -13,19 +13,20 @@
 //! - the policy is `ready` for its current generation.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use anyhow::Result;
 use gpu_operator::api::{ClusterPolicy, State};
 use gpu_operator::controller::{APPLIED_HASH_ANNOTATION, applied_hash};
-use gpu_operator::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
+use gpu_operator::facts::{self, ClusterFacts};
 use gpu_operator::model::{Kind, MANAGED_BY_LABEL, MANAGER, OPERAND_LABEL};
 use gpu_operator::nodes::NodeView;
-use gpu_operator::operands::{device_plugin, driver, driver_os, mig_manager, nfd};
+use gpu_operator::operands::{device_plugin, nfd};
 use gpu_operator::render::{Outcome, render};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use crate::session::{policies, ready_condition};
@@ -217,8 +218,9 @@ async fn mounted_copies(admin: &Client, namespace: &str) -> Result<BTreeSet<Stri
         .collect())
 }
 
-/// The facts the controller's resolve stage would find now (controller/resolve.rs), read
-/// directly from the API server instead of from caches.
+/// The facts the controller's resolve stage would find now, read directly from the API server
+/// instead of from caches and assembled by the function the controller uses
+/// ([`facts::assemble`]).
 pub async fn live_facts(
     admin: &Client,
     namespace: &str,
@@ -228,162 +230,94 @@ pub async fn live_facts(
         .list(&ListParams::default())
         .await?
         .items;
-    let view = |n: &Node| NodeView {
-        nfd_annotated: gpu_operator::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
-        pool_record: gpu_operator::node_pools::record_annotation(n.metadata.annotations.as_ref()),
-        ..NodeView::from_labels(
-            &n.name_any(),
-            n.metadata.resource_version.clone(),
-            &n.labels().clone(),
-        )
-    };
-    let views: Vec<NodeView> = nodes.iter().map(view).collect();
-    let gpu_nodes: Vec<std::sync::Arc<NodeView>> = views
+    let views: Vec<Arc<NodeView>> = nodes
         .iter()
-        .filter(|v| v.is_gpu_node() || v.has_nfd_gpu())
-        .cloned()
-        .map(std::sync::Arc::new)
-        .collect();
-    let runtimes: Vec<Runtime> = nodes
-        .iter()
-        .filter(|n| gpu_nodes.iter().any(|g| g.name == n.name_any()))
         .map(|n| {
-            let version = n
-                .status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .map(|i| i.container_runtime_version.as_str())
-                .unwrap_or_default();
-            match version.split("://").next() {
-                Some("cri-o") => Runtime::CriO,
-                Some("docker") => Runtime::Docker,
-                _ => Runtime::Containerd,
-            }
+            Arc::new(NodeView {
+                nfd_annotated: gpu_operator::nodes::nfd_annotated(n.metadata.annotations.as_ref()),
+                pool_record: gpu_operator::node_pools::record_annotation(
+                    n.metadata.annotations.as_ref(),
+                ),
+                ..NodeView::from_labels(
+                    &n.name_any(),
+                    n.metadata.resource_version.clone(),
+                    &n.labels().clone(),
+                )
+            })
         })
         .collect();
-    let runtime = if runtimes.contains(&Runtime::Containerd) {
-        Runtime::Containerd
-    } else {
-        runtimes.first().copied().unwrap_or_default()
-    };
+    let gpu_nodes = facts::gpu_nodes(&views);
+    let groups = admin.list_api_groups().await?;
+    let served = |name: &str| groups.groups.iter().any(|g| g.name == name);
+    let openshift = served("config.openshift.io");
+    let runtime = facts::cluster_runtime(
+        openshift,
+        nodes
+            .iter()
+            .filter(|n| gpu_nodes.iter().any(|g| g.name == n.name_any()))
+            .map(|n| {
+                facts::parse_runtime(
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.node_info.as_ref())
+                        .map(|i| i.container_runtime_version.as_str())
+                        .unwrap_or_default(),
+                )
+            }),
+    );
 
-    let config_maps: BTreeMap<String, ConfigMap> =
-        Api::<ConfigMap>::namespaced(admin.clone(), namespace)
+    let listed = Listed {
+        config_maps: Api::<ConfigMap>::namespaced(admin.clone(), namespace)
             .list(&ListParams::default())
             .await?
             .items
             .into_iter()
-            .map(|cm| (cm.name_any(), cm))
-            .collect();
-    let present = |name: Option<&str>| -> Option<ConfigMapData> {
-        let name = name.filter(|n| !n.is_empty())?;
-        let cm = config_maps.get(name)?;
-        Some(ConfigMapData {
-            name: name.to_owned(),
-            data: cm.data.clone().unwrap_or_default(),
-        })
-    };
-    let spec = &policy.spec;
-    let sharing_source = present(
-        spec.device_plugin
-            .as_ref()
-            .and_then(|d| d.config.as_ref())
-            .and_then(|c| c.name.as_deref()),
-    );
-    let mig_config = present(
-        spec.mig_manager
-            .as_ref()
-            .and_then(mig_manager::custom_config_name),
-    );
-    let dcgm_metrics = present(
-        spec.dcgm_exporter
-            .as_ref()
-            .and_then(|d| d.config.as_ref())
-            .and_then(|c| c.name.as_deref()),
-    );
-    let driver_config_maps: BTreeMap<String, ConfigMapData> = spec
-        .driver
-        .as_ref()
-        .map(|d| {
-            driver::referenced_config_maps(d)
-                .into_iter()
-                .filter_map(|(_, name)| Some((name.to_owned(), present(Some(name))?)))
-                .collect::<BTreeMap<_, _>>()
-        })
-        .unwrap_or_default();
-
-    let daemonsets: BTreeMap<String, DaemonSet> =
-        Api::<DaemonSet>::namespaced(admin.clone(), namespace)
+            .map(|cm| (cm.name_any(), Arc::new(cm)))
+            .collect(),
+        daemon_sets: Api::<DaemonSet>::namespaced(admin.clone(), namespace)
             .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
             .await?
             .items
             .into_iter()
-            .map(|ds| (ds.name_any(), ds))
-            .collect();
-    let live_os = daemonsets.get(driver::NAME).and_then(|ds| {
-        let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
-        let main = pod
-            .containers
-            .iter()
-            .find(|c| c.name == driver::MAIN_CONTAINER)?;
-        driver_os::image_os_suffix(main.image.as_deref()?).map(str::to_owned)
-    });
-    let os_tag = driver_os::primary_os(&gpu_nodes, live_os.as_deref());
-    let sharing_last_good = match daemonsets
-        .get(device_plugin::NAME)
-        .and_then(device_plugin::mounted_copy)
-    {
-        None => LastGood::Nothing,
-        Some((copy, default_key)) => match config_maps.get(&copy) {
-            Some(cm) => LastGood::Copy(SharingConfig {
-                source: cm
-                    .annotations()
-                    .get(device_plugin::CONFIG_SOURCE_ANNOTATION)
-                    .cloned()
-                    .unwrap_or_else(|| copy.clone()),
-                data: cm.data.clone().unwrap_or_default(),
-                default_key,
-                default_inferred: false,
-            }),
-            None => LastGood::Gone(copy),
-        },
+            .map(|ds| (ds.name_any(), Arc::new(ds)))
+            .collect(),
     };
-
-    let groups = admin.list_api_groups().await?;
-    let served = |name: &str| groups.groups.iter().any(|g| g.name == name);
     let ours_deployed = Api::<Deployment>::namespaced(admin.clone(), namespace)
         .get_opt(nfd::MASTER)
         .await?
         .is_some_and(|d| d.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER));
-    let foreign_nfd = foreign_nfd_master(admin).await?;
-    let annotated = views.iter().any(|n| n.nfd_annotated);
-    let nfd_running = foreign_nfd || (annotated && !ours_deployed);
-
-    Ok(ClusterFacts {
-        namespace: namespace.to_owned(),
-        owner: owner_reference(policy),
-        runtime,
-        os_tag,
-        openshift: served("config.openshift.io"),
-        service_monitor_api: served("monitoring.coreos.com"),
-        nfd_running,
-        sharing_source,
-        sharing_last_good,
-        mig_config,
-        dcgm_metrics,
-        driver_config_maps,
-        gpu_nodes,
-        image_env: BTreeMap::new(),
-    })
+    let foreign = foreign_nfd_master(admin)
+        .await?
+        .then_some("a workload that is not ours");
+    Ok(facts::assemble(
+        &policy.spec,
+        &listed,
+        facts::Observed {
+            namespace: namespace.to_owned(),
+            owner: facts::owner_reference(policy),
+            runtime,
+            openshift,
+            service_monitor_api: served("monitoring.coreos.com"),
+            nfd_running: facts::nfd_already_running(foreign, &views, ours_deployed),
+            nodes: views,
+            image_env: BTreeMap::new(),
+        },
+    ))
 }
 
-/// The controller's owner reference to the policy (controller/resolve.rs `owner_reference`).
-fn owner_reference(
-    policy: &ClusterPolicy,
-) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-    let mut reference = policy.controller_owner_ref(&())?;
-    reference.block_owner_deletion = Some(true);
-    Some(reference)
+/// The operator namespace's objects, as listed.
+struct Listed {
+    config_maps: BTreeMap<String, Arc<ConfigMap>>,
+    daemon_sets: BTreeMap<String, Arc<DaemonSet>>,
+}
+
+impl facts::NamespaceObjects for Listed {
+    fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+        self.config_maps.get(name).cloned()
+    }
+    fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {
+        self.daemon_sets.get(name).cloned()
+    }
 }
 
 /// Whether an NFD master that is not ours runs (resolve's `foreign_nfd_master`).
