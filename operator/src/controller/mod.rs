@@ -29,6 +29,7 @@ mod node_pools;
 mod nvidia_driver;
 mod observe;
 mod resolve;
+pub mod scheduler;
 pub mod stores;
 pub mod upgrade;
 
@@ -39,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
@@ -52,6 +53,7 @@ use tokio::sync::Semaphore;
 
 pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
+use scheduler::{AbortOnDrop, PASS_TIMING, PassOutcome, Preemption, Requeue};
 use stores::{Stores, Wake};
 
 use crate::api::{ClusterPolicy, ClusterPolicyStatus, State};
@@ -235,19 +237,13 @@ async fn patch_status(
     Ok(())
 }
 
-/// How long a pass woken by cluster churn waits for the rest of its burst.
-const COALESCE: Duration = Duration::from_millis(20);
-
 /// How soon a pass that wrote something looks again if no watch event comes first.
 const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
-
-/// When a policy wants to be looked at again without a watch event: `None` waits for one.
-type Requeue = Option<Duration>;
 
 async fn reconcile(
     guard: &DeserializeGuard<ClusterPolicy>,
     ctx: &Context,
-    user_changes: Option<UserChanges>,
+    preemption: Preemption,
 ) -> Result<Requeue, Error> {
     let started = Instant::now();
     let Ok(policy) = guard.0.as_ref() else {
@@ -301,7 +297,7 @@ async fn reconcile(
         return Ok(None);
     }
 
-    let result = run_pass(policy, ctx, now.clone(), user_changes).await;
+    let result = run_pass(policy, ctx, now.clone(), preemption).await;
     ctx.metrics.observe_reconcile(started.elapsed());
     match result {
         Ok(action) => Ok(action),
@@ -391,7 +387,7 @@ async fn run_pass(
     policy: &ClusterPolicy,
     ctx: &Context,
     now: Time,
-    user_changes: Option<UserChanges>,
+    mut preemption: Preemption,
 ) -> Result<Requeue, Error> {
     let mut watch = Stopwatch::start();
     let nodes = ctx.stores.nodes.snapshot();
@@ -518,26 +514,14 @@ async fn run_pass(
     };
     // What follows the apply (observe, upgrade, status) is redone by the next pass: a user's
     // change that arrives meanwhile does not wait for it.
-    let Some(mut changes) = user_changes else {
-        return rest.await;
-    };
-    tokio::select! {
-        biased;
-        done = rest => done,
-        Ok(()) = changes.changed() => {
-            tracing::debug!(target: PASS_TIMING, "a user's change arrived: the pass stops after its apply stage");
+    match preemption.unless_user_change(rest).await {
+        Some(done) => done,
+        None => {
             ctx.preempted.store(true, Ordering::Relaxed);
             Ok(Some(Duration::ZERO))
         }
     }
 }
-
-/// Tells of users' changes (stores::Wake::Now) by a counter; a pass holds a receiver that has
-/// seen the count at its start.
-type UserChanges = tokio::sync::watch::Receiver<u64>;
-
-/// The log target of per-stage pass timings (debug): where a change's latency goes.
-const PASS_TIMING: &str = "gpu_operator::controller::timing";
 
 /// Milliseconds per stage of one pass, for the [`PASS_TIMING`] log.
 struct Stopwatch {
@@ -915,9 +899,9 @@ async fn reconcile_nvidia_drivers(
 }
 
 /// One pass over every policy and GPUCluster: when to look again, and whether any failed.
-/// With `user_changes`, the active policy's pass may stop after its apply stage for a user's
+/// With `preemption`, the active policy's pass may stop after its apply stage for a user's
 /// change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at once).
-async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Duration>, bool) {
+async fn pass(ctx: &Context, preemption: Preemption) -> PassOutcome {
     let mut next: Option<Duration> = None;
     let mut failed = false;
     if ctx.policies.is_empty() {
@@ -925,7 +909,7 @@ async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Durat
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
     }
     for guard in ctx.policies.state() {
-        match reconcile(&guard, ctx, user_changes.clone()).await {
+        match reconcile(&guard, ctx, preemption.clone()).await {
             Ok(requeue) => next = next.into_iter().chain(requeue).min(),
             Err(e) => {
                 // Counted here, once, for the active and the ignored policies alike.
@@ -934,8 +918,12 @@ async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Durat
             }
         }
     }
-    if ctx.preempted.load(Ordering::Relaxed) {
-        return (next, failed);
+    if ctx.preempted.swap(false, Ordering::Relaxed) {
+        return PassOutcome {
+            requeue: next,
+            failed,
+            preempted: true,
+        };
     }
     let active = active_policy(&ctx.policies);
     let nvidia_holder = ctx.nvidia.holder();
@@ -969,16 +957,10 @@ async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Durat
             failed = true;
         }
     }
-    (next, failed)
-}
-
-/// A spawned task that is aborted when the handle is dropped: a controller cancelled by its
-/// caller (a leader stepping down) leaves no watch running behind.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+    PassOutcome {
+        requeue: next,
+        failed,
+        preempted: false,
     }
 }
 
@@ -1058,15 +1040,18 @@ pub async fn run(
         "caches ready"
     );
 
-    let wake = Arc::new(tokio::sync::Notify::new());
-    // Counts users' changes (stores::Wake::Now), besides leaving `wake`: one cuts the
-    // coalescing wait, and stops a pass under way after its apply stage.
-    let (user_change, mut user_changes) = tokio::sync::watch::channel(0u64);
+    let reporting = Reporting {
+        health,
+        metrics: metrics.clone(),
+    };
+    // The watches run on their own task, so the caches stay current while a pass runs (a pass
+    // that patches a thousand nodes must see the versions its own writes produced).
+    let wakes = scheduler::Wakes::pump(triggers, reporting.clone());
     let nvidia = coexist::NvidiaOperator::fixed(discovered.nvidia_operator.clone());
     let _nvidia_watch = {
-        let (nvidia, wake, client) = (nvidia.clone(), wake.clone(), watch_client.clone());
+        let (nvidia, waker, client) = (nvidia.clone(), wakes.waker(), watch_client.clone());
         AbortOnDrop(tokio::spawn(async move {
-            nvidia.watch(client, move || wake.notify_one()).await;
+            nvidia.watch(client, move || waker.wake()).await;
         }))
     };
     let ctx = Context {
@@ -1108,89 +1093,47 @@ pub async fn run(
         preempted: std::sync::atomic::AtomicBool::new(false),
     };
 
-    // The watches run on their own task, so the caches stay current while a pass runs (a pass
-    // that patches a thousand nodes must see the versions its own writes produced); they
-    // leave one wake-up for the loop however many events arrive meanwhile.
-    let (ended_tx, mut watches_ended) = tokio::sync::oneshot::channel::<()>();
-    let _watches = {
-        let (wake, health) = (wake.clone(), health.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            while let Some(how) = triggers.next().await {
-                health.work_arrived();
-                if how == Wake::Now {
-                    user_change.send_modify(|n| *n += 1);
-                }
-                wake.notify_one();
-            }
-            let _ = ended_tx.send(());
-        }))
+    let timing = scheduler::Timing {
+        coalesce: scheduler::COALESCE,
+        deadline: ctx.settings.pass_deadline,
     };
-
-    let mut shutdown = std::pin::pin!(shutdown.fuse());
-    let mut failures: u32 = 0;
-    let mut wake_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
-    loop {
-        let sleep = async {
-            match wake_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = &mut watches_ended => anyhow::bail!("the watches ended"),
-            () = wake.notified() => {},
-            () = sleep => health.work_arrived(),
-        }
-        let woke = Instant::now();
-        // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
-        // one pass: give stragglers a moment, then take the wake-up they left. A user's change
-        // among them starts the pass at once.
-        if !user_changes.has_changed().unwrap_or(false) {
-            tokio::select! {
-                () = tokio::time::sleep(COALESCE) => {},
-                _ = user_changes.changed() => {},
-            }
-        }
-        user_changes.mark_unchanged();
-        let _ = wake.notified().now_or_never();
-        // A pass may give way to a user's change, but not twice in a row: the stages after the
-        // apply (driver upgrades, status) must run even while a user keeps changing things.
-        let preemptible = !ctx.preempted.swap(false, Ordering::Relaxed);
-
-        // Readiness after the first pass, liveness while passes end (crate::health).
-        health.pass_started();
-        tracing::debug!(target: PASS_TIMING, waited_ms = woke.elapsed().as_secs_f64() * 1000.0, "pass started");
-        let deadline = ctx.settings.pass_deadline;
-        let (mut next, failed) = match tokio::time::timeout(
-            deadline,
-            pass(&ctx, preemptible.then(|| user_changes.clone())),
-        )
-        .await
-        {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                tracing::error!(deadline = ?deadline, "a reconcile pass ran past its deadline; abandoned, retrying with backoff");
-                ctx.metrics.observe_error("PassDeadline");
-                (None, true)
-            }
-        };
-        health.pass_finished();
-        // Failures retry with exponential backoff (1 s doubling to 60 s); success resets it.
-        failures = if failed {
-            failures.saturating_add(1)
-        } else {
-            0
-        };
-        if failed {
-            let backoff = Duration::from_secs(1 << failures.min(6).saturating_sub(1))
-                .min(Duration::from_secs(60));
-            next = Some(next.map_or(backoff, |n| n.min(backoff)));
-        }
-        wake_at = next.map(|d| tokio::time::Instant::now() + d);
-    }
+    scheduler::run(
+        wakes,
+        timing,
+        &reporting,
+        (),
+        shutdown,
+        async |_: &mut (), preemption| pass(&ctx, preemption).await,
+    )
+    .await?;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// The scheduler reports to the health endpoints and the metrics.
+#[derive(Clone)]
+struct Reporting {
+    health: crate::health::Health,
+    metrics: Metrics,
+}
+
+impl scheduler::Observer for Reporting {
+    fn work_arrived(&self) {
+        self.health.work_arrived();
+    }
+
+    /// Readiness after the first pass, liveness while passes end (crate::health).
+    fn pass_started(&self) {
+        self.health.pass_started();
+    }
+
+    fn pass_finished(&self) {
+        self.health.pass_finished();
+    }
+
+    fn deadline_passed(&self) {
+        self.metrics.observe_error("PassDeadline");
+    }
 }
 
 #[cfg(test)]
