@@ -16,7 +16,7 @@
 //! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -26,27 +26,9 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::observe::Diagnoser;
 use super::plan::{self, Ledger};
-use super::stores::Stores;
-use super::{apply, observe, status};
-
-/// What one GPUCluster pass reads from the controller (passed in, so this module does not
-/// import the controller's own types).
-pub struct Pass<'a> {
-    pub client: &'a Client,
-    pub stores: &'a Stores,
-    pub clusters: Option<&'a Store<DeserializeGuard<GPUCluster>>>,
-    pub memory: &'a Memory,
-    pub env: &'a BTreeMap<String, String>,
-    pub namespace: &'a str,
-    pub openshift: bool,
-    pub nvidia_operator: Option<&'a str>,
-    /// The ClusterPolicy in force, if any.
-    pub policy: Option<&'a ClusterPolicy>,
-    pub not_ready_requeue: Duration,
-    /// When the pods of a not-ready DaemonSet are listed (shared with the policy's passes).
-    pub diagnoser: &'a super::observe::Diagnoser,
-}
+use super::{Deps, apply, observe, status};
 
 /// Why a GPUCluster pass failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,11 +59,11 @@ use crate::render::{DesiredState, OperandState, Outcome};
 /// What the GPUCluster passes keep between passes.
 #[derive(Default)]
 pub struct Memory {
-    ledger: Mutex<Ledger>,
+    ledger: Ledger,
     /// Dry-run verdict per rendered attribute class (by hash): `Err` holds the API's message.
-    dry_runs: Mutex<BTreeMap<String, Result<(), String>>>,
+    dry_runs: BTreeMap<String, Result<(), String>>,
     /// Node label patches sent, by node and the resource version they were sent against.
-    labelled: Mutex<BTreeSet<(String, String)>>,
+    labelled: BTreeSet<(String, String)>,
 }
 
 /// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
@@ -199,7 +181,7 @@ pub fn render(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> DesiredSta
 /// refuses freezes the attribute classes with its message.
 async fn dry_run_classes(
     client: &Client,
-    memory: &Memory,
+    dry_runs: &mut BTreeMap<String, Result<(), String>>,
     desired: &mut DesiredState,
 ) -> Result<(), Error> {
     let Some(state) = desired
@@ -220,11 +202,7 @@ async fn dry_run_classes(
         sent.metadata.owner_references = None;
         let value = serde_json::to_value(&sent).unwrap_or_default();
         let hash = plan::applied_hash(&value).unwrap_or_default();
-        let known = memory
-            .dry_runs
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&hash).cloned());
+        let known = dry_runs.get(&hash).cloned();
         let verdict = match known {
             Some(v) => v,
             None => {
@@ -245,9 +223,7 @@ async fn dry_run_classes(
                         }));
                     }
                 };
-                if let Ok(mut m) = memory.dry_runs.lock() {
-                    m.insert(hash, verdict.clone());
-                }
+                dry_runs.insert(hash, verdict.clone());
                 verdict
             }
         };
@@ -269,7 +245,7 @@ async fn dry_run_classes(
 /// Returns how many patches the cache has not shown yet.
 async fn label_nodes(
     client: &Client,
-    memory: &Memory,
+    labelled: &mut BTreeSet<(String, String)>,
     nodes: &[Arc<NodeView>],
 ) -> Result<usize, Error> {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
@@ -282,7 +258,7 @@ async fn label_nodes(
             continue;
         };
         let key = (node.name.clone(), version.clone());
-        if memory.labelled.lock().is_ok_and(|l| l.contains(&key)) {
+        if labelled.contains(&key) {
             in_flight += 1;
             continue;
         }
@@ -294,9 +270,7 @@ async fn label_nodes(
         {
             Ok(_) => {
                 in_flight += 1;
-                if let Ok(mut l) = memory.labelled.lock() {
-                    l.insert(key);
-                }
+                labelled.insert(key);
             }
             // Changed meanwhile: the next pass sees the new version.
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => in_flight += 1,
@@ -306,11 +280,18 @@ async fn label_nodes(
     Ok(in_flight)
 }
 
-/// Reconciles every GPUCluster in `clusters` (the CRD allows one, named gpu-cluster).
-pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
-    let Some(clusters) = ctx.clusters else {
+/// Reconciles every GPUCluster (the CRD allows one, named gpu-cluster), beside `policy`, the
+/// ClusterPolicy in force.
+pub async fn reconcile_all(
+    deps: &Deps,
+    memory: &mut Memory,
+    diagnoser: &mut Diagnoser,
+    policy: Option<&ClusterPolicy>,
+) -> Result<Requeue, Error> {
+    let Some(clusters) = deps.gpu_clusters.as_ref() else {
         return Ok(None);
     };
+    let nvidia_operator = deps.nvidia.holder();
     let mut next: Requeue = None;
     for guard in clusters.state() {
         let Ok(cluster) = guard.0.as_ref() else {
@@ -319,7 +300,15 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
         if cluster.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let requeue = reconcile(cluster, ctx).await?;
+        let requeue = reconcile(
+            cluster,
+            deps,
+            memory,
+            diagnoser,
+            policy,
+            nvidia_operator.as_deref(),
+        )
+        .await?;
         next = next.into_iter().chain(requeue).min();
     }
     Ok(next)
@@ -336,10 +325,18 @@ fn still_in_force(clusters: &Store<DeserializeGuard<GPUCluster>>, cluster: &GPUC
         })
 }
 
-async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Error> {
+async fn reconcile(
+    cluster: &GPUCluster,
+    deps: &Deps,
+    memory: &mut Memory,
+    diagnoser: &mut Diagnoser,
+    policy: Option<&ClusterPolicy>,
+    nvidia_operator: Option<&str>,
+) -> Result<Requeue, Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let namespace = ctx.namespace;
-    if let Some(other) = ctx.nvidia_operator {
+    let namespace = deps.settings.namespace.as_str();
+    let client = &deps.client;
+    if let Some(other) = nvidia_operator {
         let status = GpuClusterStatus {
             state: GpuClusterState::Disabled,
             namespace: Some(namespace.to_owned()),
@@ -347,47 +344,44 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
             components: None,
         };
         tracing::info!(operator = %other, "NVIDIA's operator is live; the GPUCluster is left to it");
-        return patch_if_changed(ctx, cluster, status).await.map(|()| None);
+        return patch_if_changed(client, cluster, status)
+            .await
+            .map(|()| None);
     }
-    let nodes = ctx.stores.nodes.snapshot();
-    let labels_in_flight = label_nodes(ctx.client, ctx.memory, &nodes).await?;
-    let conflict = conflict(ctx.policy, &nodes);
-    let validated = validate(cluster, ctx.env, conflict.as_ref());
+    let nodes = deps.stores.nodes.snapshot();
+    let labels_in_flight = label_nodes(client, &mut memory.labelled, &nodes).await?;
+    let conflict = conflict(policy, &nodes);
+    let validated = validate(cluster, &deps.image_env, conflict.as_ref());
     let facts = ClusterFacts {
         namespace: namespace.to_owned(),
         owner: cluster.controller_owner_ref(&()),
-        openshift: ctx.openshift,
+        openshift: deps.resolver.discovered.openshift,
         ..ClusterFacts::default()
     };
     let mut desired = render(&validated, &facts);
-    dry_run_classes(ctx.client, ctx.memory, &mut desired).await?;
-    let clusters = ctx.clusters;
+    dry_run_classes(client, &mut memory.dry_runs, &mut desired).await?;
+    let clusters = deps.gpu_clusters.as_ref();
     if !clusters.is_some_and(|c| still_in_force(c, cluster)) {
         return Ok(None);
     }
-    let mut ledger = ctx
-        .memory
-        .ledger
-        .lock()
-        .map(|mut l| std::mem::take(&mut *l))
-        .unwrap_or_default();
+    // Taken for the apply and put back after it: a pass abandoned at its deadline leaves an
+    // empty ledger, never a half-written one.
+    let mut ledger = std::mem::take(&mut memory.ledger);
     let applied = apply::apply(
-        ctx.client,
+        client,
         &desired,
-        ctx.stores,
+        &deps.stores,
         &mut ledger,
         cluster.meta().uid.as_deref(),
         &optional_kinds(),
     )
     .await;
-    if let Ok(mut l) = ctx.memory.ledger.lock() {
-        *l = ledger;
-    }
+    memory.ledger = ledger;
     let applied = applied?;
     if !applied.applied.is_empty() || !applied.pruned.is_empty() {
         tracing::info!(gpu_cluster = %cluster.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
     }
-    let observed = observe::observe(ctx.client, ctx.stores, ctx.diagnoser).await;
+    let observed = observe::observe(client, &deps.stores, diagnoser).await;
     let unsupported = dra_driver::not_acted_on(&cluster.spec);
     let computed = status::compute(&status::StatusInputs {
         generation: cluster.metadata.generation,
@@ -423,12 +417,12 @@ async fn reconcile(cluster: &GPUCluster, ctx: &Pass<'_>) -> Result<Requeue, Erro
         components: computed.components,
     };
     let ready = status.state == GpuClusterState::Ready;
-    patch_if_changed(ctx, cluster, status).await?;
+    patch_if_changed(client, cluster, status).await?;
     let unsettled = !applied.unsettled().is_empty() || labels_in_flight > 0;
     let again = if unsettled {
         Some(Duration::from_secs(2))
     } else if !ready && conflict.is_none() {
-        Some(ctx.not_ready_requeue)
+        Some(deps.settings.not_ready_requeue)
     } else {
         None
     };
@@ -459,14 +453,14 @@ pub(super) fn keep_transition_times(
 }
 
 async fn patch_if_changed(
-    ctx: &Pass<'_>,
+    client: &Client,
     cluster: &GPUCluster,
     status: GpuClusterStatus,
 ) -> Result<(), Error> {
     if cluster.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    let api: Api<GPUCluster> = Api::all(client.clone());
     api.patch_status(
         &cluster.name_any(),
         &PatchParams::default(),

@@ -5,7 +5,7 @@
 //! too, the node's newer version arrives through the watch and a pass shortly after retries.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -173,8 +173,8 @@ pub struct Labelling {
 pub async fn label_nodes(
     client: &Client,
     nodes: &[Arc<NodeView>],
-    loss: &Mutex<GpuLabelLoss>,
-    attempts: &Mutex<Attempts>,
+    loss: &mut GpuLabelLoss,
+    attempts: &mut Attempts,
     grace: Duration,
     mig_default_layout: Option<&str>,
     gate: &Semaphore,
@@ -184,44 +184,30 @@ pub async fn label_nodes(
     let mut retry = None;
     let mut work = Vec::new();
     let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    if let Ok(mut l) = loss.lock() {
-        l.retain_nodes(|n| names.contains(n));
-    }
-    if let Ok(mut a) = attempts.lock() {
-        a.retain_nodes(|n| names.contains(n));
-    }
-    let gone: Vec<Option<Duration>> = nodes
-        .iter()
-        .map(|node| loss.lock().ok().and_then(|mut l| l.observe(node, now)))
-        .collect();
+    loss.retain_nodes(|n| names.contains(n));
+    attempts.retain_nodes(|n| names.contains(n));
+    let gone: Vec<Option<Duration>> = nodes.iter().map(|node| loss.observe(node, now)).collect();
     let gpu_nodes = nodes
         .iter()
         .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
         .count();
-    let breaker = loss
-        .lock()
-        .map(|mut l| l.breaker(gpu_nodes, grace, now))
-        .unwrap_or_default();
+    let breaker = loss.breaker(gpu_nodes, grace, now);
     for (node, gone_for) in nodes.iter().zip(gone) {
         // Past the grace but held back by the breaker: left exactly as it is for now.
         let gone_for = gone_for.filter(|g| *g < grace || breaker.admitted.contains(&node.name));
         let changes = changes_for(node, gone_for, grace, mig_default_layout);
         if changes.is_empty() {
             // The cache shows the labels this node needs: nothing of ours is in flight for it.
-            if let Ok(mut a) = attempts.lock() {
-                a.settled(node);
-            }
+            attempts.settled(node);
             continue;
         }
-        if attempts.lock().is_ok_and(|mut a| a.pending(node)) {
+        if attempts.pending(node) {
             // Our write (or the version that refused it) has not reached the cache yet; a
             // conflict's retry timer is already set.
             retry = Some(retry.unwrap_or(now + CONFLICT_RETRY));
             continue;
         }
-        if let Ok(mut a) = attempts.lock() {
-            a.record(node);
-        }
+        attempts.record(node);
         work.push((node, gone_for, changes));
     }
     let results: Vec<_> =
@@ -244,10 +230,8 @@ pub async fn label_nodes(
             Ok(()) if changes.is_empty() => {}
             Ok(()) => {
                 tracing::info!(node = %node.name, changes = ?changes, "labelled node");
-                if changes.get(crate::nodes::GPU_PRESENT) == Some(&None)
-                    && let Ok(mut l) = loss.lock()
-                {
-                    l.forget(&node.name);
+                if changes.get(crate::nodes::GPU_PRESENT) == Some(&None) {
+                    loss.forget(&node.name);
                 }
             }
             // Stale resourceVersion or the node is gone: the watch brings the news.
@@ -264,7 +248,7 @@ pub async fn label_nodes(
     if let Some(e) = failure {
         return Err(e);
     }
-    let grace_deadline = loss.lock().ok().and_then(|l| l.next_deadline(grace, now));
+    let grace_deadline = loss.next_deadline(grace, now);
     if !breaker.held_back.is_empty() {
         tracing::warn!(held_back = ?breaker.held_back, limit = breaker.limit, "GPU label loss on many nodes: the breaker holds them marked");
     }

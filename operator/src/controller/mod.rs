@@ -36,8 +36,7 @@ pub mod upgrade;
 pub use gpu_operator_engine::{plan, status};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -137,48 +136,73 @@ impl Error {
     }
 }
 
-pub struct Context {
+/// What every pass reads and none changes: clients, settings, caches and the machinery around
+/// them.
+struct Deps {
     client: Client,
     settings: Settings,
     stores: Stores,
     policies: Store<DeserializeGuard<ClusterPolicy>>,
+    /// GPUClusters, `None` when their CRD is not served.
+    gpu_clusters: Option<Store<DeserializeGuard<crate::api::GPUCluster>>>,
+    /// NVIDIADrivers, `None` when their CRD is not served.
+    nvidia_drivers: Option<Store<DeserializeGuard<crate::api::NVIDIADriver>>>,
     resolver: Resolver,
+    /// The image environment GPUClusters and NVIDIADrivers resolve their images from.
+    image_env: BTreeMap<String, String>,
     /// Whether NVIDIA's operator is live now (controller::coexist).
     nvidia: coexist::NvidiaOperator,
-    label_loss: Mutex<GpuLabelLoss>,
-    label_attempts: Mutex<labeller::Attempts>,
-    pool_attempts: Mutex<node_pools::Attempts>,
-    pool_priority_classes: node_pools::PriorityClassesDone,
-    ledger: Mutex<plan::Ledger>,
-    /// Whether NFD's CRDs were found or made current since the operator started.
-    nfd_crds_current: std::sync::atomic::AtomicBool,
-    /// NFD's CRDs are installed by someone else (OLM) and not writable by us.
-    nfd_crds_read_only: std::sync::atomic::AtomicBool,
-    /// Since when each DaemonSet's pod count has differed from its labelled nodes.
-    mismatch_since: Mutex<BTreeMap<String, Instant>>,
-    /// When the pods of a not-ready DaemonSet are listed.
-    diagnoser: observe::Diagnoser,
-    /// The upgrade stage's last report, standing while the caches show nothing to upgrade.
-    last_upgrade: Mutex<Option<upgrade::Report>>,
     recorder: Recorder,
     metrics: Metrics,
-    /// GPUClusters (`None` when their CRD is not served), what their passes remember, and the
-    /// image environment they resolve the DRA driver's images from.
-    gpu_clusters: Option<Store<DeserializeGuard<crate::api::GPUCluster>>>,
+}
+
+/// What the passes remember from one to the next: owned by the scheduler, lent to each pass.
+#[derive(Default)]
+struct PassState {
+    policy: PolicyMemory,
     gpu_cluster: gpu_cluster::Memory,
-    gpu_cluster_env: BTreeMap<String, String>,
-    /// NVIDIADrivers (`None` when their CRD is not served) and what their passes remember.
-    nvidia_drivers: Option<Store<DeserializeGuard<crate::api::NVIDIADriver>>>,
     nvidia_driver: nvidia_driver::Memory,
-    /// What the active policy's last pass validated and resolved (by policy uid): the pools
+    /// When the pods of a not-ready DaemonSet are listed: one for the three controllers, which
+    /// observe the same DaemonSets.
+    diagnoser: observe::Diagnoser,
+}
+
+/// What the ClusterPolicy passes remember.
+#[derive(Default)]
+struct PolicyMemory {
+    labels: LabelMemory,
+    apply: ApplyMemory,
+    /// The container runtime of each GPU node read so far.
+    runtimes: resolve::KnownRuntimes,
+    /// Since when each DaemonSet's pod count has differed from its labelled nodes.
+    mismatch_since: BTreeMap<String, Instant>,
+    /// The upgrade stage's last report, standing while the caches show nothing to upgrade.
+    last_upgrade: Option<upgrade::Report>,
+    /// What the active policy's last pass validated and resolved: the NVIDIADriver pools
     /// render from it.
-    last_policy_pass: Mutex<Option<PolicyPass>>,
-    /// The pass under way stopped after its apply stage for a user's change (run_pass).
-    preempted: std::sync::atomic::AtomicBool,
+    rendered: Option<Arc<PolicyPass>>,
+}
+
+/// What the label stage remembers.
+#[derive(Default)]
+struct LabelMemory {
+    loss: GpuLabelLoss,
+    attempts: labeller::Attempts,
+    pool_attempts: node_pools::Attempts,
+    priority_classes: node_pools::PriorityClassesDone,
+}
+
+/// What the apply stage remembers.
+#[derive(Default)]
+struct ApplyMemory {
+    ledger: plan::Ledger,
+    /// Whether NFD's CRDs were found or made current since the operator started.
+    nfd_crds_current: bool,
+    /// NFD's CRDs are installed by someone else (OLM) and not writable by us.
+    nfd_crds_read_only: bool,
 }
 
 /// The active policy's validated form and facts from its last pass.
-#[derive(Clone)]
 struct PolicyPass {
     uid: Option<String>,
     validated: crate::model::ValidatedPolicy,
@@ -191,7 +215,7 @@ fn is_deleting(policy: &ClusterPolicy) -> bool {
 
 /// Whether `policy` is still in the cache and not being deleted: a pass that started before a
 /// deletion request stops before it writes.
-fn still_in_force(ctx: &Context, policy: &ClusterPolicy) -> bool {
+fn still_in_force(ctx: &Deps, policy: &ClusterPolicy) -> bool {
     let key = kube::runtime::reflector::ObjectRef::new(&policy.name_any());
     ctx.policies
         .get(&key)
@@ -240,11 +264,21 @@ async fn patch_status(
 /// How soon a pass that wrote something looks again if no watch event comes first.
 const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
 
+/// How a policy's pass ended.
+enum Ran {
+    /// When to look again.
+    Done(Requeue),
+    /// It stopped after its apply stage for a user's change ([`Preemption`]).
+    Preempted,
+}
+
 async fn reconcile(
     guard: &DeserializeGuard<ClusterPolicy>,
-    ctx: &Context,
+    ctx: &Deps,
+    memory: &mut PolicyMemory,
+    diagnoser: &mut observe::Diagnoser,
     preemption: Preemption,
-) -> Result<Requeue, Error> {
+) -> Result<Ran, Error> {
     let started = Instant::now();
     let Ok(policy) = guard.0.as_ref() else {
         // An object the API server accepted but we cannot decode (an older or foreign CRD):
@@ -252,7 +286,7 @@ async fn reconcile(
         if let Err(e) = &guard.0 {
             tracing::error!(error = %e, "ClusterPolicy cannot be decoded; ignoring it until it changes");
         }
-        return Ok(None);
+        return Ok(Ran::Done(None));
     };
     let name = policy.name_any();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -260,17 +294,17 @@ async fn reconcile(
     let Some(active) = active_policy(&ctx.policies) else {
         ctx.metrics
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        return Ok(None);
+        return Ok(Ran::Done(None));
     };
     if is_deleting(&active) {
         // Its operands are being collected; the next policy takes over once it is gone.
         ctx.metrics
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        return Ok(None);
+        return Ok(Ran::Done(None));
     }
     if is_deleting(policy) {
         // An ignored policy going away: nothing to write for it.
-        return Ok(None);
+        return Ok(Ran::Done(None));
     }
     if active.name_any() != name {
         let status = status::ignored(
@@ -294,10 +328,10 @@ async fn reconcile(
             )
             .await;
         }
-        return Ok(None);
+        return Ok(Ran::Done(None));
     }
 
-    let result = run_pass(policy, ctx, now.clone(), preemption).await;
+    let result = run_pass(policy, ctx, memory, diagnoser, now.clone(), preemption).await;
     ctx.metrics.observe_reconcile(started.elapsed());
     match result {
         Ok(action) => Ok(action),
@@ -312,7 +346,7 @@ async fn reconcile(
 
 async fn report_failure(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
     error: &Error,
     now: Time,
 ) -> Result<(), Error> {
@@ -385,10 +419,20 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 /// Both work on the same node snapshot.
 async fn run_pass(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
+    memory: &mut PolicyMemory,
+    diagnoser: &mut observe::Diagnoser,
     now: Time,
     mut preemption: Preemption,
-) -> Result<Requeue, Error> {
+) -> Result<Ran, Error> {
+    let PolicyMemory {
+        labels,
+        apply: apply_memory,
+        runtimes,
+        mismatch_since,
+        last_upgrade,
+        rendered,
+    } = memory;
     let mut watch = Stopwatch::start();
     let nodes = ctx.stores.nodes.snapshot();
     watch.lap("snapshot");
@@ -403,7 +447,7 @@ async fn run_pass(
         let _held_for_apply = held_for_apply;
         let mut watch = Stopwatch::start();
         let resolved = (ctx.resolver)
-            .resolve(policy, &ctx.stores, &nodes)
+            .resolve(runtimes, policy, &ctx.stores, &nodes)
             .await
             .map_err(Error::Resolve)?;
         watch.lap("resolve");
@@ -411,17 +455,15 @@ async fn run_pass(
         watch.lap("validate");
         let desired = render::render(&validated, &resolved.facts);
         watch.lap("render");
-        if let Ok(mut last) = ctx.last_policy_pass.lock() {
-            *last = Some(PolicyPass {
-                uid: policy.metadata.uid.clone(),
-                validated: validated.clone(),
-                facts: resolved.facts.clone(),
-            });
-        }
+        *rendered = Some(Arc::new(PolicyPass {
+            uid: policy.metadata.uid.clone(),
+            validated: validated.clone(),
+            facts: resolved.facts.clone(),
+        }));
         if !still_in_force(ctx, policy) {
             return Ok(None);
         }
-        let applied = apply(policy, ctx, &desired).await?;
+        let applied = apply(policy, ctx, apply_memory, &desired).await?;
         watch.lap("apply");
         Ok::<_, Error>(Some((resolved, validated, desired, applied, watch)))
     };
@@ -431,29 +473,29 @@ async fn run_pass(
     let (applied, labelled) = tokio::join!(
         biased;
         render_and_apply,
-        label(policy, ctx, &nodes, &label_gate)
+        label(policy, ctx, labels, &nodes, &label_gate)
     );
     let labelled = labelled?;
     let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
-        return Ok(None);
+        return Ok(Ran::Done(None));
     };
     // Render-and-apply and the label stage side by side: the longer of the two.
     watch.lap("apply+label");
     let rest = async {
-        let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
+        let observed = observe::observe(&ctx.client, &ctx.stores, diagnoser).await;
         watch.lap("observe");
-        let upgrades = upgrade_drivers(policy, ctx, &observed, &nodes).await?;
+        let upgrades = upgrade_drivers(policy, ctx, last_upgrade, &observed, &nodes).await?;
         watch.lap("upgrade");
         let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &nodes);
-        let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
+        let explained = observe::lasting_mismatches(mismatch_since, &mismatched);
         let notes: Vec<String> = validated
             .notes
             .iter()
             .chain(&resolved.notes)
             .cloned()
             .chain(
-                ctx.nfd_crds_read_only
-                    .load(Ordering::Relaxed)
+                apply_memory
+                    .nfd_crds_read_only
                     .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
             )
             .chain(gpu_cluster::policy_note(
@@ -510,16 +552,13 @@ async fn run_pass(
         );
         // A node between upgrade states moves on as soon as the cluster shows its last step.
         let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
-        Ok::<_, Error>(again.into_iter().chain(upgrading).min())
+        Ok::<_, Error>(Ran::Done(again.into_iter().chain(upgrading).min()))
     };
     // What follows the apply (observe, upgrade, status) is redone by the next pass: a user's
     // change that arrives meanwhile does not wait for it.
     match preemption.unless_user_change(rest).await {
         Some(done) => done,
-        None => {
-            ctx.preempted.store(true, Ordering::Relaxed);
-            Ok(Some(Duration::ZERO))
-        }
+        None => Ok(Ran::Preempted),
     }
 }
 
@@ -562,7 +601,8 @@ const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
 /// NVIDIA's operator live, or the policy being deleted, it changes nothing.
 async fn upgrade_drivers(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
+    last_upgrade: &mut Option<upgrade::Report>,
     observed: &observe::Observed,
     nodes: &[Arc<crate::nodes::NodeView>],
 ) -> Result<upgrade::Report, Error> {
@@ -572,10 +612,10 @@ async fn upgrade_drivers(
     // Nothing to upgrade by the caches: the last report stands, without the stage's reads.
     if upgrade::enabled(&policy.spec)
         && upgrade::quiet(&observed.daemon_sets, nodes)
-        && let Some(last) = ctx.last_upgrade.lock().ok().and_then(|l| l.clone())
+        && let Some(last) = last_upgrade.as_ref()
         && !last.active()
     {
-        return Ok(last);
+        return Ok(last.clone());
     }
     let report = upgrade::reconcile(
         &ctx.client,
@@ -590,9 +630,7 @@ async fn upgrade_drivers(
     .map_err(Error::Upgrade)?;
     ctx.metrics
         .observe_upgrades(upgrade::enabled(&policy.spec), &report.counts());
-    if let Ok(mut last) = ctx.last_upgrade.lock() {
-        *last = Some(report.clone());
-    }
+    *last_upgrade = Some(report.clone());
     Ok(report)
 }
 
@@ -610,7 +648,8 @@ struct Labelled {
 /// pass's snapshot.
 async fn label(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
+    memory: &mut LabelMemory,
     nodes: &[Arc<crate::nodes::NodeView>],
     gate: &Semaphore,
 ) -> Result<Labelled, Error> {
@@ -625,8 +664,8 @@ async fn label(
     let labelling = labeller::label_nodes(
         &ctx.client,
         nodes,
-        &ctx.label_loss,
-        &ctx.label_attempts,
+        &mut memory.loss,
+        &mut memory.attempts,
         ctx.settings.gpu_label_grace,
         mig_default_layout(&policy.spec),
         gate,
@@ -637,18 +676,14 @@ async fn label(
     let deadline = labelling.again_at;
     // Node pools and the GPU memory resource (our extension), on the same snapshot.
     let pool_retry =
-        node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &ctx.pool_attempts)
+        node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &mut memory.pool_attempts)
             .await
             .map_err(Error::Labels)?;
-    node_pools::reconcile_priority_classes(&ctx.client, policy, &ctx.pool_priority_classes)
+    node_pools::reconcile_priority_classes(&ctx.client, policy, &mut memory.priority_classes)
         .await
         .map_err(Error::Labels)?;
     let deadline = deadline.into_iter().chain(pool_retry).min();
-    let in_flight = ctx
-        .label_attempts
-        .lock()
-        .map(|a| a.in_flight(nodes))
-        .unwrap_or_default();
+    let in_flight = memory.attempts.in_flight(nodes);
     Ok(Labelled {
         in_flight,
         deadline,
@@ -658,7 +693,7 @@ async fn label(
 
 /// The operator namespace's Pod Security labels: privileged operand pods need a namespace that
 /// admits them, before their DaemonSets are applied.
-async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Context) -> Result<(), Error> {
+async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Deps) -> Result<(), Error> {
     let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
     if (psa || ctx.resolver.discovered.openshift) && ctx.nvidia.holder().is_none() {
         namespace::ensure_privileged(&ctx.client, &ctx.settings.namespace)
@@ -676,7 +711,8 @@ async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Context) -> Result<(), E
 /// (decision 14).
 async fn apply(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
+    memory: &mut ApplyMemory,
     desired: &render::DesiredState,
 ) -> Result<apply::ApplyReport, Error> {
     if ctx.nvidia.holder().is_some() {
@@ -685,7 +721,7 @@ async fn apply(
     let deploys_nfd = desired.operands.iter().any(|s| {
         s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
     });
-    if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
+    if deploys_nfd && !memory.nfd_crds_current {
         let ensured = nfd_crds::ensure(&ctx.client).await?;
         if !ensured.written.is_empty() {
             tracing::info!(crds = ?ensured.written, "installed NFD's CRDs");
@@ -693,20 +729,16 @@ async fn apply(
         if !ensured.read_only.is_empty() {
             tracing::warn!(crds = ?ensured.read_only, "{}", nfd_crds::READ_ONLY_NOTE);
         }
-        ctx.nfd_crds_read_only
-            .store(!ensured.read_only.is_empty(), Ordering::Relaxed);
-        ctx.nfd_crds_current.store(true, Ordering::Relaxed);
+        memory.nfd_crds_read_only = !ensured.read_only.is_empty();
+        memory.nfd_crds_current = true;
     } else if !deploys_nfd {
         // Switched off: look at the CRDs again when NFD is switched back on.
-        ctx.nfd_crds_current.store(false, Ordering::Relaxed);
-        ctx.nfd_crds_read_only.store(false, Ordering::Relaxed);
+        memory.nfd_crds_current = false;
+        memory.nfd_crds_read_only = false;
     }
-    // One pass at a time: the ledger is taken for the pass and put back, also on failure.
-    let mut ledger = ctx
-        .ledger
-        .lock()
-        .map(|mut l| std::mem::take(&mut *l))
-        .unwrap_or_default();
+    // Taken for the apply and put back after it, also on failure: a pass abandoned at its
+    // deadline leaves an empty ledger, never a half-written one.
+    let mut ledger = std::mem::take(&mut memory.ledger);
     let applied = apply::apply(
         &ctx.client,
         desired,
@@ -716,9 +748,7 @@ async fn apply(
         &ctx.resolver.discovered.optional_kinds(),
     )
     .await;
-    if let Ok(mut l) = ctx.ledger.lock() {
-        *l = ledger;
-    }
+    memory.ledger = ledger;
     let report = applied?;
     if !report.applied.is_empty() || !report.pruned.is_empty() {
         tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
@@ -730,7 +760,7 @@ async fn apply(
 /// when the state changed.
 async fn report_status(
     policy: &ClusterPolicy,
-    ctx: &Context,
+    ctx: &Deps,
     status: &ClusterPolicyStatus,
     nodes: &[Arc<crate::nodes::NodeView>],
 ) -> Result<(), Error> {
@@ -797,7 +827,7 @@ async fn report_status(
 
 /// When to look again without a watch event.
 fn requeue(
-    ctx: &Context,
+    ctx: &Deps,
     status: &ClusterPolicyStatus,
     desired: &render::DesiredState,
     applied: &apply::ApplyReport,
@@ -831,13 +861,7 @@ fn requeue(
         .min()
 }
 
-async fn publish(
-    ctx: &Context,
-    policy: &ClusterPolicy,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
+async fn publish(ctx: &Deps, policy: &ClusterPolicy, type_: EventType, reason: &str, note: String) {
     let event = Event {
         type_,
         reason: reason.to_string(),
@@ -865,95 +889,84 @@ fn event_note(note: String) -> String {
     format!("{}{MORE}", &note[..end])
 }
 
-/// The NVIDIADriver passes, against the active policy's last pass (none while the active
-/// policy is being deleted or has not had a pass).
-async fn reconcile_nvidia_drivers(
-    ctx: &Context,
-    active: Option<&ClusterPolicy>,
-) -> Result<Option<Duration>, Error> {
-    let last = ctx.last_policy_pass.lock().ok().and_then(|l| l.clone());
-    let active = active.filter(|p| !is_deleting(p));
-    let policy = match (active, &last) {
-        (Some(p), Some(last)) if last.uid == p.metadata.uid => {
-            Some((p, &last.validated, &last.facts))
-        }
-        _ => None,
-    };
-    let nvidia_holder = ctx.nvidia.holder();
-    let pass = nvidia_driver::Pass {
-        client: &ctx.client,
-        stores: &ctx.stores,
-        drivers: ctx.nvidia_drivers.as_ref(),
-        memory: &ctx.nvidia_driver,
-        env: &ctx.gpu_cluster_env,
-        namespace: &ctx.settings.namespace,
-        nvidia_operator: nvidia_holder.as_deref(),
-        policy,
-        not_ready_requeue: ctx.settings.not_ready_requeue,
-        diagnoser: &ctx.diagnoser,
-    };
-    nvidia_driver::reconcile_all(&pass).await.map_err(|e| {
-        tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
-        Error::from(e)
-    })
-}
-
-/// One pass over every policy and GPUCluster: when to look again, and whether any failed.
-/// With `preemption`, the active policy's pass may stop after its apply stage for a user's
-/// change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at once).
-async fn pass(ctx: &Context, preemption: Preemption) -> PassOutcome {
+/// One pass over every policy, GPUCluster and NVIDIADriver: when to look again, and whether any
+/// failed. With `preemption`, the active policy's pass may stop after its apply stage for a
+/// user's change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at
+/// once).
+async fn pass(deps: &Deps, state: &mut PassState, preemption: Preemption) -> PassOutcome {
     let mut next: Option<Duration> = None;
     let mut failed = false;
-    if ctx.policies.is_empty() {
-        ctx.metrics
+    let mut preempted = false;
+    if deps.policies.is_empty() {
+        deps.metrics
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
     }
-    for guard in ctx.policies.state() {
-        match reconcile(&guard, ctx, preemption.clone()).await {
-            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
+    for guard in deps.policies.state() {
+        let ran = reconcile(
+            &guard,
+            deps,
+            &mut state.policy,
+            &mut state.diagnoser,
+            preemption.clone(),
+        )
+        .await;
+        match ran {
+            Ok(Ran::Done(requeue)) => next = next.into_iter().chain(requeue).min(),
+            Ok(Ran::Preempted) => {
+                preempted = true;
+                next = Some(Duration::ZERO);
+            }
             Err(e) => {
                 // Counted here, once, for the active and the ignored policies alike.
-                ctx.metrics.observe_error(e.reason());
+                deps.metrics.observe_error(e.reason());
                 failed = true;
             }
         }
     }
-    if ctx.preempted.swap(false, Ordering::Relaxed) {
+    if preempted {
         return PassOutcome {
             requeue: next,
             failed,
-            preempted: true,
+            preempted,
         };
     }
-    let active = active_policy(&ctx.policies);
-    let nvidia_holder = ctx.nvidia.holder();
-    let pass = gpu_cluster::Pass {
-        client: &ctx.client,
-        stores: &ctx.stores,
-        clusters: ctx.gpu_clusters.as_ref(),
-        memory: &ctx.gpu_cluster,
-        env: &ctx.gpu_cluster_env,
-        namespace: &ctx.settings.namespace,
-        openshift: ctx.resolver.discovered.openshift,
-        nvidia_operator: nvidia_holder.as_deref(),
-        policy: active.as_deref(),
-        not_ready_requeue: ctx.settings.not_ready_requeue,
-        diagnoser: &ctx.diagnoser,
-    };
-    match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
+    let active = active_policy(&deps.policies);
+    let clusters = gpu_cluster::reconcile_all(
+        deps,
+        &mut state.gpu_cluster,
+        &mut state.diagnoser,
+        active.as_deref(),
+    )
+    .await;
+    match clusters.map_err(|e| {
         tracing::warn!(error = %e, "GPUCluster reconcile failed");
         Error::from(e)
     }) {
         Ok(requeue) => next = next.into_iter().chain(requeue).min(),
         Err(e) => {
-            ctx.metrics.observe_error(e.reason());
+            deps.metrics.observe_error(e.reason());
             failed = true;
         }
     }
-    match reconcile_nvidia_drivers(ctx, active.as_deref()).await {
+    // The NVIDIADrivers render against the active policy's last pass (none while the active
+    // policy is being deleted or has not had a pass).
+    let rendered = state.policy.rendered.clone();
+    let policy = match (active.as_deref().filter(|p| !is_deleting(p)), &rendered) {
+        (Some(p), Some(last)) if last.uid == p.metadata.uid => {
+            Some((p, &last.validated, &last.facts))
+        }
+        _ => None,
+    };
+    let drivers =
+        nvidia_driver::reconcile_all(deps, &mut state.nvidia_driver, &mut state.diagnoser, policy)
+            .await;
+    match drivers.map_err(|e| {
+        tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
+        Error::from(e)
+    }) {
         Ok(requeue) => next = next.into_iter().chain(requeue).min(),
         Err(e) => {
-            ctx.metrics.observe_error(e.reason());
+            deps.metrics.observe_error(e.reason());
             failed = true;
         }
     }
@@ -1054,7 +1067,7 @@ pub async fn run(
             nvidia.watch(client, move || waker.wake()).await;
         }))
     };
-    let ctx = Context {
+    let deps = Deps {
         nvidia,
         resolver: Resolver::new(
             client.clone(),
@@ -1073,37 +1086,23 @@ pub async fn run(
         settings,
         stores,
         policies,
-        label_loss: Mutex::default(),
-        label_attempts: Mutex::default(),
-        pool_attempts: Mutex::default(),
-        pool_priority_classes: Mutex::default(),
-        ledger: Mutex::default(),
-        mismatch_since: Mutex::default(),
-        diagnoser: observe::Diagnoser::default(),
-        last_upgrade: Mutex::default(),
-        nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
-        nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
         gpu_clusters,
-        gpu_cluster: gpu_cluster::Memory::default(),
-        gpu_cluster_env: resolve::image_env_from_process(),
         nvidia_drivers,
-        nvidia_driver: nvidia_driver::Memory::default(),
-        last_policy_pass: Mutex::default(),
-        preempted: std::sync::atomic::AtomicBool::new(false),
+        image_env: resolve::image_env_from_process(),
     };
 
     let timing = scheduler::Timing {
         coalesce: scheduler::COALESCE,
-        deadline: ctx.settings.pass_deadline,
+        deadline: deps.settings.pass_deadline,
     };
     scheduler::run(
         wakes,
         timing,
         &reporting,
-        (),
+        PassState::default(),
         shutdown,
-        async |_: &mut (), preemption| pass(&ctx, preemption).await,
+        async |state: &mut PassState, preemption| pass(&deps, state, preemption).await,
     )
     .await?;
     tracing::info!("controller stopped");

@@ -5,7 +5,7 @@
 //! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -87,23 +87,22 @@ pub async fn reconcile_nodes(
     client: &Client,
     nodes: &[Arc<NodeView>],
     spec: &ClusterPolicySpec,
-    attempts: &Mutex<Attempts>,
+    attempts: &mut Attempts,
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut work = Vec::new();
-    if let Ok(mut a) = attempts.lock() {
-        for node in nodes {
-            if !needs_work(node, &desired(spec, node)) {
-                a.at_version.remove(&node.name);
-                continue;
-            }
-            if a.at_version.get(&node.name) == Some(&node.resource_version) {
-                continue;
-            }
-            a.at_version
-                .insert(node.name.clone(), node.resource_version.clone());
-            work.push(node);
+    for node in nodes {
+        if !needs_work(node, &desired(spec, node)) {
+            attempts.at_version.remove(&node.name);
+            continue;
         }
+        if attempts.at_version.get(&node.name) == Some(&node.resource_version) {
+            continue;
+        }
+        attempts
+            .at_version
+            .insert(node.name.clone(), node.resource_version.clone());
+        work.push(node);
     }
     let results: Vec<_> = futures::stream::iter(work.into_iter().map(|node| {
         let api = api.clone();
@@ -119,22 +118,16 @@ pub async fn reconcile_nodes(
             Ok(Outcome::Written) => tracing::info!(node = %node.name, "node pool: node updated"),
             Ok(Outcome::Unchanged) => {}
             Ok(Outcome::Conflict) => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.at_version.remove(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.at_version.remove(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(e) => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.at_version.remove(&node.name);
                 failure.get_or_insert(e);
             }
         }
@@ -147,7 +140,7 @@ pub async fn reconcile_nodes(
 
 /// The PriorityClasses last brought to the cluster; `None` until the first pass has listed
 /// them. While the policy asks for the same set, no request is made.
-pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
+pub type PriorityClassesDone = Option<Vec<PoolPriorityClass>>;
 
 /// Creates, recreates, updates and deletes the operator's PriorityClasses so that they are
 /// what `policy`'s `nodePools.priorityClasses` lists. A name taken by a PriorityClass someone
@@ -155,10 +148,10 @@ pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
 pub async fn reconcile_priority_classes(
     client: &Client,
     policy: &ClusterPolicy,
-    done: &PriorityClassesDone,
+    done: &mut PriorityClassesDone,
 ) -> Result<(), kube::Error> {
     let want = desired_priority_classes(&policy.spec);
-    if done.lock().is_ok_and(|d| d.as_ref() == Some(&want)) {
+    if done.as_ref() == Some(&want) {
         return Ok(());
     }
     let api: Api<PriorityClass> = Api::all(client.clone());
@@ -202,8 +195,6 @@ pub async fn reconcile_priority_classes(
         api.patch(&pc.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    if let Ok(mut d) = done.lock() {
-        *d = Some(want);
-    }
+    *done = Some(want);
     Ok(())
 }

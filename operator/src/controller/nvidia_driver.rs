@@ -23,21 +23,19 @@
 //!   pool that is not ready looks again after a while).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::core::DeserializeGuard;
-use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::gpu_cluster::keep_transition_times;
+use super::observe::Diagnoser;
 use super::plan::Ledger;
-use super::stores::Stores;
-use super::{apply, observe, status};
+use super::{Deps, apply, observe, status};
 use crate::api::{
     ClusterPolicy, Component, ImageKind, NVIDIADriver, NvidiaDriverState, NvidiaDriverStatus, State,
 };
@@ -48,21 +46,14 @@ use crate::operands::driver::{self, referenced_config_maps};
 use crate::operands::nvidia_driver::{self as pool, Claim, ValidatedNvidiaDriver};
 use crate::render::{DesiredState, OperandState, Outcome};
 
-/// What the NVIDIADriver passes read from the controller.
-pub struct Pass<'a> {
-    pub client: &'a Client,
-    pub stores: &'a Stores,
-    /// `None` when the NVIDIADriver CRD is not served.
-    pub drivers: Option<&'a Store<DeserializeGuard<NVIDIADriver>>>,
-    pub memory: &'a Memory,
-    pub env: &'a BTreeMap<String, String>,
-    pub namespace: &'a str,
-    pub nvidia_operator: Option<&'a str>,
-    /// The ClusterPolicy in force, with what its last pass validated and resolved.
-    pub policy: Option<(&'a ClusterPolicy, &'a ValidatedPolicy, &'a ClusterFacts)>,
-    pub not_ready_requeue: Duration,
-    /// Lists a not-ready DaemonSet's pods only when its rollout is stuck or failing.
-    pub diagnoser: &'a super::observe::Diagnoser,
+/// What one NVIDIADriver pass reads: the controller's dependencies, NVIDIA's operator if it
+/// is live, and the ClusterPolicy in force with what its last pass validated and resolved.
+struct Pass<'a> {
+    deps: &'a Deps,
+    client: &'a Client,
+    namespace: &'a str,
+    nvidia_operator: Option<&'a str>,
+    policy: Option<(&'a ClusterPolicy, &'a ValidatedPolicy, &'a ClusterFacts)>,
 }
 
 /// Why an NVIDIADriver pass failed.
@@ -96,7 +87,7 @@ pub type Requeue = Option<Duration>;
 /// What the NVIDIADriver passes keep between passes: a ledger per NVIDIADriver (by uid).
 #[derive(Default)]
 pub struct Memory {
-    ledgers: Mutex<BTreeMap<String, Ledger>>,
+    ledgers: BTreeMap<String, Ledger>,
 }
 
 /// Whether the NVIDIADriver CRD is served (a cluster without it has nothing to watch).
@@ -190,10 +181,25 @@ pub fn policy_note(
     })
 }
 
-/// Reconciles every NVIDIADriver, then the pool labels on the nodes.
-pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
-    let Some(store) = ctx.drivers else {
+/// Reconciles every NVIDIADriver, then the pool labels on the nodes. `policy` is the
+/// ClusterPolicy in force with what its last pass validated and resolved (none while it is
+/// being deleted or has not had a pass).
+pub async fn reconcile_all(
+    deps: &Deps,
+    memory: &mut Memory,
+    diagnoser: &mut Diagnoser,
+    policy: Option<(&ClusterPolicy, &ValidatedPolicy, &ClusterFacts)>,
+) -> Result<Requeue, Error> {
+    let Some(store) = deps.nvidia_drivers.as_ref() else {
         return Ok(None);
+    };
+    let nvidia_operator = deps.nvidia.holder();
+    let ctx = &Pass {
+        deps,
+        client: &deps.client,
+        namespace: &deps.settings.namespace,
+        nvidia_operator: nvidia_operator.as_deref(),
+        policy,
     };
     let drivers: Vec<NVIDIADriver> = store
         .state()
@@ -201,7 +207,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
         .filter_map(|g| g.0.as_ref().ok().cloned())
         .filter(|d| d.metadata.deletion_timestamp.is_none())
         .collect();
-    let nodes = ctx.stores.nodes.snapshot();
+    let nodes = deps.stores.nodes.snapshot();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(why) = not_in_use(ctx) {
         let acts = ctx.nvidia_operator.is_none() && ctx.policy.is_some();
@@ -209,7 +215,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
             if acts {
                 // Switched off: the pool's DaemonSets go, the policy's cover the nodes again.
                 let desired = one(Outcome::Disabled);
-                apply_for(ctx, d, &desired).await?;
+                apply_for(ctx, memory, d, &desired).await?;
             }
             let status = NvidiaDriverStatus {
                 state: NvidiaDriverState::Disabled,
@@ -245,7 +251,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
     for d in &drivers {
         let selected = select(ctx.client, d, &nodes).await?;
         let facts = pool_facts(ctx, policy_facts, d, &selected);
-        let (validated, problems) = validate(d, selected, &facts, ctx.env);
+        let (validated, problems) = validate(d, selected, &facts, &deps.image_env);
         if !problems.is_empty() {
             invalid.insert(d.name_any(), problems.join("; "));
         }
@@ -271,7 +277,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
             None => Outcome::Rendered(pool::render(validated_policy, validated, facts)),
         };
         let desired = one(outcome);
-        let applied = apply_for(ctx, d, &desired).await?;
+        let applied = apply_for(ctx, memory, d, &desired).await?;
         let label = pool::pool_label_value(&name);
         match &desired.operands[0].outcome {
             Outcome::Rendered(objects) => {
@@ -294,7 +300,7 @@ pub async fn reconcile_all(ctx: &Pass<'_>) -> Result<Requeue, Error> {
         }
         outcomes.push((*d, validated, desired, applied));
     }
-    let observed = observe::observe(ctx.client, ctx.stores, ctx.diagnoser).await;
+    let observed = observe::observe(ctx.client, &deps.stores, diagnoser).await;
     let mut next: Requeue = None;
     for (d, validated, desired, applied) in &outcomes {
         let requeue = report(ctx, d, validated, desired, applied, &observed, now.clone()).await?;
@@ -397,7 +403,7 @@ fn pool_facts(
     let driver_config_maps = referenced_config_maps(&as_driver)
         .into_iter()
         .filter_map(|(_, name)| {
-            let cm = ctx.stores.config_maps.state().into_iter().find(|c| {
+            let cm = ctx.deps.stores.config_maps.state().into_iter().find(|c| {
                 c.name_any() == name && c.namespace().as_deref() == Some(ctx.namespace)
             })?;
             Some((
@@ -459,28 +465,24 @@ fn validate(
 /// Apply stage for one NVIDIADriver: its operand with its own ledger, owned by it.
 async fn apply_for(
     ctx: &Pass<'_>,
+    memory: &mut Memory,
     d: &NVIDIADriver,
     desired: &DesiredState,
 ) -> Result<apply::ApplyReport, Error> {
     let uid = d.uid().unwrap_or_default();
-    let mut ledger = ctx
-        .memory
-        .ledgers
-        .lock()
-        .map(|mut l| l.remove(&uid).unwrap_or_default())
-        .unwrap_or_default();
+    // Taken for the apply and put back after it: a pass abandoned at its deadline leaves an
+    // empty ledger, never a half-written one.
+    let mut ledger = memory.ledgers.remove(&uid).unwrap_or_default();
     let applied = apply::apply(
         ctx.client,
         desired,
-        ctx.stores,
+        &ctx.deps.stores,
         &mut ledger,
         Some(uid.as_str()),
         &[],
     )
     .await;
-    if let Ok(mut l) = ctx.memory.ledgers.lock() {
-        l.insert(uid, ledger);
-    }
+    memory.ledgers.insert(uid, ledger);
     let applied = applied?;
     if !applied.applied.is_empty() || !applied.pruned.is_empty() {
         tracing::info!(nvidia_driver = %d.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
@@ -556,7 +558,7 @@ async fn report(
     let again = if unsettled {
         Some(Duration::from_secs(2))
     } else if !ready && !invalid {
-        Some(ctx.not_ready_requeue)
+        Some(ctx.deps.settings.not_ready_requeue)
     } else {
         None
     };
