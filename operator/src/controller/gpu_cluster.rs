@@ -15,38 +15,20 @@
 //!   A dry run is sent once per distinct rendering, so a steady pass writes nothing.
 //! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::{DeserializeGuard, GroupVersionKind};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 
 use super::observe::Diagnoser;
+use super::owner::{self, Again, Error, LabelAttempts, Owner};
 use super::plan::{self, Ledger};
+use super::scheduler::Requeue;
 use super::{Deps, apply, observe, status};
-
-/// Why a GPUCluster pass failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    #[error("labelling nodes for the DRA driver: {0}")]
-    Labels(#[source] kube::Error),
-    #[error("patching status of GPUCluster {name}: {source}")]
-    Status {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-/// When a GPUCluster wants to be looked at again without a watch event.
-pub type Requeue = Option<Duration>;
 use crate::api::{
     ClusterPolicy, Component, GPUCluster, GpuClusterState, GpuClusterStatus, ImageKind, State,
 };
@@ -62,8 +44,8 @@ pub struct Memory {
     ledger: Ledger,
     /// Dry-run verdict per rendered attribute class (by hash): `Err` holds the API's message.
     dry_runs: BTreeMap<String, Result<(), String>>,
-    /// Node label patches sent, by node and the resource version they were sent against.
-    labelled: BTreeSet<(String, String)>,
+    /// Node label patches the cache has not shown yet.
+    labels: LabelAttempts,
 }
 
 /// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
@@ -84,14 +66,6 @@ pub fn optional_kinds() -> Vec<ApiResource> {
     .into_iter()
     .map(|(g, v, k)| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k)))
     .collect()
-}
-
-/// Whether the GPUCluster CRD is served (a cluster without it has nothing to watch).
-pub async fn served(client: &Client) -> bool {
-    let api: Api<GPUCluster> = Api::all(client.clone());
-    api.list_metadata(&kube::api::ListParams::default().limit(1))
-        .await
-        .is_ok()
 }
 
 /// The ClusterPolicy whose device plugin would hand out the same GPUs, with a message.
@@ -245,39 +219,26 @@ async fn dry_run_classes(
 /// Returns how many patches the cache has not shown yet.
 async fn label_nodes(
     client: &Client,
-    labelled: &mut BTreeSet<(String, String)>,
+    attempts: &mut LabelAttempts,
     nodes: &[Arc<NodeView>],
 ) -> Result<usize, Error> {
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let mut in_flight = 0;
-    for node in nodes {
+    let writes = owner::write_labels(client, nodes, attempts, None, |node| {
         let wanted = node.has_nfd_gpu()
             && node.label(DEPLOY_OPERANDS) != Some("false")
             && node.label(DEPLOY_LABEL).is_none();
-        let Some(version) = node.resource_version.clone().filter(|_| wanted) else {
-            continue;
-        };
-        let key = (node.name.clone(), version.clone());
-        if labelled.contains(&key) {
-            in_flight += 1;
-            continue;
-        }
-        let patch =
-            json!({"metadata": {"resourceVersion": version, "labels": {DEPLOY_LABEL: "true"}}});
-        match api
-            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                in_flight += 1;
-                labelled.insert(key);
-            }
-            // Changed meanwhile: the next pass sees the new version.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => in_flight += 1,
-            Err(e) => return Err(Error::Labels(e)),
-        }
+        wanted
+            .then(|| (DEPLOY_LABEL.to_owned(), Some("true".to_owned())))
+            .into_iter()
+            .collect()
+    })
+    .await;
+    if let Some(source) = writes.failure {
+        return Err(Error::Labels {
+            purpose: " for the DRA driver",
+            source,
+        });
     }
-    Ok(in_flight)
+    Ok(attempts.in_flight(nodes))
 }
 
 /// Reconciles every GPUCluster (the CRD allows one, named gpu-cluster), beside `policy`, the
@@ -314,17 +275,6 @@ pub async fn reconcile_all(
     Ok(next)
 }
 
-fn still_in_force(clusters: &Store<DeserializeGuard<GPUCluster>>, cluster: &GPUCluster) -> bool {
-    clusters
-        .get(&kube::runtime::reflector::ObjectRef::new(
-            &cluster.name_any(),
-        ))
-        .and_then(|g| g.0.as_ref().ok().cloned())
-        .is_some_and(|live| {
-            live.metadata.uid == cluster.metadata.uid && live.metadata.deletion_timestamp.is_none()
-        })
-}
-
 async fn reconcile(
     cluster: &GPUCluster,
     deps: &Deps,
@@ -344,12 +294,11 @@ async fn reconcile(
             components: None,
         };
         tracing::info!(operator = %other, "NVIDIA's operator is live; the GPUCluster is left to it");
-        return patch_if_changed(client, cluster, status)
-            .await
-            .map(|()| None);
+        owner::patch_status(client, cluster, cluster.status.as_ref(), &status).await?;
+        return Ok(None);
     }
     let nodes = deps.stores.nodes.snapshot();
-    let labels_in_flight = label_nodes(client, &mut memory.labelled, &nodes).await?;
+    let labels_in_flight = label_nodes(client, &mut memory.labels, &nodes).await?;
     let conflict = conflict(policy, &nodes);
     let validated = validate(cluster, &deps.image_env, conflict.as_ref());
     let facts = ClusterFacts {
@@ -361,48 +310,34 @@ async fn reconcile(
     let mut desired = render(&validated, &facts);
     dry_run_classes(client, &mut memory.dry_runs, &mut desired).await?;
     let clusters = deps.gpu_clusters.as_ref();
-    if !clusters.is_some_and(|c| still_in_force(c, cluster)) {
+    if !clusters.is_some_and(|c| owner::still_in_force(c, cluster)) {
         return Ok(None);
     }
-    // Taken for the apply and put back after it: a pass abandoned at its deadline leaves an
-    // empty ledger, never a half-written one.
-    let mut ledger = std::mem::take(&mut memory.ledger);
-    let applied = apply::apply(
-        client,
-        &desired,
-        &deps.stores,
-        &mut ledger,
+    let applied = owner::apply(
+        deps,
+        &Owner::of(cluster),
         cluster.meta().uid.as_deref(),
+        &desired,
+        &mut memory.ledger,
         &optional_kinds(),
     )
-    .await;
-    memory.ledger = ledger;
-    let applied = applied?;
-    if !applied.applied.is_empty() || !applied.pruned.is_empty() {
-        tracing::info!(gpu_cluster = %cluster.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
-    }
+    .await?;
     let observed = observe::observe(client, &deps.stores, diagnoser).await;
     let unsupported = dra_driver::not_acted_on(&cluster.spec);
+    let unsettled = applied.unsettled();
     let computed = status::compute(&status::StatusInputs {
-        generation: cluster.metadata.generation,
-        namespace,
-        desired: &desired,
-        daemon_sets: &observed.daemon_sets,
-        deployments: &observed.deployments,
-        nodes: &nodes,
-        failures: &[],
-        config_problems: &BTreeMap::new(),
-        notes: &[],
-        warnings: &[],
         unsupported: &unsupported,
-        diagnoses: &observed.diagnoses,
-        rejected: &applied.rejected,
-        unsettled: &applied.unsettled(),
         labels_in_flight,
-        explained: &BTreeSet::new(),
-        previous: None,
-        now,
-        driver_upgrade: None,
+        ..owner::status_inputs(
+            cluster.metadata.generation,
+            namespace,
+            &desired,
+            &observed,
+            &nodes,
+            &applied,
+            &unsettled,
+            now,
+        )
     });
     let status = GpuClusterStatus {
         state: match computed.state {
@@ -410,66 +345,21 @@ async fn reconcile(
             State::NotReady | State::Ignored => GpuClusterState::NotReady,
         },
         namespace: computed.namespace,
-        conditions: keep_transition_times(
+        conditions: owner::keep_transition_times(
             cluster.status.as_ref().and_then(|s| s.conditions.clone()),
             computed.conditions,
         ),
         components: computed.components,
     };
     let ready = status.state == GpuClusterState::Ready;
-    patch_if_changed(client, cluster, status).await?;
-    let unsettled = !applied.unsettled().is_empty() || labels_in_flight > 0;
-    let again = if unsettled {
-        Some(Duration::from_secs(2))
-    } else if !ready && conflict.is_none() {
-        Some(deps.settings.not_ready_requeue)
-    } else {
-        None
+    owner::patch_status(client, cluster, cluster.status.as_ref(), &status).await?;
+    let again = Again {
+        ready,
+        // A conflict with the policy's device plugin waits for the user to settle it.
+        waits_for_user: conflict.is_some(),
+        unsettled: !unsettled.is_empty() || labels_in_flight > 0,
+        retry_after: applied.retry_after,
+        deadline: None,
     };
-    // A refusal that may pass later is tried again on time, ready or not.
-    Ok(again.into_iter().chain(applied.retry_after).min())
-}
-
-/// Conditions whose status did not change keep their last transition time (no status write
-/// on a steady pass). Shared with the NVIDIADriver passes.
-pub(super) fn keep_transition_times(
-    previous: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
-    conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
-) -> Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>> {
-    let before = previous.unwrap_or_default();
-    conditions.map(|cs| {
-        cs.into_iter()
-            .map(|mut c| {
-                if let Some(old) = before
-                    .iter()
-                    .find(|o| o.type_ == c.type_ && o.status == c.status)
-                {
-                    c.last_transition_time = old.last_transition_time.clone();
-                }
-                c
-            })
-            .collect()
-    })
-}
-
-async fn patch_if_changed(
-    client: &Client,
-    cluster: &GPUCluster,
-    status: GpuClusterStatus,
-) -> Result<(), Error> {
-    if cluster.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let api: Api<GPUCluster> = Api::all(client.clone());
-    api.patch_status(
-        &cluster.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: cluster.name_any(),
-        source,
-    })?;
-    Ok(())
+    Ok(again.requeue(deps.settings.not_ready_requeue))
 }

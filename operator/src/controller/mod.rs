@@ -28,6 +28,7 @@ pub mod nfd_crds;
 mod node_pools;
 mod nvidia_driver;
 mod observe;
+mod owner;
 mod resolve;
 pub mod scheduler;
 pub mod stores;
@@ -35,21 +36,22 @@ pub mod upgrade;
 
 pub use gpu_operator_engine::{plan, status};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 use tokio::sync::Semaphore;
 
+pub use owner::Error;
+use owner::{Again, Owner};
 pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
 use scheduler::{AbortOnDrop, PASS_TIMING, PassOutcome, Preemption, Requeue};
@@ -72,68 +74,6 @@ pub struct Settings {
     /// The longest one pass may run: past it, the pass is abandoned (its requests cancelled)
     /// and retried with backoff.
     pub pass_deadline: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("resolving cluster facts: {0}")]
-    Resolve(#[source] kube::Error),
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    #[error("patching status of ClusterPolicy {name}: {source}")]
-    Status {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error(transparent)]
-    NfdCrds(#[from] nfd_crds::Error),
-    #[error("driver upgrades: {0}")]
-    Upgrade(#[source] kube::Error),
-    #[error("labelling nodes: {0}")]
-    Labels(#[source] kube::Error),
-    #[error("labelling namespace {namespace} for privileged pods (Pod Security): {source}")]
-    Namespace {
-        namespace: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl From<gpu_cluster::Error> for Error {
-    fn from(e: gpu_cluster::Error) -> Self {
-        match e {
-            gpu_cluster::Error::Apply(e) => Error::Apply(e),
-            gpu_cluster::Error::Labels(e) => Error::Labels(e),
-            gpu_cluster::Error::Status { name, source } => Error::Status { name, source },
-        }
-    }
-}
-
-impl From<nvidia_driver::Error> for Error {
-    fn from(e: nvidia_driver::Error) -> Self {
-        match e {
-            nvidia_driver::Error::Apply(e) => Error::Apply(e),
-            nvidia_driver::Error::Select { source, .. }
-            | nvidia_driver::Error::Labels { source, .. } => Error::Labels(source),
-            nvidia_driver::Error::Status { name, source } => Error::Status { name, source },
-        }
-    }
-}
-
-impl Error {
-    /// Short stable reason for events and metric labels.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Error::Resolve(_) => "ResolveFailed",
-            Error::Apply(_) => "ApplyFailed",
-            Error::Status { .. } => "StatusFailed",
-            Error::Labels(_) => "LabelFailed",
-            Error::NfdCrds(_) => "NfdCrdsFailed",
-            Error::Upgrade(_) => "UpgradeFailed",
-            Error::Namespace { .. } => "NamespaceLabelFailed",
-        }
-    }
 }
 
 /// What every pass reads and none changes: clients, settings, caches and the machinery around
@@ -187,8 +127,8 @@ struct PolicyMemory {
 #[derive(Default)]
 struct LabelMemory {
     loss: GpuLabelLoss,
-    attempts: labeller::Attempts,
-    pool_attempts: node_pools::Attempts,
+    attempts: owner::LabelAttempts,
+    pool_attempts: owner::LabelAttempts,
     priority_classes: node_pools::PriorityClassesDone,
 }
 
@@ -216,11 +156,7 @@ fn is_deleting(policy: &ClusterPolicy) -> bool {
 /// Whether `policy` is still in the cache and not being deleted: a pass that started before a
 /// deletion request stops before it writes.
 fn still_in_force(ctx: &Deps, policy: &ClusterPolicy) -> bool {
-    let key = kube::runtime::reflector::ObjectRef::new(&policy.name_any());
-    ctx.policies
-        .get(&key)
-        .and_then(|guard| guard.0.as_ref().ok().cloned())
-        .is_some_and(|live| live.metadata.uid == policy.metadata.uid && !is_deleting(&live))
+    owner::still_in_force(&ctx.policies, policy)
 }
 
 /// The policy that is in force: the oldest decodable one, name breaking ties.
@@ -241,28 +177,6 @@ fn active_policy(policies: &Store<DeserializeGuard<ClusterPolicy>>) -> Option<Ar
     });
     all.into_iter().next().map(Arc::new)
 }
-
-async fn patch_status(
-    client: &Client,
-    policy: &ClusterPolicy,
-    status: &ClusterPolicyStatus,
-) -> Result<(), Error> {
-    let api: Api<ClusterPolicy> = Api::all(client.clone());
-    api.patch_status(
-        &policy.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: policy.name_any(),
-        source,
-    })?;
-    Ok(())
-}
-
-/// How soon a pass that wrote something looks again if no watch event comes first.
-const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
 
 /// How a policy's pass ended.
 enum Ran {
@@ -314,8 +228,7 @@ async fn reconcile(
             policy.status.as_ref(),
             now,
         );
-        if status::differs(policy.status.as_ref(), &status) {
-            patch_status(&ctx.client, policy, &status).await?;
+        if owner::patch_status(&ctx.client, policy, policy.status.as_ref(), &status).await? {
             publish(
                 ctx,
                 policy,
@@ -355,34 +268,27 @@ async fn report_failure(
     }
     let mut status = policy.status.clone().unwrap_or_default();
     let unsupported = unsupported_lines(&policy.spec);
+    let (desired, observed, applied) = Default::default();
     let failed = status::compute(&status::StatusInputs {
-        generation: policy.metadata.generation,
-        namespace: &ctx.settings.namespace,
-        desired: &render::DesiredState::default(),
-        daemon_sets: &BTreeMap::new(),
-        deployments: &BTreeMap::new(),
-        nodes: &[],
         failures: &[error.to_string()],
-        config_problems: &BTreeMap::new(),
-        notes: &[],
-        warnings: &[],
         unsupported: &unsupported,
-        diagnoses: &BTreeMap::new(),
-        rejected: &BTreeMap::new(),
-        unsettled: &[],
-        labels_in_flight: 0,
-        explained: &BTreeSet::new(),
-        driver_upgrade: None,
         previous: policy.status.as_ref(),
-        now,
+        ..owner::status_inputs(
+            policy.metadata.generation,
+            &ctx.settings.namespace,
+            &desired,
+            &observed,
+            &[],
+            &applied,
+            &[],
+            now,
+        )
     });
     // Keep the component list of the last successful pass.
     status.state = failed.state;
     status.conditions = failed.conditions;
     status.namespace = failed.namespace;
-    if status::differs(policy.status.as_ref(), &status) {
-        patch_status(&ctx.client, policy, &status).await?;
-    }
+    owner::patch_status(&ctx.client, policy, policy.status.as_ref(), &status).await?;
     Ok(())
 }
 
@@ -441,7 +347,7 @@ async fn run_pass(
     // While the apply writes, the label stage keeps only a few patches in flight: every
     // operand waits on the ~60 objects, and a full flood of node patches made each of their
     // writes ~5x slower at 1,000 nodes. The gate opens fully when the apply is done.
-    let label_gate = Semaphore::new(labeller::PATCH_CONCURRENCY);
+    let label_gate = Semaphore::new(owner::PATCH_CONCURRENCY);
     let held_for_apply = label_gate.try_acquire_many(labeller::HELD_FOR_APPLY).ok();
     let render_and_apply = async {
         let _held_for_apply = held_for_apply;
@@ -509,13 +415,8 @@ async fn run_pass(
                 &nodes,
             ))
             .collect();
+        let unsettled = applied.unsettled();
         let status = status::compute(&status::StatusInputs {
-            generation: policy.metadata.generation,
-            namespace: &ctx.settings.namespace,
-            desired: &desired,
-            daemon_sets: &observed.daemon_sets,
-            deployments: &observed.deployments,
-            nodes: &nodes,
             failures: &ctx
                 .resolver
                 .discovered
@@ -524,14 +425,20 @@ async fn run_pass(
             notes: &notes,
             warnings: labelled.label_loss_warning.as_slice(),
             unsupported: &unsupported_lines(&policy.spec),
-            diagnoses: &observed.diagnoses,
-            rejected: &applied.rejected,
-            unsettled: &applied.unsettled(),
             labels_in_flight: labelled.in_flight,
             explained: &explained,
             driver_upgrade: upgrades.summary.as_ref(),
             previous: policy.status.as_ref(),
-            now,
+            ..owner::status_inputs(
+                policy.metadata.generation,
+                &ctx.settings.namespace,
+                &desired,
+                &observed,
+                &nodes,
+                &applied,
+                &unsettled,
+                now,
+            )
         });
         report_status(policy, ctx, &status, &nodes).await?;
         watch.lap("status");
@@ -671,17 +578,26 @@ async fn label(
         gate,
     )
     .await
-    .map_err(Error::Labels)?;
+    .map_err(|source| Error::Labels {
+        purpose: "",
+        source,
+    })?;
     let label_loss_warning = labelling.breaker.warning(ctx.settings.gpu_label_grace);
     let deadline = labelling.again_at;
     // Node pools and the GPU memory resource (our extension), on the same snapshot.
     let pool_retry =
         node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &mut memory.pool_attempts)
             .await
-            .map_err(Error::Labels)?;
+            .map_err(|source| Error::Labels {
+                purpose: "",
+                source,
+            })?;
     node_pools::reconcile_priority_classes(&ctx.client, policy, &mut memory.priority_classes)
         .await
-        .map_err(Error::Labels)?;
+        .map_err(|source| Error::Labels {
+            purpose: "",
+            source,
+        })?;
     let deadline = deadline.into_iter().chain(pool_retry).min();
     let in_flight = memory.attempts.in_flight(nodes);
     Ok(Labelled {
@@ -736,24 +652,15 @@ async fn apply(
         memory.nfd_crds_current = false;
         memory.nfd_crds_read_only = false;
     }
-    // Taken for the apply and put back after it, also on failure: a pass abandoned at its
-    // deadline leaves an empty ledger, never a half-written one.
-    let mut ledger = std::mem::take(&mut memory.ledger);
-    let applied = apply::apply(
-        &ctx.client,
-        desired,
-        &ctx.stores,
-        &mut ledger,
+    owner::apply(
+        ctx,
+        &Owner::of(policy),
         policy.meta().uid.as_deref(),
+        desired,
+        &mut memory.ledger,
         &ctx.resolver.discovered.optional_kinds(),
     )
-    .await;
-    memory.ledger = ledger;
-    let report = applied?;
-    if !report.applied.is_empty() || !report.pruned.is_empty() {
-        tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
-    }
-    Ok(report)
+    .await
 }
 
 /// Status stage, the writing half: metrics, the status patch when it changed, and an event
@@ -802,9 +709,7 @@ async fn report_status(
         // same ClusterPolicy's status, and answering each of its writes would be a fight.
         return Ok(());
     }
-    if status::differs(policy.status.as_ref(), status) {
-        patch_status(&ctx.client, policy, status).await?;
-    }
+    owner::patch_status(&ctx.client, policy, policy.status.as_ref(), status).await?;
     if previous_state != Some(status.state) {
         let message = status
             .conditions
@@ -825,7 +730,7 @@ async fn report_status(
     Ok(())
 }
 
-/// When to look again without a watch event.
+/// Requeue stage: when to look again without a watch event.
 fn requeue(
     ctx: &Deps,
     status: &ClusterPolicyStatus,
@@ -834,31 +739,25 @@ fn requeue(
     labelled: &Labelled,
     unexplained: bool,
 ) -> Requeue {
-    // An invalid config waits for the user's fix (its ConfigMap or the policy changes);
-    // anything else not ready is looked at again after a while.
-    let invalid = desired
-        .operands
-        .iter()
-        .any(|s| matches!(s.outcome, Outcome::Invalid(_)))
-        || !applied.rejected.is_empty();
-    let not_ready =
-        (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
-    // Our own writes wake the next pass through the watches; a write the API server found
-    // identical wakes nothing, so look again shortly.
-    let unsettled =
-        (!applied.unsettled().is_empty() || labelled.in_flight > 0).then_some(UNSETTLED_REQUEUE);
+    // A node's vanished GPU label reaches its grace period, or the label stage retries.
     let grace = labelled
         .deadline
         .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
     // A difference not yet explained is looked at again when it would be.
     let unexplained = unexplained.then_some(observe::MISMATCH_GRACE);
-    not_ready
-        .into_iter()
-        .chain(applied.retry_after)
-        .chain(grace)
-        .chain(unsettled)
-        .chain(unexplained)
-        .min()
+    Again {
+        ready: status.state == State::Ready,
+        // An invalid config waits for the user's fix (its ConfigMap or the policy changes).
+        waits_for_user: desired
+            .operands
+            .iter()
+            .any(|s| matches!(s.outcome, Outcome::Invalid(_)))
+            || !applied.rejected.is_empty(),
+        unsettled: !applied.unsettled().is_empty() || labelled.in_flight > 0,
+        retry_after: applied.retry_after,
+        deadline: scheduler::earliest(grace, unexplained),
+    }
+    .requeue(ctx.settings.not_ready_requeue)
 }
 
 async fn publish(ctx: &Deps, policy: &ClusterPolicy, type_: EventType, reason: &str, note: String) {
@@ -938,10 +837,7 @@ async fn pass(deps: &Deps, state: &mut PassState, preemption: Preemption) -> Pas
         active.as_deref(),
     )
     .await;
-    match clusters.map_err(|e| {
-        tracing::warn!(error = %e, "GPUCluster reconcile failed");
-        Error::from(e)
-    }) {
+    match clusters.inspect_err(|e| tracing::warn!(error = %e, "GPUCluster reconcile failed")) {
         Ok(requeue) => next = next.into_iter().chain(requeue).min(),
         Err(e) => {
             deps.metrics.observe_error(e.reason());
@@ -960,10 +856,7 @@ async fn pass(deps: &Deps, state: &mut PassState, preemption: Preemption) -> Pas
     let drivers =
         nvidia_driver::reconcile_all(deps, &mut state.nvidia_driver, &mut state.diagnoser, policy)
             .await;
-    match drivers.map_err(|e| {
-        tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
-        Error::from(e)
-    }) {
+    match drivers.inspect_err(|e| tracing::warn!(error = %e, "NVIDIADriver reconcile failed")) {
         Ok(requeue) => next = next.into_iter().chain(requeue).min(),
         Err(e) => {
             deps.metrics.observe_error(e.reason());
@@ -1007,7 +900,7 @@ pub async fn run(
     // A policy's spec is the user's to change: its changes go first (stores::Wake).
     let mut triggers =
         futures::stream::select(triggers, policy_changes.map(|()| Wake::Now)).boxed();
-    let gpu_clusters = if gpu_cluster::served(&client).await {
+    let gpu_clusters = if owner::served::<crate::api::GPUCluster>(&client).await {
         let (clusters, changes) = stores::watched_specs(
             Api::<DeserializeGuard<crate::api::GPUCluster>>::all(watch_client.clone()),
             watcher::Config::default(),
@@ -1018,7 +911,7 @@ pub async fn run(
         tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
         None
     };
-    let nvidia_drivers = if nvidia_driver::served(&client).await {
+    let nvidia_drivers = if owner::served::<crate::api::NVIDIADriver>(&client).await {
         let (drivers, changes) = stores::watched_specs(
             Api::<DeserializeGuard<crate::api::NVIDIADriver>>::all(client.clone()),
             watcher::Config::default(),

@@ -4,7 +4,6 @@
 //! and allocatable, only when it differs), then labels, taints and the record in one merge
 //! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,7 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
+use super::owner::LabelAttempts;
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::{
@@ -26,13 +26,6 @@ use crate::nodes::NodeView;
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 /// Nodes read and patched at once.
 const CONCURRENCY: usize = 16;
-
-/// The `resourceVersion` each node had when we last wrote it: until the cache shows a newer
-/// one, our write has not arrived and repeating it would be a needless request.
-#[derive(Debug, Default)]
-pub struct Attempts {
-    at_version: BTreeMap<String, Option<String>>,
-}
 
 /// What happened on one node.
 enum Outcome {
@@ -82,26 +75,25 @@ async fn bring(
 }
 
 /// Brings every node to what `spec.nodePools` and `spec.gpuMemoryResource` want. Returns when
-/// to look again after a conflict, if one happened.
+/// to look again after a conflict, if one happened. `attempts` holds the nodes written whose
+/// write the cache has not shown yet: they are not written again until it does.
 pub async fn reconcile_nodes(
     client: &Client,
     nodes: &[Arc<NodeView>],
     spec: &ClusterPolicySpec,
-    attempts: &mut Attempts,
+    attempts: &mut LabelAttempts,
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut work = Vec::new();
     for node in nodes {
         if !needs_work(node, &desired(spec, node)) {
-            attempts.at_version.remove(&node.name);
+            attempts.forget(&node.name);
             continue;
         }
-        if attempts.at_version.get(&node.name) == Some(&node.resource_version) {
+        if attempts.pending(node) {
             continue;
         }
-        attempts
-            .at_version
-            .insert(node.name.clone(), node.resource_version.clone());
+        attempts.record(node);
         work.push(node);
     }
     let results: Vec<_> = futures::stream::iter(work.into_iter().map(|node| {
@@ -118,16 +110,16 @@ pub async fn reconcile_nodes(
             Ok(Outcome::Written) => tracing::info!(node = %node.name, "node pool: node updated"),
             Ok(Outcome::Unchanged) => {}
             Ok(Outcome::Conflict) => {
-                attempts.at_version.remove(&node.name);
+                attempts.forget(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                attempts.at_version.remove(&node.name);
+                attempts.forget(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(e) => {
-                attempts.at_version.remove(&node.name);
+                attempts.forget(&node.name);
                 failure.get_or_insert(e);
             }
         }

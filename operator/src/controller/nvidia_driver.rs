@@ -24,24 +24,23 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 
-use super::gpu_cluster::keep_transition_times;
 use super::observe::Diagnoser;
+use super::owner::{self, Again, Error, LabelAttempts, Owner, UNSETTLED_REQUEUE};
 use super::plan::Ledger;
+use super::scheduler::Requeue;
 use super::{Deps, apply, observe, status};
 use crate::api::{
     ClusterPolicy, Component, ImageKind, NVIDIADriver, NvidiaDriverState, NvidiaDriverStatus, State,
 };
 use crate::facts::{ClusterFacts, ConfigMapData};
 use crate::model::{Operand, ValidatedPolicy};
-use crate::nodes::{DEPLOY_OPERANDS, DRIVER_POOL, NodeView};
+use crate::nodes::{DEPLOY_OPERANDS, DRIVER_POOL, LabelPatch, NodeView};
 use crate::operands::driver::{self, referenced_config_maps};
 use crate::operands::nvidia_driver::{self as pool, Claim, ValidatedNvidiaDriver};
 use crate::render::{DesiredState, OperandState, Outcome};
@@ -56,46 +55,13 @@ struct Pass<'a> {
     policy: Option<(&'a ClusterPolicy, &'a ValidatedPolicy, &'a ClusterFacts)>,
 }
 
-/// Why an NVIDIADriver pass failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    #[error("selecting the GPU nodes of NVIDIADriver {name}: {source}")]
-    Select {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("labelling node {node} for its NVIDIADriver pool: {source}")]
-    Labels {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("patching status of NVIDIADriver {name}: {source}")]
-    Status {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-/// When the NVIDIADrivers want to be looked at again without a watch event.
-pub type Requeue = Option<Duration>;
-
-/// What the NVIDIADriver passes keep between passes: a ledger per NVIDIADriver (by uid).
+/// What the NVIDIADriver passes keep between passes: a ledger per NVIDIADriver (by uid), and
+/// the pool labels sent.
 #[derive(Default)]
 pub struct Memory {
     ledgers: BTreeMap<String, Ledger>,
-}
-
-/// Whether the NVIDIADriver CRD is served (a cluster without it has nothing to watch).
-pub async fn served(client: &Client) -> bool {
-    let api: Api<NVIDIADriver> = Api::all(client.clone());
-    api.list_metadata(&ListParams::default().limit(1))
-        .await
-        .is_ok()
+    /// Pool label patches the cache has not shown yet.
+    labels: LabelAttempts,
 }
 
 /// Why NVIDIADrivers are not acted on now, or `None` when they are.
@@ -220,7 +186,7 @@ pub async fn reconcile_all(
             let status = NvidiaDriverStatus {
                 state: NvidiaDriverState::Disabled,
                 namespace: Some(ctx.namespace.to_owned()),
-                conditions: keep_transition_times(
+                conditions: owner::keep_transition_times(
                     d.status.as_ref().and_then(|s| s.conditions.clone()),
                     Some(vec![status::condition_now(
                         status::READY,
@@ -234,10 +200,10 @@ pub async fn reconcile_all(
                 selected_nodes: None,
                 components: None,
             };
-            patch_if_changed(ctx, d, status).await?;
+            owner::patch_status(ctx.client, d, d.status.as_ref(), &status).await?;
         }
         if acts {
-            label_nodes(ctx.client, &nodes, &BTreeMap::new()).await?;
+            label_nodes(ctx.client, &mut memory.labels, &nodes, &BTreeMap::new()).await?;
         }
         return Ok(None);
     }
@@ -306,8 +272,8 @@ pub async fn reconcile_all(
         let requeue = report(ctx, d, validated, desired, applied, &observed, now.clone()).await?;
         next = next.into_iter().chain(requeue).min();
     }
-    let in_flight = label_nodes(ctx.client, &nodes, &wanted).await?;
-    let labels = (in_flight > 0).then_some(Duration::from_secs(2));
+    let in_flight = label_nodes(ctx.client, &mut memory.labels, &nodes, &wanted).await?;
+    let labels = (in_flight > 0).then_some(UNSETTLED_REQUEUE);
     Ok(next.into_iter().chain(labels).min())
 }
 
@@ -357,7 +323,7 @@ async fn select(
             .list_metadata(&params)
             .await
             .map_err(|source| Error::Select {
-                name: d.name_any(),
+                owner: Owner::of(d),
                 source,
             })?
             .items
@@ -470,24 +436,16 @@ async fn apply_for(
     desired: &DesiredState,
 ) -> Result<apply::ApplyReport, Error> {
     let uid = d.uid().unwrap_or_default();
-    // Taken for the apply and put back after it: a pass abandoned at its deadline leaves an
-    // empty ledger, never a half-written one.
-    let mut ledger = memory.ledgers.remove(&uid).unwrap_or_default();
-    let applied = apply::apply(
-        ctx.client,
-        desired,
-        &ctx.deps.stores,
-        &mut ledger,
+    let ledger = memory.ledgers.entry(uid.clone()).or_default();
+    owner::apply(
+        ctx.deps,
+        &Owner::of(d),
         Some(uid.as_str()),
+        desired,
+        ledger,
         &[],
     )
-    .await;
-    memory.ledgers.insert(uid, ledger);
-    let applied = applied?;
-    if !applied.applied.is_empty() || !applied.pruned.is_empty() {
-        tracing::info!(nvidia_driver = %d.name_any(), applied = ?applied.applied, pruned = ?applied.pruned, "applied");
-    }
-    Ok(applied)
+    .await
 }
 
 /// Observe and status stages of one NVIDIADriver.
@@ -504,26 +462,20 @@ async fn report(
     let notes: Vec<String> = crate::operands::nvidia_driver::unknown_os(pool)
         .into_iter()
         .collect();
+    let unsettled = applied.unsettled();
     let computed = status::compute(&status::StatusInputs {
-        generation: d.metadata.generation,
-        namespace: ctx.namespace,
-        desired,
-        daemon_sets: &observed.daemon_sets,
-        deployments: &observed.deployments,
-        nodes: &pool.nodes,
-        failures: &[],
-        config_problems: &BTreeMap::new(),
         notes: &notes,
-        warnings: &[],
         unsupported: &unsupported,
-        diagnoses: &observed.diagnoses,
-        rejected: &applied.rejected,
-        unsettled: &applied.unsettled(),
-        labels_in_flight: 0,
-        explained: &BTreeSet::new(),
-        previous: None,
-        now,
-        driver_upgrade: None,
+        ..owner::status_inputs(
+            d.metadata.generation,
+            ctx.namespace,
+            desired,
+            observed,
+            &pool.nodes,
+            applied,
+            &unsettled,
+            now,
+        )
     });
     let invalid = matches!(desired.operands[0].outcome, Outcome::Invalid(_));
     let mut conditions = computed.conditions;
@@ -545,7 +497,7 @@ async fn report(
             _ => NvidiaDriverState::NotReady,
         },
         namespace: computed.namespace,
-        conditions: keep_transition_times(
+        conditions: owner::keep_transition_times(
             d.status.as_ref().and_then(|s| s.conditions.clone()),
             conditions,
         ),
@@ -553,17 +505,15 @@ async fn report(
         components: computed.components,
     };
     let ready = status.state == NvidiaDriverState::Ready;
-    patch_if_changed(ctx, d, status).await?;
-    let unsettled = !applied.unsettled().is_empty();
-    let again = if unsettled {
-        Some(Duration::from_secs(2))
-    } else if !ready && !invalid {
-        Some(ctx.deps.settings.not_ready_requeue)
-    } else {
-        None
+    owner::patch_status(ctx.client, d, d.status.as_ref(), &status).await?;
+    let again = Again {
+        ready,
+        waits_for_user: invalid,
+        unsettled: !unsettled.is_empty(),
+        retry_after: applied.retry_after,
+        deadline: None,
     };
-    // A refusal that may pass later is tried again on time, ready or not.
-    Ok(again.into_iter().chain(applied.retry_after).min())
+    Ok(again.requeue(ctx.deps.settings.not_ready_requeue))
 }
 
 /// Sets [`DRIVER_POOL`] to `wanted[node]` on each GPU node and removes it elsewhere, with a
@@ -571,57 +521,23 @@ async fn report(
 /// has not shown yet.
 async fn label_nodes(
     client: &Client,
+    attempts: &mut LabelAttempts,
     nodes: &[Arc<NodeView>],
     wanted: &BTreeMap<String, String>,
 ) -> Result<usize, Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut in_flight = 0;
-    for node in nodes {
-        let want = wanted.get(&node.name).map(String::as_str);
-        if node.labels.get(DRIVER_POOL).map(String::as_str) == want {
-            continue;
+    let writes = owner::write_labels(client, nodes, attempts, None, |node| {
+        let want = wanted.get(&node.name);
+        if node.labels.get(DRIVER_POOL) == want {
+            return LabelPatch::new();
         }
-        let Some(version) = node.resource_version.clone() else {
-            continue;
-        };
-        let patch =
-            json!({"metadata": {"resourceVersion": version, "labels": {DRIVER_POOL: want}}});
-        match api
-            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => in_flight += 1,
-            // Changed meanwhile, or gone: the next pass sees the new version.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => in_flight += 1,
-            Err(source) => {
-                return Err(Error::Labels {
-                    node: node.name.clone(),
-                    source,
-                });
-            }
-        }
+        [(DRIVER_POOL.to_owned(), want.cloned())].into()
+    })
+    .await;
+    if let Some(source) = writes.failure {
+        return Err(Error::Labels {
+            purpose: " for their NVIDIADriver pools",
+            source,
+        });
     }
-    Ok(in_flight)
-}
-
-async fn patch_if_changed(
-    ctx: &Pass<'_>,
-    d: &NVIDIADriver,
-    status: NvidiaDriverStatus,
-) -> Result<(), Error> {
-    if d.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let api: Api<NVIDIADriver> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &d.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: d.name_any(),
-        source,
-    })?;
-    Ok(())
+    Ok(attempts.in_flight(nodes))
 }

@@ -13,6 +13,7 @@ use kube::{Client, ResourceExt};
 use super::stores::Stores;
 
 /// What runs now, by name.
+#[derive(Default)]
 pub struct Observed {
     pub daemon_sets: BTreeMap<String, DaemonSet>,
     pub deployments: BTreeMap<String, Deployment>,
