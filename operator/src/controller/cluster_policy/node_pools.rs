@@ -1,4 +1,4 @@
-//! GPU node pools and the GPU memory resource (IO): for each node whose record says it was not
+//! Label stage, node pools and the GPU memory resource (IO): for each node whose record says it was not
 //! brought to the current want (`node_pools::needs_work`, from the metadata cache, no request),
 //! the node is read in full and patched: its status first (the memory resource in capacity
 //! and allocatable, only when it differs), then labels, taints and the record in one merge
@@ -13,8 +13,8 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
-use super::owner::LabelAttempts;
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
+use crate::controller::owner::LabelAttempts;
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::{
     PRIORITY_CLASS_LABEL, Record, desired, desired_priority_classes, needs_work, object_patch,

@@ -1,4 +1,4 @@
-//! Label stage (IO): writes the label changes `nodes::desired_label_changes` asks for on the GPU
+//! Label stage, deploy labels (IO): writes the label changes `nodes::desired_label_changes` asks for on the GPU
 //! nodes (decision 2) and the default MIG layout (decision 7), through the owners' one node
 //! label writer (controller::owner::write_labels: a merge patch carrying the node's
 //! `resourceVersion` as a precondition, never a forced apply, since other components write
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use tokio::sync::Semaphore;
 
-use super::owner::{self, LabelAttempts};
+use crate::controller::owner::{self, LabelAttempts};
 use crate::nodes::{
     Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
 };
@@ -33,10 +33,6 @@ fn changes_for(
     changes.extend(mig_config_default(node, mig_default_layout));
     changes
 }
-
-/// Of [`owner::PATCH_CONCURRENCY`], the permits a pass holds back while its apply is writing:
-/// two label patches stay in flight beside the operand objects, the rest wait for the apply.
-pub const HELD_FOR_APPLY: u32 = owner::PATCH_CONCURRENCY as u32 - 2;
 
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
 #[derive(Debug, Default)]
