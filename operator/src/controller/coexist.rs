@@ -62,6 +62,7 @@ pub fn live_holder(leases: &[Arc<Lease>], now: Timestamp) -> (Option<String>, Op
 /// The current answer, shared between the watch task and the reconcile.
 #[derive(Clone, Debug, Default)]
 pub struct NvidiaOperator {
+    /// A mutex because the Lease watch (a task of its own) writes it while passes read it.
     holder: Arc<Mutex<Option<String>>>,
 }
 

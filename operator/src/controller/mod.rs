@@ -1,64 +1,59 @@
-//! The controller (IO): one kube-runtime controller over `ClusterPolicy` whose reconcile is the
-//! pipeline resolve -> validate -> render -> apply -> status.
+//! The controller (IO): one loop that reconciles every ClusterPolicy, GPUCluster and
+//! NVIDIADriver, each pass a list of stages (resolve -> validate -> render -> apply -> label ->
+//! upgrade -> status -> requeue) on the machinery the three share.
 //!
 //! Guarantees and caveats:
-//! - One loop, one pass at a time: every watch of decision 10 (policies included) feeds one
-//!   trigger stream; bursts are coalesced and each wake-up reconciles every policy in turn. The
-//!   singleton rule makes every policy but the oldest a cheap no-op that only keeps its
-//!   `ignored` status. There is a single key, so kube-runtime's `Controller` (per-object queues,
-//!   and `owns`, which keys a cluster-scoped owner with the child's namespace and could run the
-//!   active policy twice at once) buys nothing here; its watchers and reflectors do the caching.
+//! - One loop, one pass at a time ([`scheduler`]): every watch of decision 10 (policies
+//!   included) feeds one trigger stream; bursts are coalesced and each wake-up reconciles every
+//!   policy in turn, then the GPUClusters, then the NVIDIADrivers. There is a single key, so
+//!   kube-runtime's `Controller` (per-object queues, and `owns`, which keys a cluster-scoped
+//!   owner with the child's namespace and could run the active policy twice at once) buys
+//!   nothing here; its watchers and reflectors do the caching.
 //! - The reconcile reads caches, never lists: stores are awaited before the first pass so a
 //!   restart with nothing changed writes nothing (decision 9).
-//! - Invalid input for one operand freezes that operand (not applied, not pruned) and is
-//!   reported; the others proceed (decision 8). Resolve errors prune nothing.
-//! - No timer while steady: a pass requeues only while something is not ready, or when a node's
-//!   vanished GPU label reaches its grace period.
-//! - A policy being deleted gets no writes at all, not even status (decision 17): garbage
-//!   collection removes its operands, and re-applying them meanwhile would start and kill
-//!   driver pods on every GPU node. While the oldest policy is being deleted, no policy is
-//!   active.
+//! - What the passes remember lives in one struct the scheduler owns ([`PassState`]); what they
+//!   only read in another ([`Deps`]). What one controller learns for another is a return value
+//!   (the policy in force and its last render, from [`cluster_policy::reconcile_all`]).
+//!
+//! Layout: `cluster_policy/`, `gpu_cluster/` and `nvidia_driver/` hold one controller each, its
+//! pass in its `mod.rs`; `owner.rs` what every owner needs (apply with the ledger, status
+//! patch, requeue rule, node label writes, errors); `apply.rs`, `observe.rs`, `resolve.rs`,
+//! `upgrade/` the stages they share; `stores.rs` the caches and `scheduler.rs` the loop.
 
 mod apply;
+mod cluster_policy;
 pub mod coexist;
 mod gpu_cluster;
-mod labeller;
-mod namespace;
 pub mod nfd_crds;
-mod node_pools;
 mod nvidia_driver;
 mod observe;
+mod owner;
 mod resolve;
+pub mod scheduler;
 pub mod stores;
 pub mod upgrade;
 
 pub use gpu_operator_engine::{plan, status};
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
-use tokio::sync::Semaphore;
 
+pub use owner::Error;
 pub use plan::{APPLIED_HASH_ANNOTATION, applied_hash, is_subset};
 use resolve::{Discovered, Resolver};
+use scheduler::{AbortOnDrop, PassOutcome, Preemption, Requeue};
 use stores::{Stores, Wake};
 
-use crate::api::{ClusterPolicy, ClusterPolicyStatus, State};
-use crate::metrics::{Metrics, ReconciliationStatus};
-use crate::nodes::GpuLabelLoss;
-use crate::render::{self, Outcome};
-use crate::validate;
+use crate::api::{ClusterPolicy, GPUCluster, NVIDIADriver};
+use crate::metrics::Metrics;
 
 /// Settings of `gpu-operator run` that the reconcile uses.
 #[derive(Clone, Debug)]
@@ -73,912 +68,89 @@ pub struct Settings {
     pub pass_deadline: Duration,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("resolving cluster facts: {0}")]
-    Resolve(#[source] kube::Error),
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    #[error("patching status of ClusterPolicy {name}: {source}")]
-    Status {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error(transparent)]
-    NfdCrds(#[from] nfd_crds::Error),
-    #[error("driver upgrades: {0}")]
-    Upgrade(#[source] kube::Error),
-    #[error("labelling nodes: {0}")]
-    Labels(#[source] kube::Error),
-    #[error("labelling namespace {namespace} for privileged pods (Pod Security): {source}")]
-    Namespace {
-        namespace: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl From<gpu_cluster::Error> for Error {
-    fn from(e: gpu_cluster::Error) -> Self {
-        match e {
-            gpu_cluster::Error::Apply(e) => Error::Apply(e),
-            gpu_cluster::Error::Labels(e) => Error::Labels(e),
-            gpu_cluster::Error::Status { name, source } => Error::Status { name, source },
-        }
-    }
-}
-
-impl From<nvidia_driver::Error> for Error {
-    fn from(e: nvidia_driver::Error) -> Self {
-        match e {
-            nvidia_driver::Error::Apply(e) => Error::Apply(e),
-            nvidia_driver::Error::Select { source, .. }
-            | nvidia_driver::Error::Labels { source, .. } => Error::Labels(source),
-            nvidia_driver::Error::Status { name, source } => Error::Status { name, source },
-        }
-    }
-}
-
-impl Error {
-    /// Short stable reason for events and metric labels.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Error::Resolve(_) => "ResolveFailed",
-            Error::Apply(_) => "ApplyFailed",
-            Error::Status { .. } => "StatusFailed",
-            Error::Labels(_) => "LabelFailed",
-            Error::NfdCrds(_) => "NfdCrdsFailed",
-            Error::Upgrade(_) => "UpgradeFailed",
-            Error::Namespace { .. } => "NamespaceLabelFailed",
-        }
-    }
-}
-
-pub struct Context {
+/// What every pass reads and none changes: clients, settings, caches and the machinery around
+/// them.
+struct Deps {
     client: Client,
     settings: Settings,
     stores: Stores,
     policies: Store<DeserializeGuard<ClusterPolicy>>,
+    /// GPUClusters, `None` when their CRD is not served.
+    gpu_clusters: Option<Store<DeserializeGuard<GPUCluster>>>,
+    /// NVIDIADrivers, `None` when their CRD is not served.
+    nvidia_drivers: Option<Store<DeserializeGuard<NVIDIADriver>>>,
     resolver: Resolver,
+    /// The image environment GPUClusters and NVIDIADrivers resolve their images from.
+    image_env: BTreeMap<String, String>,
     /// Whether NVIDIA's operator is live now (controller::coexist).
     nvidia: coexist::NvidiaOperator,
-    label_loss: Mutex<GpuLabelLoss>,
-    label_attempts: Mutex<labeller::Attempts>,
-    pool_attempts: Mutex<node_pools::Attempts>,
-    pool_priority_classes: node_pools::PriorityClassesDone,
-    ledger: Mutex<plan::Ledger>,
-    /// Whether NFD's CRDs were found or made current since the operator started.
-    nfd_crds_current: std::sync::atomic::AtomicBool,
-    /// NFD's CRDs are installed by someone else (OLM) and not writable by us.
-    nfd_crds_read_only: std::sync::atomic::AtomicBool,
-    /// Since when each DaemonSet's pod count has differed from its labelled nodes.
-    mismatch_since: Mutex<BTreeMap<String, Instant>>,
-    /// When the pods of a not-ready DaemonSet are listed.
-    diagnoser: observe::Diagnoser,
-    /// The upgrade stage's last report, standing while the caches show nothing to upgrade.
-    last_upgrade: Mutex<Option<upgrade::Report>>,
     recorder: Recorder,
     metrics: Metrics,
-    /// GPUClusters (`None` when their CRD is not served), what their passes remember, and the
-    /// image environment they resolve the DRA driver's images from.
-    gpu_clusters: Option<Store<DeserializeGuard<crate::api::GPUCluster>>>,
+}
+
+/// What the passes remember from one to the next: owned by the scheduler, lent to each pass.
+#[derive(Default)]
+struct PassState {
+    cluster_policy: cluster_policy::Memory,
     gpu_cluster: gpu_cluster::Memory,
-    gpu_cluster_env: BTreeMap<String, String>,
-    /// NVIDIADrivers (`None` when their CRD is not served) and what their passes remember.
-    nvidia_drivers: Option<Store<DeserializeGuard<crate::api::NVIDIADriver>>>,
     nvidia_driver: nvidia_driver::Memory,
-    /// What the active policy's last pass validated and resolved (by policy uid): the pools
-    /// render from it.
-    last_policy_pass: Mutex<Option<PolicyPass>>,
-    /// The pass under way stopped after its apply stage for a user's change (run_pass).
-    preempted: std::sync::atomic::AtomicBool,
+    /// When the pods of a not-ready DaemonSet are listed: one for the three controllers, which
+    /// observe the same DaemonSets.
+    diagnoser: observe::Diagnoser,
 }
 
-/// The active policy's validated form and facts from its last pass.
-#[derive(Clone)]
-struct PolicyPass {
-    uid: Option<String>,
-    validated: crate::model::ValidatedPolicy,
-    facts: crate::facts::ClusterFacts,
-}
-
-fn is_deleting(policy: &ClusterPolicy) -> bool {
-    policy.metadata.deletion_timestamp.is_some()
-}
-
-/// Whether `policy` is still in the cache and not being deleted: a pass that started before a
-/// deletion request stops before it writes.
-fn still_in_force(ctx: &Context, policy: &ClusterPolicy) -> bool {
-    let key = kube::runtime::reflector::ObjectRef::new(&policy.name_any());
-    ctx.policies
-        .get(&key)
-        .and_then(|guard| guard.0.as_ref().ok().cloned())
-        .is_some_and(|live| live.metadata.uid == policy.metadata.uid && !is_deleting(&live))
-}
-
-/// The policy that is in force: the oldest decodable one, name breaking ties.
-fn active_policy(policies: &Store<DeserializeGuard<ClusterPolicy>>) -> Option<Arc<ClusterPolicy>> {
-    let mut all: Vec<ClusterPolicy> = policies
-        .state()
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok().cloned())
-        .collect();
-    all.sort_by(|a, b| {
-        let key = |p: &ClusterPolicy| {
-            (
-                p.metadata.creation_timestamp.clone().map(|t| t.0),
-                p.name_any(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
-    all.into_iter().next().map(Arc::new)
-}
-
-async fn patch_status(
-    client: &Client,
-    policy: &ClusterPolicy,
-    status: &ClusterPolicyStatus,
-) -> Result<(), Error> {
-    let api: Api<ClusterPolicy> = Api::all(client.clone());
-    api.patch_status(
-        &policy.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: policy.name_any(),
-        source,
-    })?;
-    Ok(())
-}
-
-/// How long a pass woken by cluster churn waits for the rest of its burst.
-const COALESCE: Duration = Duration::from_millis(20);
-
-/// How soon a pass that wrote something looks again if no watch event comes first.
-const UNSETTLED_REQUEUE: Duration = Duration::from_secs(2);
-
-/// When a policy wants to be looked at again without a watch event: `None` waits for one.
-type Requeue = Option<Duration>;
-
-async fn reconcile(
-    guard: &DeserializeGuard<ClusterPolicy>,
-    ctx: &Context,
-    user_changes: Option<UserChanges>,
-) -> Result<Requeue, Error> {
-    let started = Instant::now();
-    let Ok(policy) = guard.0.as_ref() else {
-        // An object the API server accepted but we cannot decode (an older or foreign CRD):
-        // reported once in the log; nothing to do until it changes.
-        if let Err(e) = &guard.0 {
-            tracing::error!(error = %e, "ClusterPolicy cannot be decoded; ignoring it until it changes");
-        }
-        return Ok(None);
-    };
-    let name = policy.name_any();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-
-    let Some(active) = active_policy(&ctx.policies) else {
-        ctx.metrics
-            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        return Ok(None);
-    };
-    if is_deleting(&active) {
-        // Its operands are being collected; the next policy takes over once it is gone.
-        ctx.metrics
-            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-        return Ok(None);
-    }
-    if is_deleting(policy) {
-        // An ignored policy going away: nothing to write for it.
-        return Ok(None);
-    }
-    if active.name_any() != name {
-        let status = status::ignored(
-            &active.name_any(),
-            &ctx.settings.namespace,
-            policy.metadata.generation,
-            policy.status.as_ref(),
-            now,
-        );
-        if status::differs(policy.status.as_ref(), &status) {
-            patch_status(&ctx.client, policy, &status).await?;
-            publish(
-                ctx,
-                policy,
-                EventType::Warning,
-                "Ignored",
-                format!(
-                    "ClusterPolicy {} is active; this one is ignored",
-                    active.name_any()
-                ),
-            )
-            .await;
-        }
-        return Ok(None);
-    }
-
-    let result = run_pass(policy, ctx, now.clone(), user_changes).await;
-    ctx.metrics.observe_reconcile(started.elapsed());
-    match result {
-        Ok(action) => Ok(action),
-        Err(e) => {
-            tracing::warn!(policy = %name, error = %e, "reconcile failed");
-            // Show the failure in status (best effort; the error itself drives the backoff).
-            let _ = report_failure(policy, ctx, &e, now).await;
-            Err(e)
-        }
-    }
-}
-
-async fn report_failure(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    error: &Error,
-    now: Time,
-) -> Result<(), Error> {
-    if !still_in_force(ctx, policy) {
-        return Ok(());
-    }
-    let mut status = policy.status.clone().unwrap_or_default();
-    let unsupported = unsupported_lines(&policy.spec);
-    let failed = status::compute(&status::StatusInputs {
-        generation: policy.metadata.generation,
-        namespace: &ctx.settings.namespace,
-        desired: &render::DesiredState::default(),
-        daemon_sets: &BTreeMap::new(),
-        deployments: &BTreeMap::new(),
-        nodes: &[],
-        failures: &[error.to_string()],
-        config_problems: &BTreeMap::new(),
-        notes: &[],
-        warnings: &[],
-        unsupported: &unsupported,
-        diagnoses: &BTreeMap::new(),
-        rejected: &BTreeMap::new(),
-        unsettled: &[],
-        labels_in_flight: 0,
-        explained: &BTreeSet::new(),
-        driver_upgrade: None,
-        previous: policy.status.as_ref(),
-        now,
-    });
-    // Keep the component list of the last successful pass.
-    status.state = failed.state;
-    status.conditions = failed.conditions;
-    status.namespace = failed.namespace;
-    if status::differs(policy.status.as_ref(), &status) {
-        patch_status(&ctx.client, policy, &status).await?;
-    }
-    Ok(())
-}
-
-/// The layout MIG-capable nodes without a `nvidia.com/mig.config` label get (decision 7):
-/// `all-disabled` while mig-manager is on and `migManager.config.default` is `all-disabled`
-/// (its default).
-fn mig_default_layout(spec: &crate::api::ClusterPolicySpec) -> Option<&'static str> {
-    use crate::api::{Component, MigDefault};
-    let default = spec
-        .mig_manager
-        .as_ref()
-        .and_then(|m| m.config.as_ref())
-        .and_then(|c| c.default)
-        .unwrap_or(MigDefault::AllDisabled);
-    (spec.is_enabled(Component::MigManager) && default == MigDefault::AllDisabled)
-        .then_some("all-disabled")
-}
-
-/// The status lines of what the policy sets and this operator does not act on.
-fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
-    spec.unsupported_fields()
-        .iter()
-        .map(ToString::to_string)
-        .collect()
-}
-
-/// One pass for the active policy: the pipeline label -> resolve -> validate -> render -> apply
-/// -> observe -> status, each stage a function of its own module.
-///
-/// Labelling and applying run side by side: the DaemonSets select their nodes by the deploy
-/// labels whichever lands first, and a thousand label patches must not hold back the ~60
-/// operand objects (nor the other way round). Until the apply is done the label stage keeps
-/// only a couple of patches in flight, so the API server answers the operand objects first.
-/// Both work on the same node snapshot.
-async fn run_pass(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    now: Time,
-    user_changes: Option<UserChanges>,
-) -> Result<Requeue, Error> {
-    let mut watch = Stopwatch::start();
-    let nodes = ctx.stores.nodes.snapshot();
-    watch.lap("snapshot");
-    ensure_namespace(policy, ctx).await?;
-    watch.lap("namespace");
-    // While the apply writes, the label stage keeps only a few patches in flight: every
-    // operand waits on the ~60 objects, and a full flood of node patches made each of their
-    // writes ~5x slower at 1,000 nodes. The gate opens fully when the apply is done.
-    let label_gate = Semaphore::new(labeller::PATCH_CONCURRENCY);
-    let held_for_apply = label_gate.try_acquire_many(labeller::HELD_FOR_APPLY).ok();
-    let render_and_apply = async {
-        let _held_for_apply = held_for_apply;
-        let mut watch = Stopwatch::start();
-        let resolved = (ctx.resolver)
-            .resolve(policy, &ctx.stores, &nodes)
-            .await
-            .map_err(Error::Resolve)?;
-        watch.lap("resolve");
-        let validated = validate::validate(policy, &resolved.facts);
-        watch.lap("validate");
-        let desired = render::render(&validated, &resolved.facts);
-        watch.lap("render");
-        if let Ok(mut last) = ctx.last_policy_pass.lock() {
-            *last = Some(PolicyPass {
-                uid: policy.metadata.uid.clone(),
-                validated: validated.clone(),
-                facts: resolved.facts.clone(),
-            });
-        }
-        if !still_in_force(ctx, policy) {
-            return Ok(None);
-        }
-        let applied = apply(policy, ctx, &desired).await?;
-        watch.lap("apply");
-        Ok::<_, Error>(Some((resolved, validated, desired, applied, watch)))
-    };
-    // Rendering and applying go first: a user's change reaches its first write before the
-    // label stage's walk over every node (which needs no API call when nothing changed, so
-    // it would otherwise run to its end before the apply started).
-    let (applied, labelled) = tokio::join!(
-        biased;
-        render_and_apply,
-        label(policy, ctx, &nodes, &label_gate)
-    );
-    let labelled = labelled?;
-    let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
-        return Ok(None);
-    };
-    // Render-and-apply and the label stage side by side: the longer of the two.
-    watch.lap("apply+label");
-    let rest = async {
-        let observed = observe::observe(&ctx.client, &ctx.stores, &ctx.diagnoser).await;
-        watch.lap("observe");
-        let upgrades = upgrade_drivers(policy, ctx, &observed, &nodes).await?;
-        watch.lap("upgrade");
-        let mismatched = status::label_mismatches(&desired, &observed.daemon_sets, &nodes);
-        let explained = observe::lasting_mismatches(&ctx.mismatch_since, &mismatched);
-        let notes: Vec<String> = validated
-            .notes
-            .iter()
-            .chain(&resolved.notes)
-            .cloned()
-            .chain(
-                ctx.nfd_crds_read_only
-                    .load(Ordering::Relaxed)
-                    .then(|| nfd_crds::READ_ONLY_NOTE.to_owned()),
-            )
-            .chain(gpu_cluster::policy_note(
-                ctx.gpu_clusters.as_ref(),
-                policy,
-                &nodes,
-            ))
-            .chain(nvidia_driver::policy_note(
-                policy,
-                ctx.nvidia_drivers.is_some(),
-                &nodes,
-            ))
-            .collect();
-        let status = status::compute(&status::StatusInputs {
-            generation: policy.metadata.generation,
-            namespace: &ctx.settings.namespace,
-            desired: &desired,
-            daemon_sets: &observed.daemon_sets,
-            deployments: &observed.deployments,
-            nodes: &nodes,
-            failures: &ctx
-                .resolver
-                .discovered
-                .coexistence_problems(ctx.nvidia.holder().as_deref()),
-            config_problems: &validated.reported,
-            notes: &notes,
-            warnings: labelled.label_loss_warning.as_slice(),
-            unsupported: &unsupported_lines(&policy.spec),
-            diagnoses: &observed.diagnoses,
-            rejected: &applied.rejected,
-            unsettled: &applied.unsettled(),
-            labels_in_flight: labelled.in_flight,
-            explained: &explained,
-            driver_upgrade: upgrades.summary.as_ref(),
-            previous: policy.status.as_ref(),
-            now,
-        });
-        report_status(policy, ctx, &status, &nodes).await?;
-        watch.lap("status");
-        tracing::debug!(
-            target: PASS_TIMING,
-            nodes = nodes.len(),
-            render_and_apply = %apply_watch,
-            rest = %watch,
-            "policy pass"
-        );
-        let again = requeue(
-            ctx,
-            &status,
-            &desired,
-            &applied,
-            &labelled,
-            mismatched.len() > explained.len(),
-        );
-        // A node between upgrade states moves on as soon as the cluster shows its last step.
-        let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
-        Ok::<_, Error>(again.into_iter().chain(upgrading).min())
-    };
-    // What follows the apply (observe, upgrade, status) is redone by the next pass: a user's
-    // change that arrives meanwhile does not wait for it.
-    let Some(mut changes) = user_changes else {
-        return rest.await;
-    };
-    tokio::select! {
-        biased;
-        done = rest => done,
-        Ok(()) = changes.changed() => {
-            tracing::debug!(target: PASS_TIMING, "a user's change arrived: the pass stops after its apply stage");
-            ctx.preempted.store(true, Ordering::Relaxed);
-            Ok(Some(Duration::ZERO))
-        }
-    }
-}
-
-/// Tells of users' changes (stores::Wake::Now) by a counter; a pass holds a receiver that has
-/// seen the count at its start.
-type UserChanges = tokio::sync::watch::Receiver<u64>;
-
-/// The log target of per-stage pass timings (debug): where a change's latency goes.
-const PASS_TIMING: &str = "gpu_operator::controller::timing";
-
-/// Milliseconds per stage of one pass, for the [`PASS_TIMING`] log.
-struct Stopwatch {
-    last: Instant,
-    laps: Vec<(&'static str, Duration)>,
-}
-
-impl Stopwatch {
-    fn start() -> Self {
-        Stopwatch {
-            last: Instant::now(),
-            laps: Vec::new(),
-        }
-    }
-
-    fn lap(&mut self, stage: &'static str) {
-        let now = Instant::now();
-        self.laps.push((stage, now - self.last));
-        self.last = now;
-    }
-}
-
-impl std::fmt::Display for Stopwatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (stage, took)) in self.laps.iter().enumerate() {
-            let sep = if i == 0 { "" } else { " " };
-            write!(f, "{sep}{stage}={:.1}ms", took.as_secs_f64() * 1000.0)?;
-        }
-        Ok(())
-    }
-}
-
-/// How soon a pass looks again while a driver upgrade is under way (evictions and pod
-/// restarts show in no watch of ours).
-const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
-
-/// Upgrade stage: the driver upgrade state machine (controller::upgrade), and its gauges. With
-/// NVIDIA's operator live, or the policy being deleted, it changes nothing.
-async fn upgrade_drivers(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    observed: &observe::Observed,
-    nodes: &[Arc<crate::nodes::NodeView>],
-) -> Result<upgrade::Report, Error> {
-    if ctx.nvidia.holder().is_some() || !still_in_force(ctx, policy) {
-        return Ok(upgrade::Report::default());
-    }
-    // Nothing to upgrade by the caches: the last report stands, without the stage's reads.
-    if upgrade::enabled(&policy.spec)
-        && upgrade::quiet(&observed.daemon_sets, nodes)
-        && let Some(last) = ctx.last_upgrade.lock().ok().and_then(|l| l.clone())
-        && !last.active()
-    {
-        return Ok(last);
-    }
-    let report = upgrade::reconcile(
-        &ctx.client,
-        &ctx.settings.namespace,
-        &policy.spec,
-        &observed.daemon_sets,
-        nodes,
-        &ctx.stores.upgrade_pods.snapshot(),
-        &ctx.recorder,
-    )
-    .await
-    .map_err(Error::Upgrade)?;
-    ctx.metrics
-        .observe_upgrades(upgrade::enabled(&policy.spec), &report.counts());
-    if let Ok(mut last) = ctx.last_upgrade.lock() {
-        *last = Some(report.clone());
-    }
-    Ok(report)
-}
-
-/// What the label stage did: what is still in flight.
-struct Labelled {
-    /// Nodes whose label patch the cache has not shown yet.
-    in_flight: usize,
-    /// When a node's vanished GPU label reaches its grace period.
-    deadline: Option<Instant>,
-    /// The label-loss breaker holds nodes marked (nodes::Breaker::warning).
-    label_loss_warning: Option<String>,
-}
-
-/// Label stage: the GPU nodes' deploy labels (they decide where operands run), on `nodes`, the
-/// pass's snapshot.
-async fn label(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    nodes: &[Arc<crate::nodes::NodeView>],
-    gate: &Semaphore,
-) -> Result<Labelled, Error> {
-    if ctx.nvidia.holder().is_some() {
-        // NVIDIA's operator labels the same keys: leave the nodes to it (decision 14).
-        return Ok(Labelled {
-            in_flight: 0,
-            deadline: None,
-            label_loss_warning: None,
-        });
-    }
-    let labelling = labeller::label_nodes(
-        &ctx.client,
-        nodes,
-        &ctx.label_loss,
-        &ctx.label_attempts,
-        ctx.settings.gpu_label_grace,
-        mig_default_layout(&policy.spec),
-        gate,
-    )
-    .await
-    .map_err(Error::Labels)?;
-    let label_loss_warning = labelling.breaker.warning(ctx.settings.gpu_label_grace);
-    let deadline = labelling.again_at;
-    // Node pools and the GPU memory resource (our extension), on the same snapshot.
-    let pool_retry =
-        node_pools::reconcile_nodes(&ctx.client, nodes, &policy.spec, &ctx.pool_attempts)
-            .await
-            .map_err(Error::Labels)?;
-    node_pools::reconcile_priority_classes(&ctx.client, policy, &ctx.pool_priority_classes)
-        .await
-        .map_err(Error::Labels)?;
-    let deadline = deadline.into_iter().chain(pool_retry).min();
-    let in_flight = ctx
-        .label_attempts
-        .lock()
-        .map(|a| a.in_flight(nodes))
-        .unwrap_or_default();
-    Ok(Labelled {
-        in_flight,
-        deadline,
-        label_loss_warning,
-    })
-}
-
-/// The operator namespace's Pod Security labels: privileged operand pods need a namespace that
-/// admits them, before their DaemonSets are applied.
-async fn ensure_namespace(policy: &ClusterPolicy, ctx: &Context) -> Result<(), Error> {
-    let psa = policy.spec.psa.as_ref().is_some_and(|p| p.is_enabled());
-    if (psa || ctx.resolver.discovered.openshift) && ctx.nvidia.holder().is_none() {
-        namespace::ensure_privileged(&ctx.client, &ctx.settings.namespace)
-            .await
-            .map_err(|source| Error::Namespace {
-                namespace: ctx.settings.namespace.clone(),
-                source,
-            })?;
-    }
-    Ok(())
-}
-
-/// Apply stage: NFD's CRDs before NFD itself (decision 16), then every operand's objects. With
-/// NVIDIA's operator live, this operator stands aside: it reports and changes nothing
-/// (decision 14).
-async fn apply(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    desired: &render::DesiredState,
-) -> Result<apply::ApplyReport, Error> {
-    if ctx.nvidia.holder().is_some() {
-        return Ok(apply::ApplyReport::default());
-    }
-    let deploys_nfd = desired.operands.iter().any(|s| {
-        s.operand == crate::model::Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_))
-    });
-    if deploys_nfd && !ctx.nfd_crds_current.load(Ordering::Relaxed) {
-        let ensured = nfd_crds::ensure(&ctx.client).await?;
-        if !ensured.written.is_empty() {
-            tracing::info!(crds = ?ensured.written, "installed NFD's CRDs");
-        }
-        if !ensured.read_only.is_empty() {
-            tracing::warn!(crds = ?ensured.read_only, "{}", nfd_crds::READ_ONLY_NOTE);
-        }
-        ctx.nfd_crds_read_only
-            .store(!ensured.read_only.is_empty(), Ordering::Relaxed);
-        ctx.nfd_crds_current.store(true, Ordering::Relaxed);
-    } else if !deploys_nfd {
-        // Switched off: look at the CRDs again when NFD is switched back on.
-        ctx.nfd_crds_current.store(false, Ordering::Relaxed);
-        ctx.nfd_crds_read_only.store(false, Ordering::Relaxed);
-    }
-    // One pass at a time: the ledger is taken for the pass and put back, also on failure.
-    let mut ledger = ctx
-        .ledger
-        .lock()
-        .map(|mut l| std::mem::take(&mut *l))
-        .unwrap_or_default();
-    let applied = apply::apply(
-        &ctx.client,
-        desired,
-        &ctx.stores,
-        &mut ledger,
-        policy.meta().uid.as_deref(),
-        &ctx.resolver.discovered.optional_kinds(),
+/// One pass over every policy, GPUCluster and NVIDIADriver: when to look again, and whether any
+/// failed. With `preemption`, the active policy's pass may stop after its apply stage for a
+/// user's change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at
+/// once).
+async fn pass(deps: &Deps, state: &mut PassState, preemption: Preemption) -> PassOutcome {
+    let policy = cluster_policy::reconcile_all(
+        deps,
+        &mut state.cluster_policy,
+        &mut state.diagnoser,
+        preemption,
     )
     .await;
-    if let Ok(mut l) = ctx.ledger.lock() {
-        *l = ledger;
+    if policy.outcome.preempted {
+        return policy.outcome;
     }
-    let report = applied?;
-    if !report.applied.is_empty() || !report.pruned.is_empty() {
-        tracing::info!(policy = %policy.name_any(), applied = ?report.applied, pruned = ?report.pruned, unchanged = report.unchanged, "applied");
-    }
-    Ok(report)
+    let clusters = gpu_cluster::reconcile_all(
+        deps,
+        &mut state.gpu_cluster,
+        &mut state.diagnoser,
+        policy.active.as_deref(),
+    )
+    .await;
+    // The NVIDIADrivers render against the policy in force's last render.
+    let in_force = policy.active.as_deref().zip(policy.rendered.as_deref());
+    let drivers = nvidia_driver::reconcile_all(
+        deps,
+        &mut state.nvidia_driver,
+        &mut state.diagnoser,
+        in_force,
+    )
+    .await;
+    policy
+        .outcome
+        .and(counted(deps, "GPUCluster", clusters))
+        .and(counted(deps, "NVIDIADriver", drivers))
 }
 
-/// Status stage, the writing half: metrics, the status patch when it changed, and an event
-/// when the state changed.
-async fn report_status(
-    policy: &ClusterPolicy,
-    ctx: &Context,
-    status: &ClusterPolicyStatus,
-    nodes: &[Arc<crate::nodes::NodeView>],
-) -> Result<(), Error> {
-    ctx.metrics.observe_state(
-        nodes.iter().filter(|n| n.is_gpu_node()).count(),
-        status
-            .components
-            .iter()
-            .flatten()
-            .filter(|c| c.desired > 0 && c.available == c.desired)
-            .count(),
-        nodes.iter().filter(|n| n.has_nfd_gpu()).count(),
-        // OpenShift's Driver Toolkit is on unless switched off; the driver is built the standard
-        // way here (operands::driver), so a request for it cannot be honoured.
-        ctx.resolver.discovered.openshift
-            && policy.spec.is_enabled(crate::api::Component::Driver)
-            && policy
-                .spec
-                .operator
-                .as_ref()
-                .and_then(|o| o.use_ocp_driver_toolkit)
-                .unwrap_or(true),
-    );
-    let error = status::has_error(status);
-    ctx.metrics.observe_status(
-        match status.state {
-            State::Ready => ReconciliationStatus::Success,
-            _ if error => ReconciliationStatus::OperatorError,
-            _ => ReconciliationStatus::NotReady,
+/// A controller's result as the scheduler takes it; a failure is logged and counted.
+fn counted(deps: &Deps, kind: &str, result: Result<Requeue, Error>) -> PassOutcome {
+    match result {
+        Ok(requeue) => PassOutcome {
+            requeue,
+            ..PassOutcome::default()
         },
-        k8s_openapi::jiff::Timestamp::now().as_millisecond() as f64 / 1000.0,
-    );
-    let previous_state = policy.status.as_ref().map(|s| s.state);
-    if !still_in_force(ctx, policy) {
-        return Ok(());
-    }
-    if ctx.nvidia.holder().is_some() && resolve::says_nvidia_operator_runs(policy.status.as_ref()) {
-        // Standing aside (decision 14): status said so once; NVIDIA's operator writes the
-        // same ClusterPolicy's status, and answering each of its writes would be a fight.
-        return Ok(());
-    }
-    if status::differs(policy.status.as_ref(), status) {
-        patch_status(&ctx.client, policy, status).await?;
-    }
-    if previous_state != Some(status.state) {
-        let message = status
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == status::READY)
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        // A policy that has never been ready is progressing, not failing: a warning then only
-        // for what a user must fix.
-        let (kind, reason) = match (status.state, previous_state) {
-            (State::Ready, _) => (EventType::Normal, "Ready"),
-            (_, None) if !error => (EventType::Normal, "Progressing"),
-            _ => (EventType::Warning, "NotReady"),
-        };
-        publish(ctx, policy, kind, reason, message).await;
-    }
-    Ok(())
-}
-
-/// When to look again without a watch event.
-fn requeue(
-    ctx: &Context,
-    status: &ClusterPolicyStatus,
-    desired: &render::DesiredState,
-    applied: &apply::ApplyReport,
-    labelled: &Labelled,
-    unexplained: bool,
-) -> Requeue {
-    // An invalid config waits for the user's fix (its ConfigMap or the policy changes);
-    // anything else not ready is looked at again after a while.
-    let invalid = desired
-        .operands
-        .iter()
-        .any(|s| matches!(s.outcome, Outcome::Invalid(_)))
-        || !applied.rejected.is_empty();
-    let not_ready =
-        (status.state != State::Ready && !invalid).then_some(ctx.settings.not_ready_requeue);
-    // Our own writes wake the next pass through the watches; a write the API server found
-    // identical wakes nothing, so look again shortly.
-    let unsettled =
-        (!applied.unsettled().is_empty() || labelled.in_flight > 0).then_some(UNSETTLED_REQUEUE);
-    let grace = labelled
-        .deadline
-        .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(100));
-    // A difference not yet explained is looked at again when it would be.
-    let unexplained = unexplained.then_some(observe::MISMATCH_GRACE);
-    not_ready
-        .into_iter()
-        .chain(applied.retry_after)
-        .chain(grace)
-        .chain(unsettled)
-        .chain(unexplained)
-        .min()
-}
-
-async fn publish(
-    ctx: &Context,
-    policy: &ClusterPolicy,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(event_note(note)),
-        action: "Reconcile".to_string(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
-        tracing::warn!(error = %e, "publishing event failed");
-    }
-}
-
-/// The API server refuses an Event whose note exceeds 1,024 bytes (a status message listing many
-/// nodes can): cut it on a character boundary and say so. The full text stays in status.
-fn event_note(note: String) -> String {
-    const LIMIT: usize = 1024;
-    const MORE: &str = " ... (cut; full text in the policy's status)";
-    if note.len() <= LIMIT {
-        return note;
-    }
-    let mut end = LIMIT - MORE.len();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MORE}", &note[..end])
-}
-
-/// The NVIDIADriver passes, against the active policy's last pass (none while the active
-/// policy is being deleted or has not had a pass).
-async fn reconcile_nvidia_drivers(
-    ctx: &Context,
-    active: Option<&ClusterPolicy>,
-) -> Result<Option<Duration>, Error> {
-    let last = ctx.last_policy_pass.lock().ok().and_then(|l| l.clone());
-    let active = active.filter(|p| !is_deleting(p));
-    let policy = match (active, &last) {
-        (Some(p), Some(last)) if last.uid == p.metadata.uid => {
-            Some((p, &last.validated, &last.facts))
-        }
-        _ => None,
-    };
-    let nvidia_holder = ctx.nvidia.holder();
-    let pass = nvidia_driver::Pass {
-        client: &ctx.client,
-        stores: &ctx.stores,
-        drivers: ctx.nvidia_drivers.as_ref(),
-        memory: &ctx.nvidia_driver,
-        env: &ctx.gpu_cluster_env,
-        namespace: &ctx.settings.namespace,
-        nvidia_operator: nvidia_holder.as_deref(),
-        policy,
-        not_ready_requeue: ctx.settings.not_ready_requeue,
-        diagnoser: &ctx.diagnoser,
-    };
-    nvidia_driver::reconcile_all(&pass).await.map_err(|e| {
-        tracing::warn!(error = %e, "NVIDIADriver reconcile failed");
-        Error::from(e)
-    })
-}
-
-/// One pass over every policy and GPUCluster: when to look again, and whether any failed.
-/// With `user_changes`, the active policy's pass may stop after its apply stage for a user's
-/// change (then the GPUClusters and NVIDIADrivers wait for the next pass, which runs at once).
-async fn pass(ctx: &Context, user_changes: Option<UserChanges>) -> (Option<Duration>, bool) {
-    let mut next: Option<Duration> = None;
-    let mut failed = false;
-    if ctx.policies.is_empty() {
-        ctx.metrics
-            .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
-    }
-    for guard in ctx.policies.state() {
-        match reconcile(&guard, ctx, user_changes.clone()).await {
-            Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-            Err(e) => {
-                // Counted here, once, for the active and the ignored policies alike.
-                ctx.metrics.observe_error(e.reason());
-                failed = true;
+        Err(e) => {
+            tracing::warn!(error = %e, "{kind} reconcile failed");
+            deps.metrics.observe_error(e.reason());
+            PassOutcome {
+                failed: true,
+                ..PassOutcome::default()
             }
         }
-    }
-    if ctx.preempted.load(Ordering::Relaxed) {
-        return (next, failed);
-    }
-    let active = active_policy(&ctx.policies);
-    let nvidia_holder = ctx.nvidia.holder();
-    let pass = gpu_cluster::Pass {
-        client: &ctx.client,
-        stores: &ctx.stores,
-        clusters: ctx.gpu_clusters.as_ref(),
-        memory: &ctx.gpu_cluster,
-        env: &ctx.gpu_cluster_env,
-        namespace: &ctx.settings.namespace,
-        openshift: ctx.resolver.discovered.openshift,
-        nvidia_operator: nvidia_holder.as_deref(),
-        policy: active.as_deref(),
-        not_ready_requeue: ctx.settings.not_ready_requeue,
-        diagnoser: &ctx.diagnoser,
-    };
-    match gpu_cluster::reconcile_all(&pass).await.map_err(|e| {
-        tracing::warn!(error = %e, "GPUCluster reconcile failed");
-        Error::from(e)
-    }) {
-        Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-        Err(e) => {
-            ctx.metrics.observe_error(e.reason());
-            failed = true;
-        }
-    }
-    match reconcile_nvidia_drivers(ctx, active.as_deref()).await {
-        Ok(requeue) => next = next.into_iter().chain(requeue).min(),
-        Err(e) => {
-            ctx.metrics.observe_error(e.reason());
-            failed = true;
-        }
-    }
-    (next, failed)
-}
-
-/// A spawned task that is aborted when the handle is dropped: a controller cancelled by its
-/// caller (a leader stepping down) leaves no watch running behind.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -1012,9 +184,9 @@ pub async fn run(
     // A policy's spec is the user's to change: its changes go first (stores::Wake).
     let mut triggers =
         futures::stream::select(triggers, policy_changes.map(|()| Wake::Now)).boxed();
-    let gpu_clusters = if gpu_cluster::served(&client).await {
+    let gpu_clusters = if owner::served::<GPUCluster>(&client).await {
         let (clusters, changes) = stores::watched_specs(
-            Api::<DeserializeGuard<crate::api::GPUCluster>>::all(watch_client.clone()),
+            Api::<DeserializeGuard<GPUCluster>>::all(watch_client.clone()),
             watcher::Config::default(),
         );
         triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
@@ -1023,9 +195,9 @@ pub async fn run(
         tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
         None
     };
-    let nvidia_drivers = if nvidia_driver::served(&client).await {
+    let nvidia_drivers = if owner::served::<NVIDIADriver>(&client).await {
         let (drivers, changes) = stores::watched_specs(
-            Api::<DeserializeGuard<crate::api::NVIDIADriver>>::all(client.clone()),
+            Api::<DeserializeGuard<NVIDIADriver>>::all(client.clone()),
             watcher::Config::default(),
         );
         triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
@@ -1058,18 +230,21 @@ pub async fn run(
         "caches ready"
     );
 
-    let wake = Arc::new(tokio::sync::Notify::new());
-    // Counts users' changes (stores::Wake::Now), besides leaving `wake`: one cuts the
-    // coalescing wait, and stops a pass under way after its apply stage.
-    let (user_change, mut user_changes) = tokio::sync::watch::channel(0u64);
+    let reporting = Reporting {
+        health,
+        metrics: metrics.clone(),
+    };
+    // The watches run on their own task, so the caches stay current while a pass runs (a pass
+    // that patches a thousand nodes must see the versions its own writes produced).
+    let wakes = scheduler::Wakes::pump(triggers, reporting.clone());
     let nvidia = coexist::NvidiaOperator::fixed(discovered.nvidia_operator.clone());
     let _nvidia_watch = {
-        let (nvidia, wake, client) = (nvidia.clone(), wake.clone(), watch_client.clone());
+        let (nvidia, waker, client) = (nvidia.clone(), wakes.waker(), watch_client.clone());
         AbortOnDrop(tokio::spawn(async move {
-            nvidia.watch(client, move || wake.notify_one()).await;
+            nvidia.watch(client, move || waker.wake()).await;
         }))
     };
-    let ctx = Context {
+    let deps = Deps {
         nvidia,
         resolver: Resolver::new(
             client.clone(),
@@ -1088,124 +263,51 @@ pub async fn run(
         settings,
         stores,
         policies,
-        label_loss: Mutex::default(),
-        label_attempts: Mutex::default(),
-        pool_attempts: Mutex::default(),
-        pool_priority_classes: Mutex::default(),
-        ledger: Mutex::default(),
-        mismatch_since: Mutex::default(),
-        diagnoser: observe::Diagnoser::default(),
-        last_upgrade: Mutex::default(),
-        nfd_crds_current: std::sync::atomic::AtomicBool::new(false),
-        nfd_crds_read_only: std::sync::atomic::AtomicBool::new(false),
         metrics,
         gpu_clusters,
-        gpu_cluster: gpu_cluster::Memory::default(),
-        gpu_cluster_env: resolve::image_env_from_process(),
         nvidia_drivers,
-        nvidia_driver: nvidia_driver::Memory::default(),
-        last_policy_pass: Mutex::default(),
-        preempted: std::sync::atomic::AtomicBool::new(false),
+        image_env: resolve::image_env_from_process(),
     };
 
-    // The watches run on their own task, so the caches stay current while a pass runs (a pass
-    // that patches a thousand nodes must see the versions its own writes produced); they
-    // leave one wake-up for the loop however many events arrive meanwhile.
-    let (ended_tx, mut watches_ended) = tokio::sync::oneshot::channel::<()>();
-    let _watches = {
-        let (wake, health) = (wake.clone(), health.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            while let Some(how) = triggers.next().await {
-                health.work_arrived();
-                if how == Wake::Now {
-                    user_change.send_modify(|n| *n += 1);
-                }
-                wake.notify_one();
-            }
-            let _ = ended_tx.send(());
-        }))
+    let timing = scheduler::Timing {
+        coalesce: scheduler::COALESCE,
+        deadline: deps.settings.pass_deadline,
     };
-
-    let mut shutdown = std::pin::pin!(shutdown.fuse());
-    let mut failures: u32 = 0;
-    let mut wake_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
-    loop {
-        let sleep = async {
-            match wake_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = &mut watches_ended => anyhow::bail!("the watches ended"),
-            () = wake.notified() => {},
-            () = sleep => health.work_arrived(),
-        }
-        let woke = Instant::now();
-        // Coalesce a burst of events (a rollout updates a DaemonSet's status many times) into
-        // one pass: give stragglers a moment, then take the wake-up they left. A user's change
-        // among them starts the pass at once.
-        if !user_changes.has_changed().unwrap_or(false) {
-            tokio::select! {
-                () = tokio::time::sleep(COALESCE) => {},
-                _ = user_changes.changed() => {},
-            }
-        }
-        user_changes.mark_unchanged();
-        let _ = wake.notified().now_or_never();
-        // A pass may give way to a user's change, but not twice in a row: the stages after the
-        // apply (driver upgrades, status) must run even while a user keeps changing things.
-        let preemptible = !ctx.preempted.swap(false, Ordering::Relaxed);
-
-        // Readiness after the first pass, liveness while passes end (crate::health).
-        health.pass_started();
-        tracing::debug!(target: PASS_TIMING, waited_ms = woke.elapsed().as_secs_f64() * 1000.0, "pass started");
-        let deadline = ctx.settings.pass_deadline;
-        let (mut next, failed) = match tokio::time::timeout(
-            deadline,
-            pass(&ctx, preemptible.then(|| user_changes.clone())),
-        )
-        .await
-        {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                tracing::error!(deadline = ?deadline, "a reconcile pass ran past its deadline; abandoned, retrying with backoff");
-                ctx.metrics.observe_error("PassDeadline");
-                (None, true)
-            }
-        };
-        health.pass_finished();
-        // Failures retry with exponential backoff (1 s doubling to 60 s); success resets it.
-        failures = if failed {
-            failures.saturating_add(1)
-        } else {
-            0
-        };
-        if failed {
-            let backoff = Duration::from_secs(1 << failures.min(6).saturating_sub(1))
-                .min(Duration::from_secs(60));
-            next = Some(next.map_or(backoff, |n| n.min(backoff)));
-        }
-        wake_at = next.map(|d| tokio::time::Instant::now() + d);
-    }
+    scheduler::run(
+        wakes,
+        timing,
+        &reporting,
+        PassState::default(),
+        shutdown,
+        async |state: &mut PassState, preemption| pass(&deps, state, preemption).await,
+    )
+    .await?;
     tracing::info!("controller stopped");
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The scheduler reports to the health endpoints and the metrics.
+#[derive(Clone)]
+struct Reporting {
+    health: crate::health::Health,
+    metrics: Metrics,
+}
 
-    #[test]
-    fn an_event_note_over_the_api_limit_is_cut_on_a_character_boundary() {
-        let short = "DaemonSet nvidia-driver-daemonset: 3/6 pods ready".to_owned();
-        assert_eq!(event_note(short.clone()), short);
-        // 'é' is two bytes: the cut must not split one.
-        let long = "é".repeat(700);
-        let cut = event_note(long);
-        assert!(cut.len() <= 1024, "{} bytes", cut.len());
-        assert!(cut.ends_with("(cut; full text in the policy's status)"));
-        assert!(cut.starts_with("éé"));
+impl scheduler::Observer for Reporting {
+    fn work_arrived(&self) {
+        self.health.work_arrived();
+    }
+
+    /// Readiness after the first pass, liveness while passes end (crate::health).
+    fn pass_started(&self) {
+        self.health.pass_started();
+    }
+
+    fn pass_finished(&self) {
+        self.health.pass_finished();
+    }
+
+    fn deadline_passed(&self) {
+        self.metrics.observe_error("PassDeadline");
     }
 }

@@ -3,7 +3,6 @@
 //! not ready (a bounded on-demand list; the operator never watches Pods).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -14,6 +13,7 @@ use kube::{Client, ResourceExt};
 use super::stores::Stores;
 
 /// What runs now, by name.
+#[derive(Default)]
 pub struct Observed {
     pub daemon_sets: BTreeMap<String, DaemonSet>,
     pub deployments: BTreeMap<String, Deployment>,
@@ -23,7 +23,7 @@ pub struct Observed {
 
 /// The workloads in the caches, and a diagnosis for each DaemonSet that is not available and not
 /// progressing either ([`Diagnoser`]).
-pub async fn observe(client: &Client, stores: &Stores, diagnoser: &Diagnoser) -> Observed {
+pub async fn observe(client: &Client, stores: &Stores, diagnoser: &mut Diagnoser) -> Observed {
     let daemon_sets: BTreeMap<String, DaemonSet> = stores
         .daemon_sets
         .state()
@@ -137,24 +137,20 @@ struct Seen {
 /// diagnosis is reused while the counts stay the same, up to [`DIAGNOSIS_REFRESH`].
 #[derive(Debug, Default)]
 pub struct Diagnoser {
-    seen: Mutex<BTreeMap<String, Seen>>,
+    seen: BTreeMap<String, Seen>,
 }
 
 impl Diagnoser {
     /// Drops what it remembers of DaemonSets that are gone.
-    fn forget_all_but(&self, live: &BTreeMap<String, DaemonSet>) {
-        if let Ok(mut seen) = self.seen.lock() {
-            seen.retain(|name, _| live.contains_key(name));
-        }
+    fn forget_all_but(&mut self, live: &BTreeMap<String, DaemonSet>) {
+        self.seen.retain(|name, _| live.contains_key(name));
     }
 
     /// What to do about DaemonSet `name` with `counts` now; remembers the counts. A fresh
     /// diagnosis of the same counts is shown on every pass, not only on those that would list:
     /// status must not drop it between a crash and the next stall check.
-    pub fn wanted(&self, name: &str, counts: Counts, now: Instant) -> Wanted {
-        let Ok(mut seen) = self.seen.lock() else {
-            return Wanted::Nothing;
-        };
+    pub fn wanted(&mut self, name: &str, counts: Counts, now: Instant) -> Wanted {
+        let seen = &mut self.seen;
         let previous = seen.remove(name);
         let same = previous.as_ref().is_some_and(|p| p.counts == counts);
         let (changed, diagnosis) = match &previous {
@@ -194,10 +190,8 @@ impl Diagnoser {
     }
 
     /// Records the diagnosis of a list made for `counts`.
-    pub fn record(&self, name: &str, counts: Counts, diagnosis: Option<String>, now: Instant) {
-        if let Ok(mut seen) = self.seen.lock()
-            && let Some(s) = seen.get_mut(name)
-        {
+    pub fn record(&mut self, name: &str, counts: Counts, diagnosis: Option<String>, now: Instant) {
+        if let Some(s) = self.seen.get_mut(name) {
             s.diagnosis = Some((counts, now, diagnosis));
             s.unanswered = false;
         }
@@ -333,12 +327,9 @@ pub const MISMATCH_GRACE: Duration = Duration::from_secs(10);
 /// Records which DaemonSets differ from their labelled nodes now and returns those that have
 /// differed for longer than [`MISMATCH_GRACE`].
 pub fn lasting_mismatches(
-    mismatch_since: &Mutex<BTreeMap<String, Instant>>,
+    since: &mut BTreeMap<String, Instant>,
     now_mismatched: &BTreeSet<String>,
 ) -> BTreeSet<String> {
-    let Ok(mut since) = mismatch_since.lock() else {
-        return BTreeSet::new();
-    };
     let now = Instant::now();
     since.retain(|name, _| now_mismatched.contains(name));
     now_mismatched
@@ -443,7 +434,7 @@ mod tests {
 
     #[test]
     fn pods_are_not_listed_while_a_rollout_makes_progress() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let t = Instant::now();
         assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
         // A new template: one pod down at a time, counts moving.
@@ -472,7 +463,7 @@ mod tests {
 
     #[test]
     fn available_pods_that_fail_without_a_rollout_are_listed_at_once() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let t = Instant::now();
         assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
         let crashed = counts(10, 10, 9);
@@ -496,7 +487,7 @@ mod tests {
 
     #[test]
     fn counts_that_stall_are_listed_once_per_change() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let t = Instant::now();
         let creating = Counts {
             current: 4,
@@ -513,7 +504,7 @@ mod tests {
 
     #[test]
     fn a_not_available_daemon_set_first_seen_without_a_rollout_is_listed() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let stuck = counts(10, 10, 7);
         assert_eq!(d.wanted("ds", stuck, Instant::now()), Wanted::List(stuck));
         let creating = Counts {
@@ -525,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_list_whose_pass_gave_way_is_asked_for_again_on_the_next_pass() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let t = Instant::now();
         assert_eq!(d.wanted("ds", counts(10, 10, 10), t), Wanted::Nothing);
         let crashed = counts(10, 10, 9);
@@ -544,7 +535,7 @@ mod tests {
 
     #[test]
     fn a_recovered_daemon_set_shows_no_old_diagnosis() {
-        let d = Diagnoser::default();
+        let mut d = Diagnoser::default();
         let t = Instant::now();
         let crashed = counts(10, 10, 9);
         assert_eq!(d.wanted("ds", crashed, t), Wanted::List(crashed));

@@ -2,7 +2,7 @@
 //! are read from nodes on demand and cached; optional APIs are discovered once at start-up.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -194,8 +194,11 @@ pub struct Resolver {
     namespace: String,
     pub discovered: Discovered,
     image_env: BTreeMap<String, String>,
-    runtimes: Mutex<HashMap<String, Runtime>>,
 }
+
+/// The container runtime of each GPU node read so far: a node is read once (its runtime does
+/// not change while it is registered).
+pub type KnownRuntimes = HashMap<String, Runtime>;
 
 impl Resolver {
     pub fn new(
@@ -209,12 +212,12 @@ impl Resolver {
             namespace,
             discovered,
             image_env,
-            runtimes: Mutex::default(),
         }
     }
 
     pub async fn resolve(
         &self,
+        runtimes: &mut KnownRuntimes,
         policy: &ClusterPolicy,
         stores: &Stores,
         nodes: &[Arc<NodeView>],
@@ -226,7 +229,7 @@ impl Resolver {
         let runtime = if self.discovered.openshift {
             Runtime::CriO
         } else {
-            self.cluster_runtime(&gpu_nodes).await?
+            self.cluster_runtime(runtimes, &gpu_nodes).await?
         };
         let mut notes = Vec::new();
         let spec = &policy.spec;
@@ -355,16 +358,15 @@ impl Resolver {
 
     /// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU
     /// node's, else containerd. Nodes are read one at a time and only until containerd is seen.
-    async fn cluster_runtime(&self, gpu_nodes: &[&Arc<NodeView>]) -> Result<Runtime, kube::Error> {
+    async fn cluster_runtime(
+        &self,
+        known: &mut KnownRuntimes,
+        gpu_nodes: &[&Arc<NodeView>],
+    ) -> Result<Runtime, kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut first = None;
         for node in gpu_nodes {
-            let known = self
-                .runtimes
-                .lock()
-                .ok()
-                .and_then(|m| m.get(&node.name).copied());
-            let runtime = match known {
+            let runtime = match known.get(&node.name).copied() {
                 Some(r) => r,
                 None => {
                     let Some(full) = api.get_opt(&node.name).await? else {
@@ -376,9 +378,7 @@ impl Resolver {
                         .map(|i| i.container_runtime_version)
                         .unwrap_or_default();
                     let r = parse_runtime(&version);
-                    if let Ok(mut m) = self.runtimes.lock() {
-                        m.insert(node.name.clone(), r);
-                    }
+                    known.insert(node.name.clone(), r);
                     r
                 }
             };

@@ -1,11 +1,10 @@
-//! GPU node pools and the GPU memory resource (IO): for each node whose record says it was not
+//! Label stage, node pools and the GPU memory resource (IO): for each node whose record says it was not
 //! brought to the current want (`node_pools::needs_work`, from the metadata cache, no request),
 //! the node is read in full and patched: its status first (the memory resource in capacity
 //! and allocatable, only when it differs), then labels, taints and the record in one merge
 //! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -15,6 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
+use crate::controller::owner::LabelAttempts;
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::{
     PRIORITY_CLASS_LABEL, Record, desired, desired_priority_classes, needs_work, object_patch,
@@ -26,13 +26,6 @@ use crate::nodes::NodeView;
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 /// Nodes read and patched at once.
 const CONCURRENCY: usize = 16;
-
-/// The `resourceVersion` each node had when we last wrote it: until the cache shows a newer
-/// one, our write has not arrived and repeating it would be a needless request.
-#[derive(Debug, Default)]
-pub struct Attempts {
-    at_version: BTreeMap<String, Option<String>>,
-}
 
 /// What happened on one node.
 enum Outcome {
@@ -82,28 +75,26 @@ async fn bring(
 }
 
 /// Brings every node to what `spec.nodePools` and `spec.gpuMemoryResource` want. Returns when
-/// to look again after a conflict, if one happened.
+/// to look again after a conflict, if one happened. `attempts` holds the nodes written whose
+/// write the cache has not shown yet: they are not written again until it does.
 pub async fn reconcile_nodes(
     client: &Client,
     nodes: &[Arc<NodeView>],
     spec: &ClusterPolicySpec,
-    attempts: &Mutex<Attempts>,
+    attempts: &mut LabelAttempts,
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut work = Vec::new();
-    if let Ok(mut a) = attempts.lock() {
-        for node in nodes {
-            if !needs_work(node, &desired(spec, node)) {
-                a.at_version.remove(&node.name);
-                continue;
-            }
-            if a.at_version.get(&node.name) == Some(&node.resource_version) {
-                continue;
-            }
-            a.at_version
-                .insert(node.name.clone(), node.resource_version.clone());
-            work.push(node);
+    for node in nodes {
+        if !needs_work(node, &desired(spec, node)) {
+            attempts.forget(&node.name);
+            continue;
         }
+        if attempts.pending(node) {
+            continue;
+        }
+        attempts.record(node);
+        work.push(node);
     }
     let results: Vec<_> = futures::stream::iter(work.into_iter().map(|node| {
         let api = api.clone();
@@ -119,22 +110,16 @@ pub async fn reconcile_nodes(
             Ok(Outcome::Written) => tracing::info!(node = %node.name, "node pool: node updated"),
             Ok(Outcome::Unchanged) => {}
             Ok(Outcome::Conflict) => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.forget(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.forget(&node.name);
                 retry = Some(Instant::now() + CONFLICT_RETRY);
             }
             Err(e) => {
-                if let Ok(mut a) = attempts.lock() {
-                    a.at_version.remove(&node.name);
-                }
+                attempts.forget(&node.name);
                 failure.get_or_insert(e);
             }
         }
@@ -147,7 +132,7 @@ pub async fn reconcile_nodes(
 
 /// The PriorityClasses last brought to the cluster; `None` until the first pass has listed
 /// them. While the policy asks for the same set, no request is made.
-pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
+pub type PriorityClassesDone = Option<Vec<PoolPriorityClass>>;
 
 /// Creates, recreates, updates and deletes the operator's PriorityClasses so that they are
 /// what `policy`'s `nodePools.priorityClasses` lists. A name taken by a PriorityClass someone
@@ -155,10 +140,10 @@ pub type PriorityClassesDone = Mutex<Option<Vec<PoolPriorityClass>>>;
 pub async fn reconcile_priority_classes(
     client: &Client,
     policy: &ClusterPolicy,
-    done: &PriorityClassesDone,
+    done: &mut PriorityClassesDone,
 ) -> Result<(), kube::Error> {
     let want = desired_priority_classes(&policy.spec);
-    if done.lock().is_ok_and(|d| d.as_ref() == Some(&want)) {
+    if done.as_ref() == Some(&want) {
         return Ok(());
     }
     let api: Api<PriorityClass> = Api::all(client.clone());
@@ -202,8 +187,6 @@ pub async fn reconcile_priority_classes(
         api.patch(&pc.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    if let Ok(mut d) = done.lock() {
-        *d = Some(want);
-    }
+    *done = Some(want);
     Ok(())
 }

@@ -1,0 +1,100 @@
+//! Label stage of the ClusterPolicy pass (IO: node patches, PriorityClasses): the GPU nodes'
+//! deploy labels, which decide where operands run (labeller), then node pools and the GPU
+//! memory resource (node_pools), all on the pass's node snapshot.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+
+use super::{labeller, node_pools};
+use crate::api::ClusterPolicy;
+use crate::controller::Deps;
+use crate::controller::owner::{self, Error, LabelAttempts};
+use crate::nodes::{GpuLabelLoss, NodeView};
+
+/// What the label stage remembers.
+#[derive(Default)]
+pub struct Memory {
+    loss: GpuLabelLoss,
+    attempts: LabelAttempts,
+    pool_attempts: LabelAttempts,
+    priority_classes: node_pools::PriorityClassesDone,
+}
+
+/// Of [`owner::PATCH_CONCURRENCY`], the permits a pass holds back while its apply is writing:
+/// two label patches stay in flight beside the operand objects, the rest wait for the apply.
+pub const HELD_FOR_APPLY: u32 = owner::PATCH_CONCURRENCY as u32 - 2;
+
+/// What the label stage did: what is still in flight.
+#[derive(Default)]
+pub struct Labelled {
+    /// Nodes whose label patch the cache has not shown yet.
+    pub in_flight: usize,
+    /// When a node's vanished GPU label reaches its grace period, or a conflict is retried.
+    pub deadline: Option<Instant>,
+    /// The label-loss breaker holds nodes marked (nodes::Breaker::warning).
+    pub label_loss_warning: Option<String>,
+}
+
+/// The ClusterPolicy's label writes fail with this purpose: none, they are the deploy labels.
+fn failed(source: kube::Error) -> Error {
+    Error::Labels {
+        purpose: "",
+        source,
+    }
+}
+
+/// Label stage: the GPU nodes' deploy labels, no more patches at a time than `gate` admits,
+/// then node pools and the GPU memory resource (our extension), on the same snapshot.
+pub async fn label(
+    policy: &ClusterPolicy,
+    deps: &Deps,
+    memory: &mut Memory,
+    nodes: &[Arc<NodeView>],
+    gate: &Semaphore,
+) -> Result<Labelled, Error> {
+    if deps.nvidia.holder().is_some() {
+        // NVIDIA's operator labels the same keys: leave the nodes to it (decision 14).
+        return Ok(Labelled::default());
+    }
+    let grace = deps.settings.gpu_label_grace;
+    let labelling = labeller::label_nodes(
+        &deps.client,
+        nodes,
+        &mut memory.loss,
+        &mut memory.attempts,
+        grace,
+        mig_default_layout(&policy.spec),
+        gate,
+    )
+    .await
+    .map_err(failed)?;
+    let pool_retry =
+        node_pools::reconcile_nodes(&deps.client, nodes, &policy.spec, &mut memory.pool_attempts)
+            .await
+            .map_err(failed)?;
+    node_pools::reconcile_priority_classes(&deps.client, policy, &mut memory.priority_classes)
+        .await
+        .map_err(failed)?;
+    Ok(Labelled {
+        in_flight: memory.attempts.in_flight(nodes),
+        deadline: labelling.again_at.into_iter().chain(pool_retry).min(),
+        label_loss_warning: labelling.breaker.warning(grace),
+    })
+}
+
+/// The layout MIG-capable nodes without a `nvidia.com/mig.config` label get (decision 7):
+/// `all-disabled` while mig-manager is on and `migManager.config.default` is `all-disabled`
+/// (its default).
+fn mig_default_layout(spec: &crate::api::ClusterPolicySpec) -> Option<&'static str> {
+    use crate::api::{Component, MigDefault};
+    let default = spec
+        .mig_manager
+        .as_ref()
+        .and_then(|m| m.config.as_ref())
+        .and_then(|c| c.default)
+        .unwrap_or(MigDefault::AllDisabled);
+    (spec.is_enabled(Component::MigManager) && default == MigDefault::AllDisabled)
+        .then_some("all-disabled")
+}

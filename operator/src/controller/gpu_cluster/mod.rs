@@ -1,0 +1,159 @@
+//! The GPUCluster pass (IO): resolve -> validate -> render (with the API server's dry run of
+//! the attribute DeviceClasses, [`crate::operands::dra_driver`]) -> apply/prune (with its own
+//! ledger and the GPUCluster as owner) -> label -> status (patched only when it changed) ->
+//! requeue.
+//!
+//! Guarantees and caveats:
+//! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by
+//!   the GPUCluster, and the ClusterPolicy pass never names the DRA operands, so neither tears
+//!   down the other's objects.
+//! - A ClusterPolicy whose device plugin runs on the same GPU nodes is a conflict (each GPU would
+//!   be handed out twice, once as `nvidia.com/gpu` and once as a DRA device): both statuses say
+//!   so and the DRA operands are frozen (nothing applied, nothing deleted) until it is resolved.
+//! - An attribute DeviceClass the API server refuses in a dry run (its CEL does not compile), or
+//!   that reads an attribute the driver does not publish, freezes only the attribute classes.
+//!   A dry run is sent once per distinct rendering, so a steady pass writes nothing.
+//! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
+
+mod label;
+mod render;
+mod status;
+mod validate;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Resource;
+use kube::api::ApiResource;
+use kube::core::GroupVersionKind;
+
+use super::Deps;
+use super::observe::{self, Diagnoser};
+use super::owner::{self, Error, LabelAttempts, Owner};
+use super::plan::Ledger;
+use super::scheduler::Requeue;
+use crate::api::{ClusterPolicy, GPUCluster};
+use crate::facts::ClusterFacts;
+
+pub use validate::policy_note;
+
+/// What the GPUCluster passes keep between passes.
+#[derive(Default)]
+pub struct Memory {
+    ledger: Ledger,
+    dry_runs: render::DryRuns,
+    /// Node label patches the cache has not shown yet.
+    labels: LabelAttempts,
+}
+
+/// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
+pub fn optional_kinds() -> Vec<ApiResource> {
+    [
+        ("resource.k8s.io", "v1", "DeviceClass"),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        ),
+    ]
+    .into_iter()
+    .map(|(g, v, k)| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k)))
+    .collect()
+}
+
+/// Reconciles every GPUCluster (the CRD allows one, named gpu-cluster), beside `policy`, the
+/// ClusterPolicy in force.
+pub async fn reconcile_all(
+    deps: &Deps,
+    memory: &mut Memory,
+    diagnoser: &mut Diagnoser,
+    policy: Option<&ClusterPolicy>,
+) -> Result<Requeue, Error> {
+    let Some(clusters) = deps.gpu_clusters.as_ref() else {
+        return Ok(None);
+    };
+    let nvidia_operator = deps.nvidia.holder();
+    let mut next: Requeue = None;
+    for guard in clusters.state() {
+        let Ok(cluster) = guard.0.as_ref() else {
+            continue;
+        };
+        if cluster.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let requeue = reconcile(
+            cluster,
+            deps,
+            memory,
+            diagnoser,
+            policy,
+            nvidia_operator.as_deref(),
+        )
+        .await?;
+        next = next.into_iter().chain(requeue).min();
+    }
+    Ok(next)
+}
+
+/// One GPUCluster, stage by stage.
+async fn reconcile(
+    cluster: &GPUCluster,
+    deps: &Deps,
+    memory: &mut Memory,
+    diagnoser: &mut Diagnoser,
+    policy: Option<&ClusterPolicy>,
+    nvidia_operator: Option<&str>,
+) -> Result<Requeue, Error> {
+    if let Some(other) = nvidia_operator {
+        status::stand_aside(deps, cluster, other).await?;
+        return Ok(None);
+    }
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    // Resolve: the node snapshot, and the facts the DRA operands render with.
+    let nodes = deps.stores.nodes.snapshot();
+    let facts = ClusterFacts {
+        namespace: deps.settings.namespace.clone(),
+        owner: cluster.controller_owner_ref(&()),
+        openshift: deps.resolver.discovered.openshift,
+        ..ClusterFacts::default()
+    };
+    let conflict = validate::conflict(policy, &nodes);
+    let validated = validate::validate(cluster, &deps.image_env, conflict.as_ref());
+    let desired = render::render(&deps.client, &mut memory.dry_runs, &validated, &facts).await?;
+    if !deps
+        .gpu_clusters
+        .as_ref()
+        .is_some_and(|c| owner::still_in_force(c, cluster))
+    {
+        return Ok(None);
+    }
+    let applied = owner::apply(
+        deps,
+        &Owner::of(cluster),
+        cluster.meta().uid.as_deref(),
+        &desired,
+        &mut memory.ledger,
+        &optional_kinds(),
+    )
+    .await?;
+    let labels_in_flight = label::label_nodes(&deps.client, &mut memory.labels, &nodes).await?;
+    let observed = observe::observe(&deps.client, &deps.stores, diagnoser).await;
+    let found = status::Found {
+        desired: &desired,
+        observed: &observed,
+        nodes: &nodes,
+        applied: &applied,
+        labels_in_flight,
+    };
+    let ready = status::report(deps, cluster, found, now).await?;
+    Ok(status::requeue(
+        deps,
+        ready,
+        conflict.is_some(),
+        &applied,
+        labels_in_flight,
+    ))
+}

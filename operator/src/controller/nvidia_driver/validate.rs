@@ -1,0 +1,89 @@
+//! Validate stage of the NVIDIADriver pass (no IO): each pool's input, then the overlap rule
+//! across the valid pools (the older keeps a node two pools select, decision 8).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::ResourceExt;
+
+use super::Pool;
+use crate::api::{ImageKind, NVIDIADriver};
+use crate::facts::ClusterFacts;
+use crate::nodes::NodeView;
+use crate::operands::nvidia_driver::{self as pool, Claim, ValidatedNvidiaDriver};
+
+/// Validate stage: every pool with its verdict. `resolved` are the pools with their nodes and
+/// facts, in the order of the NVIDIADrivers.
+pub fn validate_all<'a>(
+    resolved: Vec<(&'a NVIDIADriver, Vec<Arc<NodeView>>, ClusterFacts)>,
+    env: &BTreeMap<String, String>,
+) -> Vec<Pool<'a>> {
+    let mut pools: Vec<Pool<'a>> = resolved
+        .into_iter()
+        .map(|(driver, nodes, facts)| {
+            let (validated, problems) = validate(driver, nodes, &facts, env);
+            Pool {
+                driver,
+                validated,
+                facts,
+                invalid: (!problems.is_empty()).then(|| problems.join("; ")),
+            }
+        })
+        .collect();
+    let claims: Vec<Claim> = pools
+        .iter()
+        .filter(|p| p.invalid.is_none())
+        .map(|p| Claim {
+            name: p.driver.name_any(),
+            created: p.driver.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            nodes: p.validated.nodes.iter().map(|n| n.name.clone()).collect(),
+        })
+        .collect();
+    let overlaps = pool::overlaps(&claims);
+    for p in &mut pools {
+        if p.invalid.is_none()
+            && let Some(message) = overlaps.get(&p.driver.name_any())
+        {
+            p.invalid = Some(message.clone());
+        }
+    }
+    pools
+}
+
+/// Validate stage of one NVIDIADriver: its image, the driver-manager image it names, and the
+/// driver operand's own checks. Returns the pool and its problems.
+fn validate(
+    d: &NVIDIADriver,
+    nodes: Vec<Arc<NodeView>>,
+    facts: &ClusterFacts,
+    env: &BTreeMap<String, String>,
+) -> (ValidatedNvidiaDriver, Vec<String>) {
+    let mut problems = pool::check(&d.spec, facts);
+    let image = pool::image(&d.spec).unwrap_or_else(|e| {
+        problems.push(e);
+        String::new()
+    });
+    let lookup = |name: &str| env.get(name).cloned();
+    let manager_image = match d.spec.manager.as_ref().map(|m| &m.image) {
+        Some(fields) if fields.image.is_some() || fields.version.is_some() => {
+            match crate::api::resolve(Some(fields), ImageKind::DriverManager, &lookup) {
+                Ok(r) => Some(r.reference),
+                Err(e) => {
+                    problems.push(format!("spec.manager: {e}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    (
+        ValidatedNvidiaDriver {
+            name: d.name_any(),
+            spec: d.spec.clone(),
+            image,
+            manager_image,
+            nodes,
+        },
+        problems,
+    )
+}
