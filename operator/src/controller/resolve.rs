@@ -4,18 +4,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::Client;
 use kube::api::Api;
-use kube::{Client, Resource, ResourceExt};
 
 use kube::runtime::reflector::ObjectRef;
 
 use super::stores::Stores;
 use crate::api::{ClusterPolicy, Component};
-use crate::facts::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
+use crate::facts::{self, ClusterFacts, Observed, Runtime};
 use crate::nodes::NodeView;
-use crate::operands::device_plugin;
 
 /// Optional APIs and coexistence facts found at start-up (decision 14).
 #[derive(Clone, Debug, Default)]
@@ -164,25 +163,6 @@ async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Err
     Ok(None)
 }
 
-/// Why NFD counts as already running, if it does: a foreign master workload, or nodes that an
-/// NFD master annotated while ours is not deployed.
-fn nfd_already_running(
-    foreign: Option<&str>,
-    nodes: &[Arc<NodeView>],
-    ours_deployed: bool,
-) -> Option<String> {
-    if let Some(workload) = foreign {
-        return Some(format!("its master runs as {workload}"));
-    }
-    let annotated = nodes.iter().filter(|n| n.nfd_annotated).count();
-    (annotated > 0 && !ours_deployed).then(|| {
-        format!(
-            "{annotated} nodes carry {}* annotations from an NFD master that is not ours",
-            crate::nodes::NFD_ANNOTATION_PREFIX
-        )
-    })
-}
-
 /// What resolve found: facts only (validate judges them), plus what it noticed about NFD.
 pub struct Resolved {
     pub facts: ClusterFacts,
@@ -226,184 +206,100 @@ impl Resolver {
             .iter()
             .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
             .collect();
-        let runtime = if self.discovered.openshift {
-            Runtime::CriO
-        } else {
-            self.cluster_runtime(runtimes, &gpu_nodes).await?
-        };
-        let mut notes = Vec::new();
-        let spec = &policy.spec;
-        let present = |name: Option<&str>| -> Option<ConfigMapData> {
-            let name = name.filter(|n| !n.is_empty())?;
-            let data = stores.config_map_data(&self.namespace, name)?;
-            Some(ConfigMapData {
-                name: name.to_owned(),
-                data,
-            })
-        };
-        let sharing_source = present(
-            spec.device_plugin
-                .as_ref()
-                .and_then(|d| d.config.as_ref())
-                .and_then(|c| c.name.as_deref()),
-        );
-        // The schema defaults the name to the operator's own ConfigMap, which render creates.
-        let mig_config = present(
-            spec.mig_manager
-                .as_ref()
-                .and_then(crate::operands::mig_manager::custom_config_name),
-        );
-        let dcgm_metrics = present(
-            spec.dcgm_exporter
-                .as_ref()
-                .and_then(|d| d.config.as_ref())
-                .and_then(|c| c.name.as_deref()),
-        );
-
-        // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
-        let driver = spec.driver.as_ref();
-        let driver_config_maps = [
-            driver
-                .and_then(|d| d.repo_config.as_ref())
-                .and_then(|c| c.config_map_name.clone()),
-            driver
-                .and_then(|d| d.cert_config.as_ref())
-                .and_then(|c| c.name.clone()),
-            driver
-                .and_then(|d| d.kernel_module_config.as_ref())
-                .and_then(|c| c.name.clone()),
-        ]
-        .into_iter()
-        .flatten()
-        .filter_map(|name| {
-            let data = stores.config_map_data(&self.namespace, &name)?;
-            Some((name.clone(), ConfigMapData { name, data }))
-        })
-        .collect();
-
+        let runtime = self.cluster_runtime(runtimes, &gpu_nodes).await?;
         let ours_deployed = stores
             .deployments
             .get(&ObjectRef::new(crate::operands::nfd::MASTER).within(&self.namespace))
             .is_some();
-        let nfd_running =
-            nfd_already_running(self.discovered.foreign_nfd.as_deref(), nodes, ours_deployed);
+        let nfd_running = facts::nfd_already_running(
+            self.discovered.foreign_nfd.as_deref(),
+            nodes,
+            ours_deployed,
+        );
+        let mut notes = Vec::new();
         if let Some(why) = &nfd_running
-            && spec.is_enabled(Component::Nfd)
+            && policy.spec.is_enabled(Component::Nfd)
         {
             notes.push(format!(
                 "node-feature-discovery is not deployed: NFD already runs ({why})"
             ));
         }
-        let gpu_owned: Vec<Arc<NodeView>> = gpu_nodes.into_iter().cloned().collect();
-        let facts = ClusterFacts {
-            namespace: self.namespace.clone(),
-            owner: owner_reference(policy),
-            runtime,
-            os_tag: {
-                // The OS the live driver DaemonSet runs stays the primary one (driver_os).
-                let live = stores
-                    .daemon_sets
-                    .get(&ObjectRef::new(crate::operands::driver::NAME).within(&self.namespace))
-                    .and_then(|ds| {
-                        let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
-                        let main = pod
-                            .containers
-                            .iter()
-                            .find(|c| c.name == crate::operands::driver::MAIN_CONTAINER)?;
-                        crate::operands::driver_os::image_os_suffix(main.image.as_deref()?)
-                            .map(str::to_owned)
-                    });
-                crate::operands::driver_os::primary_os(&gpu_owned, live.as_deref())
+        let facts = facts::assemble(
+            &policy.spec,
+            &Cached {
+                stores,
+                namespace: &self.namespace,
             },
-            openshift: self.discovered.openshift,
-            service_monitor_api: self.discovered.service_monitor,
-            nfd_running: nfd_running.is_some(),
-            sharing_source,
-            sharing_last_good: self.last_good(stores),
-            mig_config,
-            dcgm_metrics,
-            driver_config_maps,
-            gpu_nodes: gpu_owned,
-            image_env: self.image_env.clone(),
-        };
+            Observed {
+                namespace: self.namespace.clone(),
+                owner: facts::owner_reference(policy),
+                runtime,
+                openshift: self.discovered.openshift,
+                service_monitor_api: self.discovered.service_monitor,
+                nfd_running,
+                nodes: nodes.to_vec(),
+                image_env: self.image_env.clone(),
+            },
+        );
         Ok(Resolved { facts, notes })
     }
 
-    /// The sharing config the live device plugin mounts, from the caches.
-    fn last_good(&self, stores: &Stores) -> LastGood {
-        let live = stores
-            .daemon_sets
-            .get(&ObjectRef::new(device_plugin::NAME).within(&self.namespace));
-        let Some((copy, default_key)) = live.as_deref().and_then(device_plugin::mounted_copy)
-        else {
-            return LastGood::Nothing;
-        };
-        match stores
-            .config_maps
-            .get(&ObjectRef::new(&copy).within(&self.namespace))
-        {
-            Some(cm) => LastGood::Copy(SharingConfig {
-                source: cm
-                    .annotations()
-                    .get(device_plugin::CONFIG_SOURCE_ANNOTATION)
-                    .cloned()
-                    .unwrap_or_else(|| copy.clone()),
-                data: cm.data.clone().unwrap_or_default(),
-                default_key,
-                default_inferred: false,
-            }),
-            None => LastGood::Gone(copy),
-        }
-    }
-
-    /// One runtime for the cluster: containerd if any GPU node runs it, else the first GPU
-    /// node's, else containerd. Nodes are read one at a time and only until containerd is seen.
+    /// The cluster's runtime ([`facts::cluster_runtime`]). Each GPU node is read once (its
+    /// runtime does not change while it is registered), one at a time and only until containerd,
+    /// which decides, is seen.
     async fn cluster_runtime(
         &self,
         known: &mut KnownRuntimes,
         gpu_nodes: &[&Arc<NodeView>],
     ) -> Result<Runtime, kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let mut first = None;
-        for node in gpu_nodes {
-            let runtime = match known.get(&node.name).copied() {
-                Some(r) => r,
-                None => {
-                    let Some(full) = api.get_opt(&node.name).await? else {
-                        continue;
-                    };
-                    let version = full
-                        .status
-                        .and_then(|s| s.node_info)
-                        .map(|i| i.container_runtime_version)
-                        .unwrap_or_default();
-                    let r = parse_runtime(&version);
-                    known.insert(node.name.clone(), r);
-                    r
+        let mut read = Vec::new();
+        if !self.discovered.openshift {
+            for node in gpu_nodes {
+                let runtime = match known.get(&node.name).copied() {
+                    Some(r) => r,
+                    None => {
+                        let Some(full) = api.get_opt(&node.name).await? else {
+                            continue;
+                        };
+                        let version = full
+                            .status
+                            .and_then(|s| s.node_info)
+                            .map(|i| i.container_runtime_version)
+                            .unwrap_or_default();
+                        let r = facts::parse_runtime(&version);
+                        known.insert(node.name.clone(), r);
+                        r
+                    }
+                };
+                read.push(runtime);
+                if runtime == Runtime::Containerd {
+                    break;
                 }
-            };
-            if runtime == Runtime::Containerd {
-                return Ok(Runtime::Containerd);
             }
-            first.get_or_insert(runtime);
         }
-        Ok(first.unwrap_or_default())
+        Ok(facts::cluster_runtime(self.discovered.openshift, read))
     }
 }
 
-fn parse_runtime(version: &str) -> Runtime {
-    match version.split("://").next() {
-        Some("cri-o") => Runtime::CriO,
-        Some("docker") => Runtime::Docker,
-        _ => Runtime::Containerd,
-    }
+/// The operator namespace's objects, from the caches.
+struct Cached<'a> {
+    stores: &'a Stores,
+    namespace: &'a str,
 }
 
-/// Controller owner reference to the policy, so deleting it garbage-collects every operand.
-pub fn owner_reference(policy: &ClusterPolicy) -> Option<OwnerReference> {
-    let mut reference = policy.controller_owner_ref(&())?;
-    reference.block_owner_deletion = Some(true);
-    Some(reference)
+impl facts::NamespaceObjects for Cached<'_> {
+    fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+        self.stores
+            .config_maps
+            .get(&ObjectRef::new(name).within(self.namespace))
+    }
+
+    fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {
+        self.stores
+            .daemon_sets
+            .get(&ObjectRef::new(name).within(self.namespace))
+    }
 }
 
 /// Image fallbacks from the operator's environment (`*_IMAGE`), as OLM sets them.
@@ -443,9 +339,12 @@ mod tests {
 
     #[test]
     fn runtime_comes_from_the_version_prefix() {
-        assert_eq!(parse_runtime("containerd://2.1.0"), Runtime::Containerd);
-        assert_eq!(parse_runtime("cri-o://1.33.2"), Runtime::CriO);
-        assert_eq!(parse_runtime("docker://28.2.2"), Runtime::Docker);
-        assert_eq!(parse_runtime(""), Runtime::Containerd);
+        assert_eq!(
+            facts::parse_runtime("containerd://2.1.0"),
+            Runtime::Containerd
+        );
+        assert_eq!(facts::parse_runtime("cri-o://1.33.2"), Runtime::CriO);
+        assert_eq!(facts::parse_runtime("docker://28.2.2"), Runtime::Docker);
+        assert_eq!(facts::parse_runtime(""), Runtime::Containerd);
     }
 }
