@@ -1,6 +1,7 @@
-//! The controller (IO): one loop that reconciles every ClusterPolicy, GPUCluster and
-//! NVIDIADriver, each pass a list of stages (resolve -> validate -> render -> apply -> label ->
-//! upgrade -> status -> requeue) on the machinery the three share.
+//! The controller (IO): one loop over the ClusterPolicy, GPUCluster and NVIDIADriver passes.
+//!
+//! Each pass is a list of stages (resolve -> validate -> render -> apply -> label -> upgrade ->
+//! status -> requeue) on the machinery the three share.
 //!
 //! Guarantees and caveats:
 //! - One loop, one pass at a time ([`scheduler`]): every watch of decision 10 (policies
@@ -184,28 +185,9 @@ pub async fn run(
     // A policy's spec is the user's to change: its changes go first (stores::Wake).
     let mut triggers =
         futures::stream::select(triggers, policy_changes.map(|()| Wake::Now)).boxed();
-    let gpu_clusters = if owner::served::<GPUCluster>(&client).await {
-        let (clusters, changes) = stores::watched_specs(
-            Api::<DeserializeGuard<GPUCluster>>::all(watch_client.clone()),
-            watcher::Config::default(),
-        );
-        triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
-        Some(clusters)
-    } else {
-        tracing::info!("the GPUCluster CRD is not served; GPUClusters are not watched");
-        None
-    };
-    let nvidia_drivers = if owner::served::<NVIDIADriver>(&client).await {
-        let (drivers, changes) = stores::watched_specs(
-            Api::<DeserializeGuard<NVIDIADriver>>::all(client.clone()),
-            watcher::Config::default(),
-        );
-        triggers = futures::stream::select(triggers, changes.map(|()| Wake::Now)).boxed();
-        Some(drivers)
-    } else {
-        tracing::info!("the NVIDIADriver CRD is not served; NVIDIADrivers are not watched");
-        None
-    };
+    let gpu_clusters = watch_if_served::<GPUCluster>(&client, &watch_client, &mut triggers).await;
+    // NVIDIADrivers are watched through the request client, as they always were.
+    let nvidia_drivers = watch_if_served::<NVIDIADriver>(&client, &client, &mut triggers).await;
 
     // Fill every cache before the first pass, so it compares against the real cluster.
     let ready = async {
@@ -284,6 +266,36 @@ pub async fn run(
     .await?;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// A watch of `K` through `watches` when its CRD is served, its changes joined to `triggers` as
+/// users' changes; `None` (and a log line) when it is not.
+async fn watch_if_served<K>(
+    client: &Client,
+    watches: &Client,
+    triggers: &mut futures::stream::BoxStream<'static, Wake>,
+) -> Option<Store<DeserializeGuard<K>>>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let kind = K::kind(&());
+    if !owner::served::<K>(client).await {
+        tracing::info!("the {kind} CRD is not served; {kind}s are not watched");
+        return None;
+    }
+    let (store, changes) = stores::watched_specs(
+        Api::<DeserializeGuard<K>>::all(watches.clone()),
+        watcher::Config::default(),
+    );
+    let before = std::mem::replace(triggers, futures::stream::empty().boxed());
+    *triggers = futures::stream::select(before, changes.map(|()| Wake::Now)).boxed();
+    Some(store)
 }
 
 /// The scheduler reports to the health endpoints and the metrics.

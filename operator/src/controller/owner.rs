@@ -1,5 +1,7 @@
-//! Shared by the three controllers (IO): what an owner of operand objects needs whatever its
-//! kind (ClusterPolicy, GPUCluster, NVIDIADriver).
+//! Apply, label, status and requeue stages shared by the three controllers (IO).
+//!
+//! What an owner of operand objects needs whatever its kind (ClusterPolicy, GPUCluster,
+//! NVIDIADriver):
 //!
 //! - apply and prune with the owner's ledger ([`apply`]);
 //! - the status inputs every owner fills alike ([`status_inputs`]), conditions that keep their

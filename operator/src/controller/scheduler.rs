@@ -1,5 +1,6 @@
-//! Scheduler (IO: the trigger stream and timers, no API request): when a pass runs, apart from
-//! what a pass does.
+//! Scheduler (IO: timers and the trigger stream, no API request): when a pass runs.
+//!
+//! What a pass does is the caller's (a closure over the state this loop owns).
 //!
 //! Guarantees and caveats:
 //! - One pass at a time. Every watch feeds one trigger stream, pumped on a task of its own so

@@ -1,7 +1,8 @@
-//! Apply stage of the ClusterPolicy pass (IO): the operator namespace's Pod Security labels,
-//! NFD's CRDs before NFD itself (decision 16), then every operand's objects with the policy as
-//! owner (controller::owner::apply). With NVIDIA's operator live, this operator stands aside:
-//! it reports and changes nothing (decision 14).
+//! Apply stage of the ClusterPolicy pass (IO).
+//!
+//! The operator namespace's Pod Security labels, NFD's CRDs before NFD itself (decision 16), then
+//! every operand's objects with the policy as owner (controller::owner::apply). With NVIDIA's
+//! operator live, this operator stands aside: it reports and changes nothing (decision 14).
 
 use kube::Resource;
 

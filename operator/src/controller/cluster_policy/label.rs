@@ -1,6 +1,7 @@
-//! Label stage of the ClusterPolicy pass (IO: node patches, PriorityClasses): the GPU nodes'
-//! deploy labels, which decide where operands run (labeller), then node pools and the GPU
-//! memory resource (node_pools), all on the pass's node snapshot.
+//! Label stage of the ClusterPolicy pass (IO: node patches, PriorityClasses).
+//!
+//! The GPU nodes' deploy labels, which decide where operands run (labeller), then node pools and
+//! the GPU memory resource (node_pools), all on the pass's node snapshot.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,10 +1,12 @@
-//! Label stage, deploy labels (IO): writes the label changes `nodes::desired_label_changes` asks for on the GPU
-//! nodes (decision 2) and the default MIG layout (decision 7), through the owners' one node
-//! label writer (controller::owner::write_labels: a merge patch carrying the node's
-//! `resourceVersion` as a precondition, never a forced apply, since other components write
-//! `paused-*` values into the same keys). A conflict is not an error: the node is re-read and
-//! patched once more at once, and should that conflict too, the node's newer version arrives
-//! through the watch and a pass shortly after retries.
+//! Label stage, deploy labels (IO).
+//!
+//! Writes the label changes `nodes::desired_label_changes` asks for on the GPU nodes (decision 2)
+//! and the default MIG layout (decision 7), through the owners' one node label writer
+//! (controller::owner::write_labels: a merge patch carrying the node's `resourceVersion` as a
+//! precondition, never a forced apply, since other components write `paused-*` values into the same
+//! keys). A conflict is not an error: the node is re-read and patched once more at once, and should
+//! that conflict too, the node's newer version arrives through the watch and a pass shortly after
+//! retries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

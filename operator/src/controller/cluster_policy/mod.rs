@@ -1,18 +1,20 @@
-//! The ClusterPolicy pass (IO): for the policy in force, resolve -> validate -> render -> apply,
-//! the label stage beside them, then upgrade -> status -> requeue.
+//! The ClusterPolicy pass (IO): its stages, in order, for the policy in force.
+//!
+//! resolve -> validate -> render -> apply, the label stage beside them, then upgrade -> status ->
+//! requeue.
 //!
 //! Guarantees and caveats:
-//! - One policy is in force: the oldest decodable one, name breaking ties. Every other policy is
-//!   a cheap no-op that only keeps its `ignored` status; while the oldest is being deleted, none
-//!   is in force.
-//! - Invalid input for one operand freezes that operand (not applied, not pruned) and is
-//!   reported; the others proceed (decision 8). Resolve errors prune nothing.
+//! - One policy is in force: the oldest decodable one, name breaking ties. Every other policy is a
+//!   cheap no-op that only keeps its `ignored` status; while the oldest is being deleted, none is
+//!   in force.
+//! - Invalid input for one operand freezes that operand (not applied, not pruned) and is reported;
+//!   the others proceed (decision 8). Resolve errors prune nothing.
 //! - No timer while steady: a pass requeues only while something is not ready, or when a node's
 //!   vanished GPU label reaches its grace period.
 //! - A policy being deleted gets no writes at all, not even status (decision 17): garbage
-//!   collection removes its operands, and re-applying them meanwhile would start and kill
-//!   driver pods on every GPU node. A pass that started before the deletion request checks
-//!   before each stage that writes ([`still_in_force`]).
+//!   collection removes its operands, and re-applying them meanwhile would start and kill driver
+//!   pods on every GPU node. A pass that started before the deletion request checks before each
+//!   stage that writes ([`still_in_force`]).
 //! - A user's change that arrives after the apply stage stops the pass there
 //!   (scheduler::Preemption): what follows (observe, upgrade, status) is redone by the next pass.
 

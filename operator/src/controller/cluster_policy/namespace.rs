@@ -1,9 +1,10 @@
-//! Apply stage, the namespace (IO): the operator namespace's Pod Security labels. Operands run
-//! privileged pods (host paths, host PID), which the `baseline` and `restricted` levels reject.
-//! With `spec.psa.enabled` or on OpenShift the namespace is labelled `privileged` for enforce,
-//! audit and warn, as NVIDIA's operator does. A merge patch, only when a label differs; labels
-//! are never removed (the namespace is not ours, and other values may have been set on purpose
-//! once we stop).
+//! Apply stage, the namespace (IO): the operator namespace's Pod Security labels.
+//!
+//! Operands run privileged pods (host paths, host PID), which the `baseline` and `restricted`
+//! levels reject. With `spec.psa.enabled` or on OpenShift the namespace is labelled `privileged`
+//! for enforce, audit and warn, as NVIDIA's operator does. A merge patch, only when a label
+//! differs; labels are never removed (the namespace is not ours, and other values may have been set
+//! on purpose once we stop).
 
 use std::collections::BTreeMap;
 

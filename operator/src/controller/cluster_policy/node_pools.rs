@@ -1,8 +1,10 @@
-//! Label stage, node pools and the GPU memory resource (IO): for each node whose record says it was not
-//! brought to the current want (`node_pools::needs_work`, from the metadata cache, no request),
-//! the node is read in full and patched: its status first (the memory resource in capacity
-//! and allocatable, only when it differs), then labels, taints and the record in one merge
-//! patch carrying the `resourceVersion` of that read. A conflict is retried on a later pass.
+//! Label stage, node pools and the GPU memory resource (IO).
+//!
+//! For each node whose record says it was not brought to the current want
+//! (`node_pools::needs_work`, from the metadata cache, no request), the node is read in full and
+//! patched: its status first (the memory resource in capacity and allocatable, only when it
+//! differs), then labels, taints and the record in one merge patch carrying the `resourceVersion`
+//! of that read. A conflict is retried on a later pass.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
-//! Status and requeue stages of the ClusterPolicy pass (IO: the status patch and Events): the
-//! status computed from everything the pass found, metrics, the patch when it changed, an Event
+//! Status and requeue stages of the ClusterPolicy pass (IO: the status patch and Events).
+//!
+//! The status computed from everything the pass found, metrics, the patch when it changed, an Event
 //! when the state changed, and when to look again.
 
 use std::collections::BTreeMap;

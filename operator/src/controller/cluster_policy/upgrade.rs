@@ -1,5 +1,6 @@
-//! Upgrade stage of the ClusterPolicy pass (IO): the driver upgrade state machine
-//! (controller::upgrade) and its gauges.
+//! Upgrade stage of the ClusterPolicy pass (IO).
+//!
+//! The driver upgrade state machine (controller::upgrade) and its gauges.
 
 use std::sync::Arc;
 

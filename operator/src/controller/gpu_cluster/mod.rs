@@ -1,18 +1,19 @@
-//! The GPUCluster pass (IO): resolve -> validate -> render (with the API server's dry run of
-//! the attribute DeviceClasses, [`crate::operands::dra_driver`]) -> apply/prune (with its own
-//! ledger and the GPUCluster as owner) -> label -> status (patched only when it changed) ->
-//! requeue.
+//! The GPUCluster pass (IO): its stages, in order.
+//!
+//! resolve -> validate -> render (with the API server's dry run of the attribute DeviceClasses,
+//! [`crate::operands::dra_driver`]) -> apply/prune (with its own ledger and the GPUCluster as
+//! owner) -> label -> status (patched only when it changed) -> requeue.
 //!
 //! Guarantees and caveats:
-//! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by
-//!   the GPUCluster, and the ClusterPolicy pass never names the DRA operands, so neither tears
-//!   down the other's objects.
+//! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by the
+//!   GPUCluster, and the ClusterPolicy pass never names the DRA operands, so neither tears down the
+//!   other's objects.
 //! - A ClusterPolicy whose device plugin runs on the same GPU nodes is a conflict (each GPU would
-//!   be handed out twice, once as `nvidia.com/gpu` and once as a DRA device): both statuses say
-//!   so and the DRA operands are frozen (nothing applied, nothing deleted) until it is resolved.
+//!   be handed out twice, once as `nvidia.com/gpu` and once as a DRA device): both statuses say so
+//!   and the DRA operands are frozen (nothing applied, nothing deleted) until it is resolved.
 //! - An attribute DeviceClass the API server refuses in a dry run (its CEL does not compile), or
-//!   that reads an attribute the driver does not publish, freezes only the attribute classes.
-//!   A dry run is sent once per distinct rendering, so a steady pass writes nothing.
+//!   that reads an attribute the driver does not publish, freezes only the attribute classes. A dry
+//!   run is sent once per distinct rendering, so a steady pass writes nothing.
 //! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
 
 mod label;

@@ -1,7 +1,8 @@
-//! Render stage of the GPUCluster pass (IO: the API server's dry run of the attribute
-//! DeviceClasses): the DRA operands' desired state ([`crate::operands::dra_driver`]), with the
-//! attribute classes the API server refuses frozen. A dry run is sent once per distinct
-//! rendering, so a steady pass sends none.
+//! Render stage of the GPUCluster pass (IO: a dry run of the attribute DeviceClasses).
+//!
+//! The DRA operands' desired state ([`crate::operands::dra_driver`]), with the attribute classes
+//! the API server refuses frozen. A dry run is sent once per distinct rendering, so a steady pass
+//! sends none.
 
 use std::collections::BTreeMap;
 

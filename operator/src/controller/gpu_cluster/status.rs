@@ -1,5 +1,4 @@
-//! Status and requeue stages of the GPUCluster pass (IO: the status patch, sent only when it
-//! changed).
+//! Status and requeue stages of the GPUCluster pass (IO: the status patch, when it changed).
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
-//! Validate stage of the GPUCluster pass (no IO): the DRA driver's image, the attribute classes,
-//! and a conflict with the ClusterPolicy in force.
+//! Validate stage of the GPUCluster pass (no IO).
+//!
+//! The DRA driver's image, the attribute classes, and a conflict with the ClusterPolicy in force.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

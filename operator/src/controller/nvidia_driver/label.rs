@@ -1,6 +1,7 @@
-//! Label stage of the NVIDIADriver pass (IO: node patches through
-//! controller::owner::write_labels): the pool label hands each GPU node from the ClusterPolicy's
-//! driver DaemonSets to its pool's, only once its pool's DaemonSet was applied.
+//! Label stage of the NVIDIADriver pass (IO: node patches).
+//!
+//! Through controller::owner::write_labels, the pool label hands each GPU node from the
+//! ClusterPolicy's driver DaemonSets to its pool's, only once its pool's DaemonSet was applied.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,26 +1,28 @@
-//! The NVIDIADriver pass (IO): resolve (each pool's GPU nodes) -> validate (each pool's input,
-//! then the overlap rule across pools) -> render ([`crate::operands::nvidia_driver`]) ->
-//! apply/prune (with a ledger per NVIDIADriver and the NVIDIADriver as owner) -> label (the pool
-//! label, which hands each node from the ClusterPolicy's driver DaemonSets to its pool's) ->
-//! status (patched only when it changed) -> requeue.
+//! The NVIDIADriver pass (IO): its stages, in order.
+//!
+//! resolve (each pool's GPU nodes) -> validate (each pool's input, then the overlap rule across
+//! pools) -> render ([`crate::operands::nvidia_driver`]) -> apply/prune (with a ledger per
+//! NVIDIADriver and the NVIDIADriver as owner) -> label (the pool label, which hands each node from
+//! the ClusterPolicy's driver DaemonSets to its pool's) -> status (patched only when it changed) ->
+//! requeue.
 //!
 //! Guarantees and caveats:
 //! - Acted on only while the active ClusterPolicy sets `driver.useNvidiaDriverCRD: true` (and
-//!   deploys the driver). Otherwise each NVIDIADriver is `disabled`, its DaemonSets are pruned
-//!   and the pool labels removed, so the policy's own driver DaemonSets cover every GPU node
-//!   again. With NVIDIA's operator live, or no ClusterPolicy in force, nothing is written but
-//!   the NVIDIADrivers' status.
-//! - The handover never leaves a GPU node without a driver DaemonSet that wants it: a node gets
-//!   the pool label (and the policy's DaemonSets let go of it) only after its pool's DaemonSet
-//!   was applied in this pass, and loses it when the pool stops covering it. The driver pods'
+//!   deploys the driver). Otherwise each NVIDIADriver is `disabled`, its DaemonSets are pruned and
+//!   the pool labels removed, so the policy's own driver DaemonSets cover every GPU node again.
+//!   With NVIDIA's operator live, or no ClusterPolicy in force, nothing is written but the
+//!   NVIDIADrivers' status.
+//! - The handover never leaves a GPU node without a driver DaemonSet that wants it: a node gets the
+//!   pool label (and the policy's DaemonSets let go of it) only after its pool's DaemonSet was
+//!   applied in this pass, and loses it when the pool stops covering it. The driver pods'
 //!   anti-affinity keeps one driver pod per node meanwhile.
-//! - Two pools selecting the same GPU node: the older keeps it, the younger is `notReady` with
-//!   a message naming both and the nodes, renders nothing new and keeps what runs (decision 8).
-//!   An NVIDIADriver with invalid input is frozen the same way; the nodes it already ran on
-//!   keep its label, the others stay with the policy's driver.
+//! - Two pools selecting the same GPU node: the older keeps it, the younger is `notReady` with a
+//!   message naming both and the nodes, renders nothing new and keeps what runs (decision 8). An
+//!   NVIDIADriver with invalid input is frozen the same way; the nodes it already ran on keep its
+//!   label, the others stay with the policy's driver.
 //! - Node selectors over labels the node cache does not keep are answered by one label-selected
-//!   metadata list per NVIDIADriver and pass; a relabelled node is seen on the next pass (a
-//!   pool that is not ready looks again after a while).
+//!   metadata list per NVIDIADriver and pass; a relabelled node is seen on the next pass (a pool
+//!   that is not ready looks again after a while).
 
 mod label;
 mod resolve;

@@ -1,6 +1,7 @@
-//! Resolve stage of the NVIDIADriver pass (IO: one label-selected node list per pool whose
-//! selector reads labels the node cache does not keep): each pool's GPU nodes and the facts it
-//! renders with.
+//! Resolve stage of the NVIDIADriver pass (IO: a node list per pool, when the cache cannot say).
+//!
+//! One label-selected node list per pool whose selector reads labels the node cache does not keep.
+//! Each pool's GPU nodes and the facts it renders with.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! Status and requeue stages of the NVIDIADriver pass (IO: the status patch, sent only when it
-//! changed); the line the ClusterPolicy's status carries about the pools.
+//! Status and requeue stages of the NVIDIADriver pass (IO: the status patch, when it changed).
+//!
+//! Also the line the ClusterPolicy's status carries about the pools.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
-//! Validate stage of the NVIDIADriver pass (no IO): each pool's input, then the overlap rule
-//! across the valid pools (the older keeps a node two pools select, decision 8).
+//! Validate stage of the NVIDIADriver pass (no IO).
+//!
+//! Each pool's input, then the overlap rule across the valid pools (the older keeps a node two
+//! pools select, decision 8).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
