@@ -566,14 +566,6 @@ impl Stores {
         }
         Ok(())
     }
-
-    /// ConfigMap data by name, from the operator namespace.
-    pub fn config_map_data(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
-        let key = reflector::ObjectRef::new(name).within(namespace);
-        self.config_maps
-            .get(&key)
-            .map(|cm| cm.data.clone().unwrap_or_default())
-    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::api::{
 };
 use crate::facts::ClusterFacts;
 use crate::model::{OPERAND_LABEL, Operand, OperandObjects, ValidatedPolicy};
-use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
+use crate::nodes::{GPU_PRESENT, NodeView};
 
 /// The driver DaemonSets of one NVIDIADriver pool: rendered from the NVIDIADriver ([`render`]),
 /// never from a ClusterPolicy.
@@ -403,11 +403,6 @@ pub fn unknown_os(pool: &ValidatedNvidiaDriver) -> Option<String> {
             driver_os::KNOWN_OS.join(", ")
         )
     })
-}
-
-/// Whether the node carries [`DRIVER_POOL`] (an NVIDIADriver pool runs its driver there).
-pub fn in_pool(node: &NodeView) -> bool {
-    node.label(DRIVER_POOL).is_some()
 }
 
 #[cfg(test)]

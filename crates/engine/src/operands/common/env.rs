@@ -56,19 +56,6 @@ pub fn env_value<'a>(envs: &'a [EnvVar], name: &str) -> Option<&'a str> {
         .and_then(|e| e.value.as_deref())
 }
 
-/// The literal value of `name` in the user's variables, if set and not empty.
-pub fn user_env_value<'a>(
-    user: Option<&'a Vec<crate::api::EnvVar>>,
-    name: &str,
-) -> Option<&'a str> {
-    user.into_iter()
-        .flatten()
-        .rev()
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.as_deref())
-        .filter(|v| !v.is_empty())
-}
-
 /// The MIG variables of the device plugin, MPS daemon and GFD (docs/operand-facts.md §1 "MIG env rule").
 pub fn mig_env(spec: &ClusterPolicySpec) -> Vec<EnvVar> {
     match mig_strategy(spec) {
