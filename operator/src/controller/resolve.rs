@@ -202,10 +202,7 @@ impl Resolver {
         stores: &Stores,
         nodes: &[Arc<NodeView>],
     ) -> Result<Resolved, kube::Error> {
-        let gpu_nodes: Vec<&Arc<NodeView>> = nodes
-            .iter()
-            .filter(|n| n.is_gpu_node() || n.has_nfd_gpu())
-            .collect();
+        let gpu_nodes = facts::gpu_nodes(nodes);
         let runtime = self.cluster_runtime(runtimes, &gpu_nodes).await?;
         let ours_deployed = stores
             .deployments
@@ -237,7 +234,7 @@ impl Resolver {
                 openshift: self.discovered.openshift,
                 service_monitor_api: self.discovered.service_monitor,
                 nfd_running,
-                nodes: nodes.to_vec(),
+                gpu_nodes,
                 image_env: self.image_env.clone(),
             },
         );
@@ -250,7 +247,7 @@ impl Resolver {
     async fn cluster_runtime(
         &self,
         known: &mut KnownRuntimes,
-        gpu_nodes: &[&Arc<NodeView>],
+        gpu_nodes: &[Arc<NodeView>],
     ) -> Result<Runtime, kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut read = Vec::new();

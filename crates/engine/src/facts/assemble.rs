@@ -32,8 +32,8 @@ pub struct Observed {
     pub service_monitor_api: bool,
     /// Why NFD already runs, if it does ([`nfd_already_running`]).
     pub nfd_running: Option<String>,
-    /// Every node the caches hold; the GPU nodes are picked here ([`gpu_nodes`]).
-    pub nodes: Vec<Arc<NodeView>>,
+    /// The GPU nodes, as [`gpu_nodes`] picks them.
+    pub gpu_nodes: Vec<Arc<NodeView>>,
     pub image_env: BTreeMap<String, String>,
 }
 
@@ -80,7 +80,6 @@ pub fn assemble(
                 .collect()
         })
         .unwrap_or_default();
-    let gpu_nodes = gpu_nodes(&observed.nodes);
     // The OS the live driver DaemonSet runs stays the primary one (driver_os).
     let live_os = objects
         .daemon_set(driver::NAME)
@@ -89,7 +88,7 @@ pub fn assemble(
         namespace: observed.namespace,
         owner: observed.owner,
         runtime: observed.runtime,
-        os_tag: driver_os::primary_os(&gpu_nodes, live_os.as_deref()),
+        os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
         nfd_running: observed.nfd_running.is_some(),
@@ -98,7 +97,7 @@ pub fn assemble(
         mig_config,
         dcgm_metrics,
         driver_config_maps,
-        gpu_nodes,
+        gpu_nodes: observed.gpu_nodes,
         image_env: observed.image_env,
     }
 }

@@ -181,7 +181,7 @@ pub fn facts_for(
             openshift: options.openshift,
             service_monitor_api: options.service_monitor_api,
             nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
-            nodes: Vec::new(),
+            gpu_nodes: Vec::new(),
             image_env: BTreeMap::new(),
         },
     );
