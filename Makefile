@@ -75,6 +75,7 @@ bundle: ## regenerate every generated file, the OLM bundle (bundle/) among them:
 	$(XTASK) generate
 
 .PHONY: lint
-lint: ## formatting and clippy, as CI wants them
+lint: ## formatting, clippy and cargo-deny (licences, bans, sources, advisories: deny.toml), as CI wants them
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	scripts/cargo-deny.sh
