@@ -59,6 +59,7 @@ tool=$("$root/scripts/image.sh" --tool)
   --extract "$IMAGE_CA_BUNDLE=$tmp/ca-certificates.crt" \
   --extract "/etc/passwd=$tmp/passwd" \
   --extract "$IMAGE_LICENSE=$tmp/LICENSE" \
+  --extract "$IMAGE_SBOM=$tmp/sbom.cdx.json" \
   --rootfs "$tmp/rootfs" \
   >"$tmp/summary.json" || { cat "$tmp/summary.json" >&2; die "oci-image check"; }
 cat "$tmp/summary.json"
@@ -71,6 +72,15 @@ grep -q "\"refName\": \"$version\"" "$tmp/summary.json" || die "the archive's re
   die "the CA bundle holds fewer than 100 certificates"
 grep -q "^nonroot:x:${IMAGE_USER%%:*}:${IMAGE_USER##*:}:" "$tmp/passwd" || die "/etc/passwd lacks user ${IMAGE_USER}"
 cmp -s "$tmp/LICENSE" "$root/LICENSE" || die "$IMAGE_LICENSE differs from LICENSE"
+
+# The SBOM is the one tools/sbom writes for this tree (its tests hold it to `cargo tree` and
+# Cargo.lock) and names the binary's version.
+cargo run --quiet --locked --manifest-path "$root/Cargo.toml" -p sbom >"$tmp/sbom.expected.json" ||
+  die "tools/sbom failed"
+cmp -s "$tmp/sbom.cdx.json" "$tmp/sbom.expected.json" || die "$IMAGE_SBOM differs from what tools/sbom writes"
+grep -q "\"purl\": \"pkg:cargo/gpu-operator@$version\"" "$tmp/sbom.cdx.json" ||
+  die "$IMAGE_SBOM does not name gpu-operator $version"
+log "SBOM: $(grep -c '"bom-ref": "pkg:cargo/' "$tmp/sbom.cdx.json") packages ($IMAGE_SBOM)"
 
 printed=$("$tmp/gpu-operator" --version) || die "the image's binary does not run"
 log "gpu-operator --version: $printed"

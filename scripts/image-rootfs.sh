@@ -6,6 +6,7 @@
 #   /etc/ssl/certs/ca-certificates.crt   Debian's ca-certificates package, concatenated, 0644
 #   /etc/passwd, /etc/group              root and nonroot (65532), from image/rootfs/, 0644
 #   /licenses/LICENSE                    Apache-2.0, 0644
+#   /usr/share/doc/gpu-operator/sbom.cdx.json  CycloneDX SBOM of what the binary links (tools/sbom), 0644
 #
 # No shell and nothing else. The binary is the same in any checkout: --remap-path-prefix takes
 # the checkout, Cargo's home and the target folder out of it.
@@ -45,6 +46,11 @@ RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/src --remap-
 mkdir -p "$dir"
 install -D -m 0755 "$CARGO_TARGET_DIR/$host/image/gpu-operator" "$dir$IMAGE_BINARY"
 install -D -m 0644 "$root/LICENSE" "$dir$IMAGE_LICENSE"
+# The SBOM from the same lock file and target as the binary (no RUSTFLAGS: a host tool).
+log "sbom --target $host"
+mkdir -p "$(dirname "$dir$IMAGE_SBOM")"
+cargo run --quiet --locked --manifest-path "$root/Cargo.toml" -p sbom -- --target "$host" >"$dir$IMAGE_SBOM"
+chmod 0644 "$dir$IMAGE_SBOM"
 (cd "$root/image/rootfs" && find . -type f) | while read -r file; do
   install -D -m 0644 "$root/image/rootfs/$file" "$dir/${file#./}"
 done

@@ -95,3 +95,7 @@ log "writing $out (version $version, commit $commit, created $created)"
   --label "org.opencontainers.image.created=$created" \
   --created "$epoch" \
   --ref-name "$version"
+# The image's SBOM also beside the archive, for scanners and release assets.
+sbom=${out%.oci.tar}.sbom.cdx.json
+cp "$stage/rootfs$IMAGE_SBOM" "$sbom"
+log "SBOM: $sbom"

@@ -230,6 +230,28 @@ fn pairs(args: &str) -> BTreeMap<String, String> {
 }
 
 #[test]
+fn every_containerfile_base_but_scratch_is_pinned_by_digest() {
+    let text = repo_file("Containerfile");
+    let bases: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter_map(|args| args.split_whitespace().find(|w| !w.starts_with("--")))
+        .collect();
+    assert!(!bases.is_empty(), "Containerfile has no FROM");
+    for base in bases {
+        if base == "scratch" {
+            continue;
+        }
+        let digest = base.split_once("@sha256:").map(|(_, d)| d).unwrap_or_default();
+        assert!(
+            digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+            "FROM {base}: pin the base by digest (NAME:TAG@sha256:...), a tag can move"
+        );
+    }
+}
+
+#[test]
 fn the_containerfile_builds_the_layout_make_image_builds() {
     let stage = final_stage();
     let all = |instruction: &str| -> Vec<String> {
