@@ -243,7 +243,10 @@ fn every_containerfile_base_but_scratch_is_pinned_by_digest() {
         if base == "scratch" {
             continue;
         }
-        let digest = base.split_once("@sha256:").map(|(_, d)| d).unwrap_or_default();
+        let digest = base
+            .split_once("@sha256:")
+            .map(|(_, d)| d)
+            .unwrap_or_default();
         assert!(
             digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
             "FROM {base}: pin the base by digest (NAME:TAG@sha256:...), a tag can move"
