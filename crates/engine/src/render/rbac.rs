@@ -224,6 +224,13 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["clusterversions", "proxies"],
             &["get", "list", "watch"],
         ),
+        // Whether a Lease with NVIDIA's operator name, or a foreign NFD master, comes from a
+        // ServiceAccount with cluster-wide privilege (decisions 14 and 16).
+        rule(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
         // Whether NFD already runs.
         rule(
             &["nfd.k8s-sigs.io"],
