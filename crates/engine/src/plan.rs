@@ -91,12 +91,8 @@ pub fn is_ours(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
         .as_ref()
         .and_then(|l| l.get(MANAGED_BY_LABEL))
         .is_some_and(|v| v == MANAGER);
-    let owned = owner_uid.is_some_and(|uid| {
-        meta.owner_references
-            .iter()
-            .flatten()
-            .any(|r| r.uid == uid)
-    });
+    let owned =
+        owner_uid.is_some_and(|uid| meta.owner_references.iter().flatten().any(|r| r.uid == uid));
     let adopted = meta
         .annotations
         .as_ref()
@@ -689,7 +685,11 @@ mod tests {
         ));
     }
 
-    fn meta(labels: &[(&str, &str)], annotations: &[(&str, &str)], owner: Option<&str>) -> ObjectMeta {
+    fn meta(
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+        owner: Option<&str>,
+    ) -> ObjectMeta {
         let map = |pairs: &[(&str, &str)]| {
             Some(
                 pairs
@@ -702,10 +702,12 @@ mod tests {
             labels: map(labels),
             annotations: map(annotations),
             owner_references: owner.map(|uid| {
-                vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                    uid: uid.to_owned(),
-                    ..Default::default()
-                }]
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        uid: uid.to_owned(),
+                        ..Default::default()
+                    },
+                ]
             }),
             ..ObjectMeta::default()
         }
@@ -718,12 +720,24 @@ mod tests {
         assert!(!is_ours(&meta(&[("created-by", "k3s")], &[], None), policy));
         assert!(!is_ours(&meta(&[], &[], None), policy));
         assert!(!is_ours(&meta(&[], &[], Some("other-uid")), policy));
-        assert!(!is_ours(&meta(&[(MANAGED_BY_LABEL, "helm")], &[], None), policy));
-        assert!(!is_ours(&meta(&[], &[(ADOPT_ANNOTATION, "false")], None), policy));
+        assert!(!is_ours(
+            &meta(&[(MANAGED_BY_LABEL, "helm")], &[], None),
+            policy
+        ));
+        assert!(!is_ours(
+            &meta(&[], &[(ADOPT_ANNOTATION, "false")], None),
+            policy
+        ));
         // Ours, a takeover of NVIDIA's operands (owned by the same policy), adopted.
-        assert!(is_ours(&meta(&[(MANAGED_BY_LABEL, MANAGER)], &[], None), policy));
+        assert!(is_ours(
+            &meta(&[(MANAGED_BY_LABEL, MANAGER)], &[], None),
+            policy
+        ));
         assert!(is_ours(&meta(&[], &[], Some("policy-uid")), policy));
-        assert!(is_ours(&meta(&[], &[(ADOPT_ANNOTATION, "true")], None), None));
+        assert!(is_ours(
+            &meta(&[], &[(ADOPT_ANNOTATION, "true")], None),
+            None
+        ));
     }
 
     #[test]

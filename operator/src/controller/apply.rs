@@ -786,7 +786,9 @@ async fn prune(
             Kind::Service => prune_kind(client, &stores.services, o, k, owner, p).await?,
             Kind::RuntimeClass => {
                 let mut keep = k.clone();
-                keep.extend(runtime_classes_in_use(client, &stores.runtime_classes, o, k, owner).await?);
+                keep.extend(
+                    runtime_classes_in_use(client, &stores.runtime_classes, o, k, owner).await?,
+                );
                 prune_kind(client, &stores.runtime_classes, o, &keep, owner, p).await?
             }
             Kind::ConfigMap => prune_kind(client, &stores.config_maps, o, k, owner, p).await?,
@@ -829,12 +831,18 @@ async fn runtime_classes_in_use(
         .limit(500);
     let mut in_use = BTreeSet::new();
     loop {
-        let page = pods.list(&params).await.map_err(|source| ApplyError::List {
-            resource: "pods".to_owned(),
-            source,
-        })?;
+        let page = pods
+            .list(&params)
+            .await
+            .map_err(|source| ApplyError::List {
+                resource: "pods".to_owned(),
+                source,
+            })?;
         for pod in &page.items {
-            if let Some(class) = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_ref())
+            if let Some(class) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.runtime_class_name.as_ref())
                 && leftovers.contains(class)
                 && in_use.insert(format!("RuntimeClass//{class}"))
             {

@@ -155,7 +155,10 @@ impl Judge {
     }
 
     /// The first trusted live Lease among `live`, described for status.
-    pub async fn trusted_holder(&mut self, live: &[LiveLease]) -> Result<Option<String>, kube::Error> {
+    pub async fn trusted_holder(
+        &mut self,
+        live: &[LiveLease],
+    ) -> Result<Option<String>, kube::Error> {
         for lease in live {
             if self.trusted(lease).await? {
                 return Ok(Some(lease.describe()));

@@ -177,10 +177,8 @@ pub async fn run(
         requests: client,
         watches: watch_client,
     } = clients;
-    let mut judge = coexist::Judge::new(
-        client.clone(),
-        settings.nvidia_operator_namespaces.clone(),
-    );
+    let mut judge =
+        coexist::Judge::new(client.clone(), settings.nvidia_operator_namespaces.clone());
     let discovered = Discovered::probe(&client, &mut judge).await?;
     tracing::info!(?discovered, namespace = %settings.namespace, "starting controller");
     let (stores, triggers) = Stores::start(&watch_client, &settings.namespace);

@@ -236,7 +236,8 @@ impl Resolver {
             nodes,
             ours_deployed,
         );
-        let nfd_frozen = facts::nfd_beside_ours(self.discovered.foreign_nfd.as_deref(), ours_deployed);
+        let nfd_frozen =
+            facts::nfd_beside_ours(self.discovered.foreign_nfd.as_deref(), ours_deployed);
         let mut notes = Vec::new();
         if let Some(why) = &nfd_running
             && policy.spec.is_enabled(Component::Nfd)

@@ -12,8 +12,9 @@ use e2e::wait;
 use gpu_operator::api::State;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -44,7 +45,11 @@ async fn delete_namespace(admin: &Client, name: &str) {
 
 /// The value of env var `name` in the dcgm-exporter DaemonSet's template.
 async fn dcgm_exporter_env(s: &Setup, name: &str) -> Option<String> {
-    let ds: DaemonSet = s.daemonsets().get_opt("nvidia-dcgm-exporter").await.ok()??;
+    let ds: DaemonSet = s
+        .daemonsets()
+        .get_opt("nvidia-dcgm-exporter")
+        .await
+        .ok()??;
     ds.spec?
         .template
         .spec?
@@ -125,7 +130,10 @@ async fn a_decoy_nvidia_lease_in_a_tenant_namespace_changes_nothing() {
     // says nothing, and the edit below shows what it did instead.
     let _ = s
         .operator
-        .await_log("ignoring a Lease with NVIDIA's operator name", Duration::from_secs(5))
+        .await_log(
+            "ignoring a Lease with NVIDIA's operator name",
+            Duration::from_secs(5),
+        )
         .await;
 
     let started = Instant::now();
@@ -133,14 +141,18 @@ async fn a_decoy_nvidia_lease_in_a_tenant_namespace_changes_nothing() {
         json!({"spec": {"dcgmExporter": {"env": [{"name": "E2E_TENANT", "value": "1"}]}}}),
     )
     .await;
-    let applied = wait::until(EDIT_BOUND, "policy edit applied beside the decoy Lease", || async {
-        let value = dcgm_exporter_env(&s, "E2E_TENANT").await;
-        Ok(if value.as_deref() == Some("1") {
-            Ok(started.elapsed())
-        } else {
-            Err(format!("E2E_TENANT={value:?}"))
-        })
-    })
+    let applied = wait::until(
+        EDIT_BOUND,
+        "policy edit applied beside the decoy Lease",
+        || async {
+            let value = dcgm_exporter_env(&s, "E2E_TENANT").await;
+            Ok(if value.as_deref() == Some("1") {
+                Ok(started.elapsed())
+            } else {
+                Err(format!("E2E_TENANT={value:?}"))
+            })
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     eprintln!("policy edit applied {applied:?} after it was sent, beside a decoy Lease");
@@ -209,6 +221,103 @@ async fn a_decoy_nfd_master_in_a_tenant_namespace_never_removes_our_nfd() {
     assert!(!message.contains("NFD already runs"), "{message}");
 
     delete_namespace(&s.admin, &tenant).await;
+    s.teardown().await;
+}
+
+/// Another NFD whose master may patch nodes (as NFD's own chart grants) is real: found beside
+/// ours at a restart, ours is frozen (kept as it is, not pruned) and status says why.
+#[tokio::test]
+async fn a_privileged_foreign_nfd_beside_ours_freezes_ours_and_says_why() {
+    let Some(mut s) = session::start(json!({}), &[]).await else {
+        return;
+    };
+    s.await_state(State::Ready, "ready with NFD deployed").await;
+    let ours: Api<Deployment> = Api::namespaced(s.admin.clone(), &s.identity.namespace);
+    let master = "node-feature-discovery-master";
+    let uid = ours.get(master).await.unwrap().uid();
+
+    let other = unique_name("other-nfd");
+    create_namespace(&s.admin, &other).await;
+    let role = format!("{other}-master");
+    Api::<ServiceAccount>::namespaced(s.admin.clone(), &other)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "nfd-master"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(s.admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": role},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(s.admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "nfd-master", "namespace": other}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<Deployment>::namespaced(s.admin.clone(), &other)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "nfd-master", "labels": {"app": "nfd-master"}},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": {"app": "nfd-master"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "nfd-master"}},
+                        "spec": {"serviceAccountName": "nfd-master", "containers": [{"name": "nfd-master",
+                            "image": "registry.k8s.io/nfd/node-feature-discovery:v0.19.0"}]}
+                    }
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    s.restart_operator().await;
+    let why = format!(
+        "another NFD master runs as Deployment {other}/nfd-master beside the one this operator deployed"
+    );
+    wait::until(TIMEOUT, "status says why our NFD is frozen", || async {
+        let message = ready_message(&s.admin, &s.policy).await?;
+        Ok(if message.contains(&why) {
+            Ok(())
+        } else {
+            Err(message)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    assert_eq!(
+        ours.get_opt(master)
+            .await
+            .unwrap()
+            .as_ref()
+            .map(ResourceExt::uid),
+        Some(uid),
+        "our NFD master was removed because another NFD appeared"
+    );
+
+    delete_namespace(&s.admin, &other).await;
+    Api::<ClusterRoleBinding>::all(s.admin.clone())
+        .delete(&role, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(s.admin.clone())
+        .delete(&role, &DeleteParams::default())
+        .await
+        .unwrap();
     s.teardown().await;
 }
 
@@ -297,7 +406,11 @@ async fn objects_we_did_not_create_are_left_alone_until_adopted() {
     // The ConfigMap's owner hands it over; the RuntimeClass stays k3s's.
     let adopt = json!({"metadata": {"annotations": {ADOPT: "true"}}});
     config_maps
-        .patch(OPERAND_CONFIG_MAP, &PatchParams::default(), &Patch::Merge(&adopt))
+        .patch(
+            OPERAND_CONFIG_MAP,
+            &PatchParams::default(),
+            &Patch::Merge(&adopt),
+        )
         .await
         .unwrap();
     let policy_uid = session::policies(&s.admin)
@@ -330,12 +443,16 @@ async fn objects_we_did_not_create_are_left_alone_until_adopted() {
     )
     .await
     .unwrap();
-    wait::until(TIMEOUT, "the adopted ConfigMap collected with the policy", || async {
-        Ok(match config_maps.get_opt(OPERAND_CONFIG_MAP).await? {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        })
-    })
+    wait::until(
+        TIMEOUT,
+        "the adopted ConfigMap collected with the policy",
+        || async {
+            Ok(match config_maps.get_opt(OPERAND_CONFIG_MAP).await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            })
+        },
+    )
     .await
     .unwrap();
     let class = classes.get("nvidia").await.unwrap();
@@ -367,6 +484,7 @@ async fn objects_we_did_not_create_are_left_alone_until_adopted() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
-    s.await_state(State::Ready, "ready once both are ours").await;
+    s.await_state(State::Ready, "ready once both are ours")
+        .await;
     s.teardown().await;
 }
