@@ -488,3 +488,68 @@ async fn objects_we_did_not_create_are_left_alone_until_adopted() {
         .await;
     s.teardown().await;
 }
+
+/// A RuntimeClass we stop rendering is pruned only when no unfinished pod names it: a user's
+/// GPU pod on `nvidia-cdi` keeps it through a switch to CDI off, while `nvidia-legacy`, which
+/// no pod names, goes.
+#[tokio::test]
+async fn a_runtime_class_that_running_pods_name_is_never_pruned() {
+    let Some(s) = session::start(json!({}), &[]).await else {
+        return;
+    };
+    s.await_state(State::Ready, "ready with CDI on").await;
+    let classes: Api<RuntimeClass> = Api::all(s.admin.clone());
+    assert!(classes.get_opt("nvidia-cdi").await.unwrap().is_some());
+
+    let workloads = unique_name("gpu-workloads");
+    create_namespace(&s.admin, &workloads).await;
+    let node = e2e::nodes::gpu_node_names(&s.admin).await.unwrap()[0].clone();
+    let pods: Api<Pod> = Api::namespaced(s.admin.clone(), &workloads);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "training"},
+            "spec": {"nodeName": node, "runtimeClassName": "nvidia-cdi",
+                "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu22.04"}]}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    wait::for_object(
+        pods.clone(),
+        "training",
+        TIMEOUT,
+        "the GPU workload running",
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Running")
+        },
+    )
+    .await
+    .unwrap();
+
+    s.patch_policy(json!({"spec": {"cdi": {"enabled": false}}}))
+        .await;
+    wait::until(
+        TIMEOUT,
+        "nvidia-legacy, which no pod names, pruned",
+        || async {
+            Ok(match classes.get_opt("nvidia-legacy").await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    assert!(
+        classes.get_opt("nvidia-cdi").await.unwrap().is_some(),
+        "a RuntimeClass a running pod names was pruned\n{}",
+        s.operator.log_text()
+    );
+
+    delete_namespace(&s.admin, &workloads).await;
+    s.teardown().await;
+}
