@@ -163,6 +163,14 @@ async fn a_decoy_nvidia_lease_in_a_tenant_namespace_changes_nothing() {
         !message.contains("NVIDIA's GPU Operator is running"),
         "{message}"
     );
+    // Seen and judged, not missed: the decoy was looked at and ignored.
+    assert!(
+        s.operator
+            .log_text()
+            .contains("ignoring a Lease with NVIDIA's operator name"),
+        "{}",
+        s.operator.log_text()
+    );
 
     leases
         .delete(NVIDIA_LEASE, &DeleteParams::default())
