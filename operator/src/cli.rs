@@ -98,6 +98,12 @@ pub struct RunArgs {
     /// written by a newer operator is left alone.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "UPGRADE_CRD")]
     pub upgrade_crd: bool,
+    /// Namespaces where NVIDIA's GPU Operator may run (comma-separated): its leader Lease there
+    /// stops this operator whoever holds it. Elsewhere the Lease counts only when its holder is
+    /// a running pod whose ServiceAccount may update ClusterPolicies or patch nodes, so a
+    /// namespace tenant cannot switch this operator off.
+    #[arg(long, value_delimiter = ',', env = "NVIDIA_OPERATOR_NAMESPACES")]
+    pub nvidia_operator_namespaces: Vec<String>,
 }
 
 /// Arguments of `gpu-operator crd`.
@@ -300,6 +306,12 @@ impl Cli {
                     stall: std::time::Duration::from_secs(args.stall_seconds),
                     json_logs: args.json_logs,
                     upgrade_crd: args.upgrade_crd,
+                    nvidia_operator_namespaces: args
+                        .nvidia_operator_namespaces
+                        .into_iter()
+                        .map(|n| n.trim().to_owned())
+                        .filter(|n| !n.is_empty())
+                        .collect(),
                 };
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)

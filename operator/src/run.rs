@@ -39,6 +39,8 @@ pub struct RunOptions {
     pub json_logs: bool,
     /// Check the served ClusterPolicy CRD and upgrade it when it is ours ([`crate::crd_upgrade`]).
     pub upgrade_crd: bool,
+    /// Namespaces whose NVIDIA operator Lease is trusted as it is (controller::coexist).
+    pub nvidia_operator_namespaces: std::collections::BTreeSet<String>,
 }
 
 /// How long a controller that failed (not stopped) waits before it starts again.
@@ -127,6 +129,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         gpu_label_grace: options.gpu_label_grace,
         not_ready_requeue: Duration::from_secs(30),
         pass_deadline: options.pass_deadline,
+        nvidia_operator_namespaces: options.nvidia_operator_namespaces.clone(),
     };
     let reconcile = Reconcile {
         clients: &clients,

@@ -15,9 +15,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::json_diff::{self, Difference, Rules};
+use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::operands::common::sha256_hex;
 
 /// Annotation on every applied object: the SHA-256 of the object as rendered (before the
@@ -74,6 +76,31 @@ pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<Str
     )
 }
 
+/// Annotation by which a user hands an existing object to this operator (decision 19): with
+/// `true` it counts as ours and is applied, labelled and owned like one we created.
+pub const ADOPT_ANNOTATION: &str = "nvidia.com/gpu-operator.adopt";
+
+/// Whether a live object with a name we render is ours to write (decision 19): it carries our
+/// managed-by label, an owner reference to `owner_uid` (the active policy: NVIDIA's operands
+/// that policy owns are taken over, not adopted), or a user's [`ADOPT_ANNOTATION`]. Anything
+/// else (a RuntimeClass `nvidia` k3s made, a ConfigMap someone left) is never written: a
+/// forced apply would take it over and garbage collection would delete it with the policy.
+pub fn is_ours(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGER);
+    let owned =
+        owner_uid.is_some_and(|uid| meta.owner_references.iter().flatten().any(|r| r.uid == uid));
+    let adopted = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ADOPT_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    labelled || owned || adopted
+}
+
 /// What the cache shows of one object.
 #[derive(Clone, Copy, Debug)]
 pub struct Live<'a> {
@@ -95,12 +122,30 @@ pub struct Rejection {
     pub message: String,
     /// The HTTP status code of the refusal.
     pub code: u16,
+    /// Not refused by the API server: an object with this name exists and is not ours
+    /// ([`is_ours`]), so it is not written.
+    pub not_ours: bool,
 }
 
 impl Rejection {
+    /// An existing object that is not ours: `kind` and `name`, with the namespace of a
+    /// namespaced one. Looked at again with backoff, so deleting or adopting it is noticed.
+    pub fn not_ours(kind: &str, namespace: Option<&str>, name: &str) -> Self {
+        Rejection {
+            object: match namespace {
+                Some(ns) => format!("{kind}/{name} in namespace {ns}"),
+                None => format!("{kind}/{name}"),
+            },
+            field: None,
+            message: String::new(),
+            code: 409,
+            not_ours: true,
+        }
+    }
+
     /// Whether only a different rendering can pass: the API server found the object invalid.
     pub fn permanent(&self) -> bool {
-        matches!(self.code, 400 | 422)
+        !self.not_ours && matches!(self.code, 400 | 422)
     }
 }
 
@@ -112,6 +157,14 @@ pub fn retry_delay(attempts: u32) -> Duration {
 
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.not_ours {
+            return write!(
+                f,
+                "{} exists and was not created by this operator: delete it, or annotate it \
+                 {ADOPT_ANNOTATION}=true to make it ours",
+                self.object
+            );
+        }
         write!(f, "{} was rejected by the API server", self.object)?;
         if let Some(field) = &self.field {
             write!(f, " at field {field}")?;
@@ -486,6 +539,7 @@ mod tests {
             field: Some("spec.template.spec.containers[0].resources.requests".into()),
             message: "must be less than or equal to cpu limit".into(),
             code: 422,
+            not_ours: false,
         };
         ledger.rejected("k", "h1", rejection.clone(), t0());
         let desired = annotated("h1", json!({}));
@@ -516,6 +570,7 @@ mod tests {
                       RESTMapping for APIVersion nvidia.com/v1alpha1 Kind NVIDIADriver"
                 .into(),
             code: 403,
+            not_ours: false,
         };
         let desired = annotated("h1", json!({}));
         let wanted = |_: &str| true;
@@ -569,6 +624,7 @@ mod tests {
             field: None,
             message: "Invalid value".into(),
             code: 422,
+            not_ours: false,
         };
         ledger.rejected("k", "h1", rejection.clone(), t0());
         assert_eq!(ledger.next_retry(t0(), |_| true), None);
@@ -627,5 +683,77 @@ mod tests {
             plan(&mut ledger, "k", "h1", &object, None, t0()),
             Plan::Apply(_)
         ));
+    }
+
+    fn meta(
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+        owner: Option<&str>,
+    ) -> ObjectMeta {
+        let map = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )
+        };
+        ObjectMeta {
+            labels: map(labels),
+            annotations: map(annotations),
+            owner_references: owner.map(|uid| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        uid: uid.to_owned(),
+                        ..Default::default()
+                    },
+                ]
+            }),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn only_our_label_our_policys_ownership_or_a_users_adoption_make_an_object_ours() {
+        let policy = Some("policy-uid");
+        // k3s's RuntimeClass, a ConfigMap someone left, one another policy owns.
+        assert!(!is_ours(&meta(&[("created-by", "k3s")], &[], None), policy));
+        assert!(!is_ours(&meta(&[], &[], None), policy));
+        assert!(!is_ours(&meta(&[], &[], Some("other-uid")), policy));
+        assert!(!is_ours(
+            &meta(&[(MANAGED_BY_LABEL, "helm")], &[], None),
+            policy
+        ));
+        assert!(!is_ours(
+            &meta(&[], &[(ADOPT_ANNOTATION, "false")], None),
+            policy
+        ));
+        // Ours, a takeover of NVIDIA's operands (owned by the same policy), adopted.
+        assert!(is_ours(
+            &meta(&[(MANAGED_BY_LABEL, MANAGER)], &[], None),
+            policy
+        ));
+        assert!(is_ours(&meta(&[], &[], Some("policy-uid")), policy));
+        assert!(is_ours(
+            &meta(&[], &[(ADOPT_ANNOTATION, "true")], None),
+            None
+        ));
+    }
+
+    #[test]
+    fn an_object_that_is_not_ours_is_reported_with_the_fix_and_looked_at_again() {
+        let cluster = Rejection::not_ours("RuntimeClass", None, "nvidia");
+        assert_eq!(
+            cluster.to_string(),
+            "RuntimeClass/nvidia exists and was not created by this operator: delete it, or \
+             annotate it nvidia.com/gpu-operator.adopt=true to make it ours"
+        );
+        assert!(!cluster.permanent());
+        let namespaced = Rejection::not_ours("ConfigMap", Some("gpu-operator"), "x");
+        assert!(
+            namespaced
+                .to_string()
+                .starts_with("ConfigMap/x in namespace gpu-operator exists and was not created")
+        );
     }
 }

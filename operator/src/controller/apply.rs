@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::plan::{self, APPLIED_HASH_ANNOTATION, Ledger, Live, Plan, Rejection};
+use super::plan::{self, APPLIED_HASH_ANNOTATION, Ledger, Live, Plan, Rejection, is_ours};
 use super::stores::Stores;
 use crate::model::{Kind, MANAGER, OPERAND_LABEL, Operand, OperandObjects};
 use crate::operands::device_plugin::{self, CONFIG_COPY_LABEL};
@@ -124,6 +124,7 @@ fn rejection(object: String, error: &kube::Error) -> Option<Rejection> {
         field,
         message: status.message.clone(),
         code: status.code,
+        not_ours: false,
     })
 }
 
@@ -199,7 +200,15 @@ struct Applier<'a> {
     ledger: &'a mut Ledger,
     report: ApplyReport,
     desired_keys: BTreeSet<String>,
+    /// The active owner's UID: an existing object it owns is ours ([`is_ours`]).
+    owner_uid: Option<String>,
+    /// An object with a name we render exists and is not ours: look again later.
+    not_ours_seen: bool,
 }
+
+/// How soon an operand frozen by an object that is not ours is looked at again: deleting or
+/// adopting that object sends no event we watch (it carries none of our labels).
+const NOT_OURS_RECHECK: Duration = Duration::from_secs(10);
 
 /// A rendered object as it is sent: with [`APPLIED_HASH_ANNOTATION`] set to the hash of the
 /// rendering, and its JSON form for the comparison. The hash is taken over the JSON value, whose
@@ -224,8 +233,16 @@ fn annotated<K: Resource + Serialize + Clone>(
     Ok((sent, hash, desired))
 }
 
-/// The answer to one apply: the object's new `resourceVersion`.
-type Answer = Result<Option<String>, kube::Error>;
+/// What one send did.
+enum Sent {
+    /// Applied: the object's new `resourceVersion`.
+    Written(Option<String>),
+    /// Not sent: an object with that name exists and is not ours ([`is_ours`]).
+    NotOurs,
+}
+
+/// The answer to one send.
+type Answer = Result<Sent, kube::Error>;
 
 /// An object the plan says to send, with what recording its answer needs.
 struct Outgoing {
@@ -354,6 +371,18 @@ impl Applier<'_> {
             }
             let (sent, hash, desired) = annotated(obj, kind)?;
             let current = live.get(&object_ref);
+            // The ConfigMap cache holds the namespace's ConfigMaps, ours or not.
+            if let Some(c) = &current
+                && !is_ours(c.meta(), self.owner_uid.as_deref())
+            {
+                self.not_ours_seen = true;
+                let namespace = obj.namespace();
+                return Err(OperandFailure::Rejected(Rejection::not_ours(
+                    kind,
+                    namespace.as_deref(),
+                    &name,
+                )));
+            }
             let current_value = current
                 .as_ref()
                 .map(|c| serde_json::to_value(c.as_ref()))
@@ -391,10 +420,20 @@ impl Applier<'_> {
             let api = K::api(self.client, obj.namespace().as_deref());
             let params = self.params.clone();
             let patch_name = name.clone();
+            // The caches hold only what is labelled ours: an object they lack may still
+            // exist, made by someone else, and a forced apply would take it over.
+            let first_write = current.is_none();
+            let owner_uid = self.owner_uid.clone();
             let request = async move {
+                if first_write
+                    && let Some(existing) = api.get_metadata_opt(&patch_name).await?
+                    && !is_ours(&existing.metadata, owner_uid.as_deref())
+                {
+                    return Ok(Sent::NotOurs);
+                }
                 api.patch(&patch_name, &params, &Patch::Apply(&sent))
                     .await
-                    .map(|answer| answer.meta().resource_version.clone())
+                    .map(|answer| Sent::Written(answer.meta().resource_version.clone()))
             };
             let outgoing = Outgoing {
                 operand,
@@ -471,7 +510,16 @@ impl Applier<'_> {
         let mut failure = None;
         for (send, answer) in sends.into_iter().zip(answers) {
             match answer {
-                Ok(after) => {
+                Ok(Sent::NotOurs) => {
+                    tracing::warn!(object = %send.key, "an object with this name exists and is not ours; its operand is frozen");
+                    self.not_ours_seen = true;
+                    let (namespace, name) = namespace_and_name(&send.key);
+                    self.report
+                        .rejected
+                        .entry(send.operand)
+                        .or_insert_with(|| Rejection::not_ours(send.kind, namespace, name));
+                }
+                Ok(Sent::Written(after)) => {
                     self.ledger.written(
                         &send.key,
                         &send.hash,
@@ -542,6 +590,17 @@ impl Applier<'_> {
                     name: name.clone(),
                     source,
                 })?;
+            if let Some(c) = &current
+                && !is_ours(&c.metadata, self.owner_uid.as_deref())
+            {
+                self.not_ours_seen = true;
+                let namespace = obj.namespace();
+                return Err(OperandFailure::Rejected(Rejection::not_ours(
+                    &types.kind,
+                    namespace.as_deref(),
+                    &name,
+                )));
+            }
             let current_value = current
                 .as_ref()
                 .map(comparable)
@@ -568,6 +627,14 @@ impl Applier<'_> {
         }
         Ok(())
     }
+}
+
+/// The namespace (none for a cluster-scoped object) and name in a ledger key
+/// (`Kind/namespace/name`).
+fn namespace_and_name(key: &str) -> (Option<&str>, &str) {
+    let mut parts = key.splitn(3, '/').skip(1);
+    let namespace = parts.next().filter(|ns| !ns.is_empty());
+    (namespace, parts.next().unwrap_or_default())
 }
 
 fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
@@ -598,6 +665,8 @@ pub async fn apply(
         ledger,
         report: ApplyReport::default(),
         desired_keys: BTreeSet::new(),
+        owner_uid: owner_uid.map(str::to_owned),
+        not_ours_seen: false,
     };
     let rendered: Vec<(Operand, &OperandObjects)> = desired
         .operands
@@ -640,6 +709,7 @@ pub async fn apply(
         mut report,
         desired_keys,
         ledger,
+        not_ours_seen,
         ..
     } = applier;
     let operands = prunable(desired, &report.rejected);
@@ -659,6 +729,13 @@ pub async fn apply(
         ledger.forget(key);
     }
     report.retry_after = ledger.next_retry(Instant::now(), |key| desired_keys.contains(key));
+    if not_ours_seen {
+        report.retry_after = Some(
+            report
+                .retry_after
+                .map_or(NOT_OURS_RECHECK, |r| r.min(NOT_OURS_RECHECK)),
+        );
+    }
     Ok(report)
 }
 
@@ -708,7 +785,11 @@ async fn prune(
             Kind::DaemonSet => prune_kind(client, &stores.daemon_sets, o, k, owner, p).await?,
             Kind::Service => prune_kind(client, &stores.services, o, k, owner, p).await?,
             Kind::RuntimeClass => {
-                prune_kind(client, &stores.runtime_classes, o, k, owner, p).await?
+                let mut keep = k.clone();
+                keep.extend(
+                    runtime_classes_in_use(client, &stores.runtime_classes, o, k, owner).await?,
+                );
+                prune_kind(client, &stores.runtime_classes, o, &keep, owner, p).await?
             }
             Kind::ConfigMap => prune_kind(client, &stores.config_maps, o, k, owner, p).await?,
             Kind::RoleBinding => prune_kind(client, &stores.role_bindings, o, k, owner, p).await?,
@@ -723,6 +804,56 @@ async fn prune(
         }
     }
     Ok(pruned)
+}
+
+/// Keys of the leftover RuntimeClasses that pods not yet finished name: deleting one would
+/// leave those pods unable to restart. Pods are listed (in pages) only when a RuntimeClass is
+/// about to be pruned, which happens when an operand is switched off, not while steady.
+async fn runtime_classes_in_use(
+    client: &Client,
+    live: &Store<RuntimeClass>,
+    operands: &BTreeSet<&'static str>,
+    keep: &BTreeSet<String>,
+    owner: Option<&str>,
+) -> Result<BTreeSet<String>, ApplyError> {
+    let leftovers: BTreeSet<String> = live
+        .state()
+        .iter()
+        .filter(|rc| is_leftover(rc.meta(), &key(rc.as_ref()), operands, keep, owner))
+        .map(|rc| rc.name_any())
+        .collect();
+    if leftovers.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
+    let mut params = ListParams::default()
+        .fields("status.phase!=Succeeded,status.phase!=Failed")
+        .limit(500);
+    let mut in_use = BTreeSet::new();
+    loop {
+        let page = pods
+            .list(&params)
+            .await
+            .map_err(|source| ApplyError::List {
+                resource: "pods".to_owned(),
+                source,
+            })?;
+        for pod in &page.items {
+            if let Some(class) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.runtime_class_name.as_ref())
+                && leftovers.contains(class)
+                && in_use.insert(format!("RuntimeClass//{class}"))
+            {
+                tracing::info!(runtime_class = %class, "not pruned: running pods name it");
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(in_use),
+        }
+    }
 }
 
 /// Whether `ds` is a sharing-config consumer (device plugin, GFD, MPS daemon) with pods that

@@ -67,6 +67,8 @@ pub struct Settings {
     /// The longest one pass may run: past it, the pass is abandoned (its requests cancelled)
     /// and retried with backoff.
     pub pass_deadline: Duration,
+    /// Namespaces whose NVIDIA operator Lease is trusted as it is (coexist::Judge).
+    pub nvidia_operator_namespaces: std::collections::BTreeSet<String>,
 }
 
 /// What every pass reads and none changes: clients, settings, caches and the machinery around
@@ -175,7 +177,9 @@ pub async fn run(
         requests: client,
         watches: watch_client,
     } = clients;
-    let discovered = Discovered::probe(&client).await?;
+    let mut judge =
+        coexist::Judge::new(client.clone(), settings.nvidia_operator_namespaces.clone());
+    let discovered = Discovered::probe(&client, &mut judge).await?;
     tracing::info!(?discovered, namespace = %settings.namespace, "starting controller");
     let (stores, triggers) = Stores::start(&watch_client, &settings.namespace);
     let (policies, policy_changes) = stores::watched_specs(
@@ -223,7 +227,7 @@ pub async fn run(
     let _nvidia_watch = {
         let (nvidia, waker, client) = (nvidia.clone(), wakes.waker(), watch_client.clone());
         AbortOnDrop(tokio::spawn(async move {
-            nvidia.watch(client, move || waker.wake()).await;
+            nvidia.watch(client, judge, move || waker.wake()).await;
         }))
     };
     let deps = Deps {

@@ -21,7 +21,8 @@ use crate::nodes::NodeView;
 pub struct Discovered {
     pub openshift: bool,
     pub service_monitor: bool,
-    /// An NFD master that is not ours (`Deployment namespace/name`): NFD already runs.
+    /// An NFD master that is not ours and whose ServiceAccount may patch nodes
+    /// (`Deployment namespace/name`): NFD already runs.
     pub foreign_nfd: Option<String>,
     /// Fields of ours the served ClusterPolicy CRD lacks (an older or NVIDIA-installed CRD
     /// would silently prune them from every policy).
@@ -32,7 +33,10 @@ pub struct Discovered {
 }
 
 impl Discovered {
-    pub async fn probe(client: &Client) -> Result<Self, kube::Error> {
+    pub async fn probe(
+        client: &Client,
+        judge: &mut super::coexist::Judge,
+    ) -> Result<Self, kube::Error> {
         let groups = client.list_api_groups().await?;
         let has = |name: &str| groups.groups.iter().any(|g| g.name == name);
         Ok(Discovered {
@@ -40,7 +44,7 @@ impl Discovered {
             service_monitor: has("monitoring.coreos.com"),
             foreign_nfd: foreign_nfd_master(client).await?,
             crd_missing_fields: missing_crd_fields(client).await?,
-            nvidia_operator: nvidia_operator_live(client).await?,
+            nvidia_operator: nvidia_operator_live(client, judge).await?,
         })
     }
 
@@ -122,8 +126,12 @@ async fn missing_crd_fields(client: &Client) -> Result<Vec<String>, kube::Error>
         .collect())
 }
 
-/// The holder of NVIDIA's operator Lease if it was renewed within its duration.
-async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::Error> {
+/// The holder of NVIDIA's operator Lease if it was renewed within its duration and `judge`
+/// trusts it.
+async fn nvidia_operator_live(
+    client: &Client,
+    judge: &mut super::coexist::Judge,
+) -> Result<Option<String>, kube::Error> {
     use k8s_openapi::api::coordination::v1::Lease;
     let api: Api<Lease> = Api::all(client.clone());
     let leases = api
@@ -134,12 +142,15 @@ async fn nvidia_operator_live(client: &Client) -> Result<Option<String>, kube::E
         .await?;
     let leases: Vec<std::sync::Arc<Lease>> =
         leases.items.into_iter().map(std::sync::Arc::new).collect();
-    Ok(super::coexist::live_holder(&leases, k8s_openapi::jiff::Timestamp::now()).0)
+    let (live, _) = super::coexist::live_leases(&leases, k8s_openapi::jiff::Timestamp::now());
+    judge.trusted_holder(&live).await
 }
 
 /// An NFD master workload someone else deployed (NFD's Helm chart or kustomize manifests, or
-/// NVIDIA's operator's subchart), found by its labels in any namespace. A served NodeFeature API
-/// proves nothing: NFD's CRDs can exist without NFD (decision 16).
+/// NVIDIA's operator's subchart), found by its labels in any namespace. Labels are anyone's to
+/// set, so a master counts only when its pods' ServiceAccount may patch nodes, which an NFD
+/// master needs and a namespace tenant cannot be granted; others are logged and ignored. A
+/// served NodeFeature API proves nothing: NFD's CRDs can exist without NFD (decision 16).
 async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Error> {
     use k8s_openapi::api::apps::v1::Deployment;
     let api: Api<Deployment> = Api::all(client.clone());
@@ -152,12 +163,24 @@ async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Err
             crate::model::MANAGED_BY_LABEL,
             crate::model::MANAGER
         ));
-        if let Some(d) = api.list_metadata(&params).await?.items.into_iter().next() {
-            return Ok(Some(format!(
-                "Deployment {}/{}",
-                d.metadata.namespace.unwrap_or_default(),
-                d.metadata.name.unwrap_or_default()
-            )));
+        for d in api.list(&params).await?.items {
+            let namespace = d.metadata.namespace.clone().unwrap_or_default();
+            let workload = format!(
+                "Deployment {namespace}/{}",
+                d.metadata.name.as_deref().unwrap_or_default()
+            );
+            let service_account = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .and_then(|p| p.service_account_name.clone())
+                .unwrap_or_else(|| "default".to_owned());
+            if super::coexist::service_account_is_privileged(client, &namespace, &service_account)
+                .await?
+            {
+                return Ok(Some(workload));
+            }
+            tracing::warn!(%workload, %service_account, "ignoring an NFD-labelled Deployment: its ServiceAccount may not patch nodes, so it is no NFD master");
         }
     }
     Ok(None)
@@ -213,6 +236,8 @@ impl Resolver {
             nodes,
             ours_deployed,
         );
+        let nfd_frozen =
+            facts::nfd_beside_ours(self.discovered.foreign_nfd.as_deref(), ours_deployed);
         let mut notes = Vec::new();
         if let Some(why) = &nfd_running
             && policy.spec.is_enabled(Component::Nfd)
@@ -234,6 +259,7 @@ impl Resolver {
                 openshift: self.discovered.openshift,
                 service_monitor_api: self.discovered.service_monitor,
                 nfd_running,
+                nfd_frozen,
                 gpu_nodes,
                 image_env: self.image_env.clone(),
             },

@@ -11,7 +11,8 @@ use gpu_operator::api::State;
 use gpu_operator::controller::APPLIED_HASH_ANNOTATION;
 use gpu_operator::controller::nfd_crds;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -144,6 +145,37 @@ async fn a_foreign_nfd_master_is_left_to_run_and_named_in_status() {
         )
         .await
         .unwrap();
+    // NFD's master runs as a ServiceAccount that may patch nodes, as its Helm chart grants:
+    // what makes it count (a Deployment with these labels alone is anyone's to create).
+    let account = "nfd-master";
+    let role = format!("{namespace}-nfd-master");
+    Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": account}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": role},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"],
+                    "verbs": ["get", "list", "watch", "patch", "update"]}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     // NFD as its Helm chart labels it.
     let foreign: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "nfd-master", "labels": {
@@ -153,7 +185,7 @@ async fn a_foreign_nfd_master_is_left_to_run_and_named_in_status() {
             "selector": {"matchLabels": {"app.kubernetes.io/name": "node-feature-discovery"}},
             "template": {
                 "metadata": {"labels": {"app.kubernetes.io/name": "node-feature-discovery"}},
-                "spec": {"containers": [{"name": "nfd-master",
+                "spec": {"serviceAccountName": account, "containers": [{"name": "nfd-master",
                     "image": "registry.k8s.io/nfd/node-feature-discovery:v0.19.0"}]}
             }
         }
@@ -200,6 +232,14 @@ async fn a_foreign_nfd_master_is_left_to_run_and_named_in_status() {
     })
     .await
     .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&role, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .delete(&role, &DeleteParams::default())
+        .await
+        .unwrap();
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())
         .await

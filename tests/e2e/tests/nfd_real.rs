@@ -15,14 +15,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e::helm::{RELEASE, helm_ok, helm_release, release_namespace, strings};
-use e2e::nfd::{RealNfd, WORKER};
+use e2e::nfd::{MASTER, RealNfd, WORKER};
 use e2e::nodes::{self, FakeNode, GpuModel, NFD_NVIDIA_PCI};
 use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, EPHEMERAL};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::controller::nfd_crds;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Client, ResourceExt};
@@ -119,16 +119,27 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
         .unwrap();
     let operator = Operator::start_as_pod(&identity, &format!("{RELEASE}-e2e")).unwrap();
 
-    // The NFD built for the harness is the NFD the operator deploys.
-    let worker = wait::until(TIMEOUT, "NFD worker DaemonSet applied", || {
-        let api = Api::<DaemonSet>::namespaced(admin.clone(), &namespace);
-        async move {
-            Ok(api
-                .get_opt(WORKER)
-                .await?
-                .ok_or_else(|| "not yet".to_owned()))
-        }
-    })
+    // The NFD built for the harness is the NFD the operator deploys. Its master Deployment and
+    // worker DaemonSet are sent side by side: RealNfd reads both, so both are awaited.
+    let worker = wait::until(
+        TIMEOUT,
+        "NFD worker DaemonSet and master Deployment applied",
+        || {
+            let workers = Api::<DaemonSet>::namespaced(admin.clone(), &namespace);
+            let masters = Api::<Deployment>::namespaced(admin.clone(), &namespace);
+            async move {
+                let master = masters.get_opt(MASTER).await?;
+                Ok(match (workers.get_opt(WORKER).await?, master) {
+                    (Some(worker), Some(_)) => Ok(worker),
+                    (worker, master) => Err(format!(
+                        "worker applied: {}, master applied: {}",
+                        worker.is_some(),
+                        master.is_some()
+                    )),
+                })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     let image = worker

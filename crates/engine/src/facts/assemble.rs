@@ -32,6 +32,8 @@ pub struct Observed {
     pub service_monitor_api: bool,
     /// Why NFD already runs, if it does ([`nfd_already_running`]).
     pub nfd_running: Option<String>,
+    /// Why our deployed NFD is frozen, if it is ([`nfd_beside_ours`]).
+    pub nfd_frozen: Option<String>,
     /// The GPU nodes, as [`gpu_nodes`] picks them.
     pub gpu_nodes: Vec<Arc<NodeView>>,
     pub image_env: BTreeMap<String, String>,
@@ -92,6 +94,7 @@ pub fn assemble(
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
         nfd_running: observed.nfd_running.is_some(),
+        nfd_frozen: observed.nfd_frozen,
         sharing_source,
         sharing_last_good: last_good(objects),
         mig_config,
@@ -147,20 +150,36 @@ fn last_good(objects: &impl NamespaceObjects) -> LastGood {
     }
 }
 
-/// Why NFD counts as already running, if it does: a foreign master workload, or nodes that an
-/// NFD master annotated while ours is not deployed (decision 16).
+/// Why NFD counts as already running, so that ours is not deployed, if it does: a trusted
+/// foreign master workload (its ServiceAccount may patch nodes), or nodes that an NFD master
+/// annotated, while ours is not deployed (decision 16). Once ours is deployed no signal counts
+/// here: not deploying it would prune it ([`nfd_beside_ours`] freezes it instead).
 pub fn nfd_already_running(
     foreign: Option<&str>,
     nodes: &[Arc<NodeView>],
     ours_deployed: bool,
 ) -> Option<String> {
+    if ours_deployed {
+        return None;
+    }
     if let Some(workload) = foreign {
         return Some(format!("its master runs as {workload}"));
     }
     let annotated = nodes.iter().filter(|n| n.nfd_annotated).count();
-    (annotated > 0 && !ours_deployed).then(|| {
+    (annotated > 0).then(|| {
         format!("{annotated} nodes carry {NFD_ANNOTATION_PREFIX}* annotations from an NFD master that is not ours")
     })
+}
+
+/// Why our deployed NFD is frozen (kept as it is, neither updated nor pruned), if it is: a
+/// trusted foreign master runs beside it, and two masters would fight over the nodes' labels.
+pub fn nfd_beside_ours(foreign: Option<&str>, ours_deployed: bool) -> Option<String> {
+    let workload = foreign.filter(|_| ours_deployed)?;
+    Some(format!(
+        "another NFD master runs as {workload} beside the one this operator deployed; ours is \
+         kept as it is (neither updated nor removed): remove the other NFD, or set \
+         spec.nfd.enabled=false to leave node feature discovery to it"
+    ))
 }
 
 /// One runtime for the cluster: CRI-O on OpenShift; elsewhere containerd if any GPU node runs
@@ -301,5 +320,26 @@ mod tests {
         assert_eq!(cluster_runtime(false, []), Containerd);
         assert_eq!(cluster_runtime(true, [Containerd]), CriO);
         assert_eq!(parse_runtime("cri-o://1.31.0"), CriO);
+    }
+
+    fn annotated_node(name: &str) -> Arc<NodeView> {
+        let mut node = NodeView::from_labels(name, None, &BTreeMap::new());
+        node.nfd_annotated = true;
+        Arc::new(node)
+    }
+
+    #[test]
+    fn a_foreign_nfd_keeps_ours_from_being_deployed_but_never_removes_it() {
+        let master = Some("Deployment nfd/nfd-master");
+        // Not deployed yet: a trusted foreign master or annotated nodes mean NFD runs.
+        assert!(nfd_already_running(master, &[], false).is_some());
+        assert!(nfd_already_running(None, &[annotated_node("a")], false).is_some());
+        assert!(nfd_beside_ours(master, false).is_none());
+        // Ours deployed: it stays rendered (not pruned); beside a foreign master it is frozen.
+        assert!(nfd_already_running(master, &[annotated_node("a")], true).is_none());
+        let frozen = nfd_beside_ours(master, true).unwrap();
+        assert!(frozen.contains("Deployment nfd/nfd-master"), "{frozen}");
+        assert!(frozen.contains("spec.nfd.enabled=false"), "{frozen}");
+        assert!(nfd_beside_ours(None, true).is_none());
     }
 }

@@ -13,7 +13,7 @@ use crate::nodes::NodeView;
 
 pub use assemble::{
     NamespaceObjects, Observed, assemble, cluster_runtime, gpu_nodes, nfd_already_running,
-    owner_reference, parse_runtime,
+    nfd_beside_ours, owner_reference, parse_runtime,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.
@@ -92,6 +92,9 @@ pub struct ClusterFacts {
     /// nodes an NFD master annotated while ours is not deployed (decision 16). NFD's CRDs being
     /// served says nothing.
     pub nfd_running: bool,
+    /// Why our deployed NFD is frozen, if it is: a trusted NFD that is not ours runs beside it
+    /// ([`nfd_beside_ours`]). A foreign signal never prunes our NFD (decision 16).
+    pub nfd_frozen: Option<String>,
     /// The ConfigMap named by `devicePlugin.config.name`, if set and present (validate decides
     /// what the consumers mount: [`crate::model::ValidatedPolicy::sharing`]).
     pub sharing_source: Option<ConfigMapData>,

@@ -45,7 +45,7 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     images: |_, _| vec![crate::api::ImageKind::Nfd],
     host_paths: super::defaults::no_host_paths,
     render,
-    check: super::defaults::no_check,
+    check: |_, facts| facts.nfd_frozen.iter().cloned().collect(),
     report: super::defaults::no_report,
 };
 

@@ -181,6 +181,7 @@ pub fn facts_for(
             openshift: options.openshift,
             service_monitor_api: options.service_monitor_api,
             nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
+            nfd_frozen: None,
             gpu_nodes: Vec::new(),
             image_env: BTreeMap::new(),
         },

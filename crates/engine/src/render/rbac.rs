@@ -178,7 +178,9 @@ fn controller_rules() -> Vec<PolicyRule> {
             &CRUD,
         ),
         // Diagnostics of unavailable operand pods, on demand; driver upgrades delete the old
-        // driver and validator pods and read the pods of the nodes they drain.
+        // driver and validator pods and read the pods of the nodes they drain. Read in any
+        // namespace also: the holder pod of a Lease named like NVIDIA's operator's (is it a
+        // running, privileged pod?), and before a RuntimeClass is pruned, whether pods name it.
         rule(&[""], &["pods"], &["get", "list", "delete"]),
         // Driver upgrades evict GPU pods through the Eviction API (PDBs respected).
         rule(&[""], &["pods/eviction"], &["create"]),
@@ -223,6 +225,13 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["config.openshift.io"],
             &["clusterversions", "proxies"],
             &["get", "list", "watch"],
+        ),
+        // Whether a Lease with NVIDIA's operator name, or a foreign NFD master, comes from a
+        // ServiceAccount with cluster-wide privilege (decisions 14 and 16).
+        rule(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews"],
+            &["create"],
         ),
         // Whether NFD already runs.
         rule(

@@ -299,6 +299,7 @@ pub async fn live_facts(
             openshift,
             service_monitor_api: served("monitoring.coreos.com"),
             nfd_running: facts::nfd_already_running(foreign, &views, ours_deployed),
+            nfd_frozen: facts::nfd_beside_ours(foreign, ours_deployed),
             gpu_nodes,
             image_env: BTreeMap::new(),
         },
