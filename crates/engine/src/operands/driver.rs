@@ -58,6 +58,8 @@ pub const PEERMEM_CONTAINER: &str = "nvidia-peermem-ctr";
 pub const COMPONENT: &str = "nvidia-driver";
 /// Label telling precompiled and build-on-node driver DaemonSets apart.
 pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
+/// The admission policy keeping the driver's ServiceAccount to its own node.
+pub const CONFINEMENT_POLICY: &str = "nvidia-driver-own-node";
 pub const STARTUP_PROBE_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
 pub const STARTUP_PROBE_KEY: &str = "startup-probe.sh";
 const STARTUP_PROBE_PATH: &str = "/usr/local/bin/startup-probe.sh";
@@ -535,7 +537,11 @@ fn standard_volumes(host_mofed: bool) -> Vec<Volume> {
         ),
         common::config_map_volume(
             STARTUP_PROBE_VOLUME,
-            STARTUP_PROBE_CONFIG_MAP,
+            &common::script_config_map_name(
+                STARTUP_PROBE_CONFIG_MAP,
+                STARTUP_PROBE_KEY,
+                STARTUP_PROBE_SCRIPT,
+            ),
             Some(0o755),
             &[],
         ),
@@ -947,22 +953,17 @@ fn cluster_rules(facts: &ClusterFacts) -> Vec<PolicyRule> {
     cluster_rules
 }
 
-/// The ConfigMap holding the driver container's startup-probe script.
+/// The ConfigMap holding the driver container's startup-probe script. Its name follows the
+/// script only: the same script keeps the name, so the driver's template (and the config
+/// digest that decides a reinstall) does not change with it (decision 20).
 fn startup_probe_config_map(facts: &ClusterFacts) -> ConfigMap {
-    let mut probe_config = common::config_map(
+    common::script_config_map(
         Operand::Driver,
         STARTUP_PROBE_CONFIG_MAP,
-        BTreeMap::from([(
-            STARTUP_PROBE_KEY.to_owned(),
-            STARTUP_PROBE_SCRIPT.to_owned(),
-        )]),
-        facts,
-    );
-    common::add_labels(
-        &mut probe_config.metadata,
+        (STARTUP_PROBE_KEY, STARTUP_PROBE_SCRIPT),
         &[(common::APP_LABEL, NAME), (COMPONENT_LABEL, COMPONENT)],
-    );
-    probe_config
+        facts,
+    )
 }
 
 /// The driver's objects around `daemon_set`: its identity (ServiceAccount, RBAC), the
@@ -977,6 +978,14 @@ fn objects(facts: &ClusterFacts, daemon_set: DaemonSet) -> OperandObjects {
         cluster_rules(facts),
         facts,
     );
+    // The manager cordons and labels its own node only; its token must not reach the others.
+    objects.dynamic.extend(common::confinement_policy(
+        Operand::Driver,
+        CONFINEMENT_POLICY,
+        &[SERVICE_ACCOUNT],
+        &[common::own_node_writes()],
+        facts,
+    ));
     objects.config_maps.push(startup_probe_config_map(facts));
     objects.daemon_sets.push(daemon_set);
     objects.dynamic.extend(openshift::scc(

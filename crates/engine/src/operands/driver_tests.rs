@@ -65,10 +65,16 @@ fn driver_pod_has_manager_init_startup_probe_host_pid_and_os_suffixed_image() {
         common::string_map(&[("app", "nvidia-driver-daemonset")])
     );
     let objects = objects("{}", &facts(), Operand::Driver);
-    assert_eq!(
-        objects.config_maps[0].metadata.name.as_deref(),
-        Some("nvidia-driver-startup-probe")
+    let probe = &objects.config_maps[0];
+    assert!(
+        probe
+            .metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .starts_with("nvidia-driver-startup-probe-")
     );
+    assert_eq!(probe.immutable, Some(true));
     assert!(
         objects.config_maps[0].data.as_ref().unwrap()["startup-probe.sh"]
             .contains(".driver-ctr-ready")

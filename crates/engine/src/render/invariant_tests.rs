@@ -240,6 +240,8 @@ fn every_object_has_the_owner_reference_and_namespace_it_should() {
         "ClusterRoleBinding",
         "RuntimeClass",
         "SecurityContextConstraints",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ];
     for (name, policy) in examples() {
         for (variant, facts) in fact_variants(&policy) {
@@ -692,5 +694,55 @@ fn yaml_output_is_stable_and_parses_back_to_the_same_objects() {
             .collect();
         let objects: Vec<Value> = state.to_json().unwrap();
         assert_eq!(parsed, objects, "{case}");
+    }
+}
+
+#[test]
+fn every_node_bound_identity_writes_nodes_pods_and_config_maps_only_under_a_confinement_policy() {
+    for (case, facts, state) in cases() {
+        let objects: Vec<&OperandObjects> = rendered(&state).into_iter().map(|(_, o)| o).collect();
+        let unconfined =
+            crate::operands::common::unconfined_writes(&objects, &facts.namespace, &[]);
+        assert!(
+            unconfined.is_empty(),
+            "{case}: a DaemonSet's token could write beyond its node: {unconfined:?}"
+        );
+    }
+}
+
+#[test]
+fn every_script_config_map_is_immutable_named_by_its_content_and_mounted_by_that_name() {
+    for (case, _, state) in cases() {
+        let mut scripts = BTreeSet::new();
+        for (_, objects) in rendered(&state) {
+            for cm in &objects.config_maps {
+                let data = cm.data.clone().unwrap_or_default();
+                if !data.keys().any(|k| k.ends_with(".sh")) {
+                    continue;
+                }
+                let name = cm.metadata.name.clone().unwrap();
+                let hash = crate::operands::common::config_hash(&data);
+                assert!(
+                    name.ends_with(&format!("-{}", &hash[..10])),
+                    "{case}: {name}"
+                );
+                assert_eq!(cm.immutable, Some(true), "{case}: {name} is not immutable");
+                scripts.insert(name);
+            }
+        }
+        for (source, _, pod, _) in pods(&state) {
+            for volume in pod.volumes.iter().flatten() {
+                let Some(cm) = volume.config_map.as_ref() else {
+                    continue;
+                };
+                if cm.default_mode.is_some_and(|mode| mode & 0o100 != 0) {
+                    assert!(
+                        scripts.contains(&cm.name),
+                        "{case}: {source} runs scripts from {}, not an immutable copy",
+                        cm.name
+                    );
+                }
+            }
+        }
     }
 }
