@@ -115,7 +115,8 @@ fn assert_denied_by<T: std::fmt::Debug>(result: kube::Result<T>, policy: &str, w
 }
 
 /// Waits until the policy's confinement policies are bound (they are applied last).
-async fn await_policies(admin: &Client, names: &[&str]) {
+async fn await_policies(setup: &Setup, names: &[&str]) {
+    let admin = &setup.admin;
     let gvk = kube::api::GroupVersionKind::gvk(
         "admissionregistration.k8s.io",
         "v1",
@@ -134,7 +135,7 @@ async fn await_policies(admin: &Client, names: &[&str]) {
             }
         })
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
     }
     // A new policy reaches the API server's admission cache within about a second.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -151,8 +152,8 @@ async fn operand_tokens_bound_to_a_pod_write_only_on_their_own_node() {
     nodes::create(
         &admin,
         &[
-            ephemeral_gpu_node(&node_a, GpuModel::H100),
-            ephemeral_gpu_node(&node_b, GpuModel::H100),
+            ephemeral_gpu_node(&node_a, GpuModel::H100Sxm80Gb),
+            ephemeral_gpu_node(&node_b, GpuModel::H100Sxm80Gb),
         ],
     )
     .await
@@ -160,7 +161,7 @@ async fn operand_tokens_bound_to_a_pod_write_only_on_their_own_node() {
     let setup: Setup = prepared.start(json!({})).await;
     let namespace = setup.identity.namespace.clone();
     await_policies(
-        &admin,
+        &setup,
         &[
             driver::CONFINEMENT_POLICY,
             validator::CONFINEMENT_POLICY,

@@ -356,7 +356,10 @@ fn confinement(facts: &ClusterFacts) -> Vec<kube_core::DynamicObject> {
             ),
             (
                 format!("object.metadata.?labels[?'app'].orValue('') in {apps}"),
-                format!("'workload pods carry the label app in {apps}'"),
+                format!(
+                    "'workload pods carry the label app={}'",
+                    WORKLOAD_APPS.join(" or app=")
+                ),
             ),
             (
                 "object.spec.?nodeName.orValue('') == variables.callerNode".to_owned(),

@@ -746,3 +746,82 @@ fn every_script_config_map_is_immutable_named_by_its_content_and_mounted_by_that
         }
     }
 }
+
+/// Problems of a CEL expression's string literals that make the API server refuse it: an
+/// unterminated literal, or a literal run into a name (a quote inside a quote).
+fn cel_literal_problems(expression: &str) -> Option<String> {
+    let mut chars = expression.chars().peekable();
+    let mut previous = ' ';
+    while let Some(c) = chars.next() {
+        if c != '\'' && c != '"' {
+            previous = c;
+            continue;
+        }
+        if previous.is_alphanumeric() || previous == '_' {
+            return Some(format!("a literal follows a name in {expression}"));
+        }
+        let mut closed = false;
+        while let Some(inner) = chars.next() {
+            if inner == '\\' {
+                chars.next();
+            } else if inner == c {
+                closed = true;
+                break;
+            }
+        }
+        if !closed {
+            return Some(format!("unterminated literal in {expression}"));
+        }
+        if chars
+            .peek()
+            .is_some_and(|n| n.is_alphanumeric() || *n == '_')
+        {
+            return Some(format!("a name follows a literal in {expression}"));
+        }
+        previous = c;
+    }
+    None
+}
+
+#[test]
+fn admission_policy_expressions_have_well_formed_string_literals() {
+    assert!(cel_literal_problems("'a in ['x', 'y']'").is_some());
+    assert!(cel_literal_problems("'open").is_some());
+    assert!(cel_literal_problems("a.?b[?'c'].orValue('') in ['x', 'y']").is_none());
+    for (case, _, state) in cases() {
+        for (_, object) in all_json(&state) {
+            if object["kind"] != "ValidatingAdmissionPolicy" {
+                continue;
+            }
+            let spec = &object["spec"];
+            let expressions = spec["validations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|v| [&v["expression"], &v["messageExpression"]])
+                .chain(
+                    spec["matchConditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|c| &c["expression"]),
+                )
+                .chain(
+                    spec["variables"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|v| &v["expression"]),
+                )
+                .filter_map(Value::as_str);
+            for expression in expressions {
+                assert_eq!(
+                    cel_literal_problems(expression),
+                    None,
+                    "{case}: {}",
+                    id(&object)
+                );
+            }
+        }
+    }
+}
