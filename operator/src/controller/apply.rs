@@ -761,18 +761,22 @@ async fn prune(
     owner: Option<&str>,
 ) -> Result<Vec<String>, ApplyError> {
     let mut pruned = Vec::new();
-    // Old sharing-config copies stay while pods that mount them may still run (decision 4).
+    // Old sharing-config and script copies stay while pods that mount them may still run
+    // (decision 4).
     let daemon_sets: Vec<_> = stores.daemon_sets.state();
-    let keep = &if daemon_sets.iter().any(|ds| copy_rollout_in_progress(ds)) {
+    let copies: Vec<_> = stores
+        .config_maps
+        .state()
+        .into_iter()
+        .filter(|cm| cm.labels().contains_key(CONFIG_COPY_LABEL))
+        .collect();
+    let copy_names: BTreeSet<String> = copies.iter().map(|cm| cm.name_any()).collect();
+    let keep = &if daemon_sets
+        .iter()
+        .any(|ds| copy_rollout_in_progress(ds, &copy_names))
+    {
         let mut keep = keep.clone();
-        keep.extend(
-            stores
-                .config_maps
-                .state()
-                .iter()
-                .filter(|cm| cm.labels().contains_key(CONFIG_COPY_LABEL))
-                .map(|cm| key(cm.as_ref())),
-        );
+        keep.extend(copies.iter().map(|cm| key(cm.as_ref())));
         keep
     } else {
         keep.clone()
@@ -856,12 +860,22 @@ async fn runtime_classes_in_use(
     }
 }
 
-/// Whether `ds` is a sharing-config consumer (device plugin, GFD, MPS daemon) with pods that
-/// may still mount an older copy: its rollout is not yet observed, or not every pod runs the
-/// current template.
-fn copy_rollout_in_progress(ds: &DaemonSet) -> bool {
+/// Whether `ds` mounts copies (a sharing-config consumer: device plugin, GFD, MPS daemon; or a
+/// DaemonSet whose template mounts one of `copies`, the live copies' names, such as a script)
+/// and has pods that may still mount an older copy: its rollout is not yet observed, or not
+/// every pod runs the current template (under OnDelete, until each old pod is replaced).
+fn copy_rollout_in_progress(ds: &DaemonSet, copies: &BTreeSet<String>) -> bool {
     let consumers = [device_plugin::NAME, gfd::NAME, mps::NAME];
-    if !consumers.contains(&ds.name_any().as_str()) {
+    let mounts_a_copy = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.config_map.as_ref())
+        .any(|c| copies.contains(&c.name));
+    if !consumers.contains(&ds.name_any().as_str()) && !mounts_a_copy {
         return false;
     }
     let status = ds.status.clone().unwrap_or_default();
@@ -1031,23 +1045,44 @@ mod tests {
 
     #[test]
     fn old_config_copies_are_kept_while_a_consumer_rolls_out() {
-        assert!(copy_rollout_in_progress(&consumer(
-            device_plugin::NAME,
-            3,
-            3,
-            4,
-            2
-        )));
-        assert!(copy_rollout_in_progress(&consumer(gfd::NAME, 3, 2, 4, 4)));
-        assert!(!copy_rollout_in_progress(&consumer(mps::NAME, 3, 3, 4, 4)));
+        let none = BTreeSet::new();
+        assert!(copy_rollout_in_progress(
+            &consumer(device_plugin::NAME, 3, 3, 4, 2),
+            &none
+        ));
+        assert!(copy_rollout_in_progress(
+            &consumer(gfd::NAME, 3, 2, 4, 4),
+            &none
+        ));
+        assert!(!copy_rollout_in_progress(
+            &consumer(mps::NAME, 3, 3, 4, 4),
+            &none
+        ));
         // Other operands' rollouts do not hold copies back.
-        assert!(!copy_rollout_in_progress(&consumer(
-            "nvidia-dcgm-exporter",
-            3,
-            3,
-            4,
-            2
-        )));
+        assert!(!copy_rollout_in_progress(
+            &consumer("nvidia-dcgm-exporter", 3, 3, 4, 2),
+            &none
+        ));
+    }
+
+    #[test]
+    fn old_script_copies_are_kept_while_a_daemonset_mounting_one_has_old_pods() {
+        let mut driver = consumer("nvidia-driver-daemonset", 3, 3, 4, 2);
+        let copies = BTreeSet::from(["nvidia-driver-startup-probe-0123456789".to_owned()]);
+        assert!(!copy_rollout_in_progress(&driver, &copies));
+        driver.spec = Some(
+            serde_json::from_value(json!({
+                "selector": {},
+                "template": {"spec": {"containers": [], "volumes": [
+                    {"name": "probe", "configMap": {"name": "nvidia-driver-startup-probe-0123456789"}}
+                ]}}
+            }))
+            .unwrap(),
+        );
+        // An OnDelete driver with two pods on the old template: their probe script stays.
+        assert!(copy_rollout_in_progress(&driver, &copies));
+        driver.status.as_mut().unwrap().updated_number_scheduled = Some(4);
+        assert!(!copy_rollout_in_progress(&driver, &copies));
     }
 
     fn meta(operand: &str, owner: &str) -> ObjectMeta {

@@ -49,7 +49,8 @@ impl Discovered {
     }
 
     /// The store-less kinds operands may render here (ServiceMonitor where its API is served,
-    /// SCCs on OpenShift), which pruning lists.
+    /// SCCs on OpenShift, and everywhere the admission policies that confine operands to their
+    /// node), which pruning lists.
     pub fn optional_kinds(&self) -> Vec<kube::api::ApiResource> {
         [
             self.service_monitor
@@ -59,6 +60,7 @@ impl Discovered {
         ]
         .into_iter()
         .flatten()
+        .chain(admission_policy_kinds())
         .collect()
     }
 
@@ -79,6 +81,22 @@ impl Discovered {
         }
         problems
     }
+}
+
+/// ValidatingAdmissionPolicy and its binding (served from Kubernetes 1.30, below the minimum).
+fn admission_policy_kinds() -> impl Iterator<Item = kube::api::ApiResource> {
+    [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    .into_iter()
+    .map(|kind| {
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            kind,
+        ))
+    })
 }
 
 /// How status starts to say that NVIDIA's operator is live.

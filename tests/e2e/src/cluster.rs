@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::authentication::v1::{
+    BoundObjectReference, SelfSubjectReview, TokenRequest, TokenRequestSpec,
+};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -122,6 +124,66 @@ pub async fn service_account_client(admin: &Client, namespace: &str, name: &str)
         ..AuthInfo::default()
     };
     Ok(Client::try_from(config)?)
+}
+
+/// A client with the token the kubelet would mount into `pod`: its ServiceAccount's, bound to
+/// the pod, so the API server adds the pod's node to the user's extra claims
+/// (`authentication.kubernetes.io/node-name`), as it does for a real operand pod.
+pub async fn pod_bound_client(admin: &Client, pod: &Pod) -> Result<Client> {
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .context("pod without namespace")?;
+    let name = pod.metadata.name.as_deref().context("pod without name")?;
+    let service_account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .context("pod without ServiceAccount")?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(name.to_owned()),
+                uid: pod.metadata.uid.clone(),
+            }),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let api: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    let token = api
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .with_context(|| {
+            format!("requesting a token of {namespace}/{service_account} bound to pod {name}")
+        })?
+        .status
+        .and_then(|s| s.token)
+        .context("token request returned no token")?;
+    let mut config = admin_config().await?;
+    config.auth_info = AuthInfo {
+        token: Some(token.into()),
+        ..AuthInfo::default()
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// The values of extra claim `key` of the user `client` authenticates as (SelfSubjectReview).
+pub async fn own_extra_claim(client: &Client, key: &str) -> Result<Vec<String>> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .context("SelfSubjectReview")?;
+    Ok(review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.extra)
+        .and_then(|mut extra| extra.remove(key))
+        .unwrap_or_default())
 }
 
 /// A one-hour token for ServiceAccount `namespace/name` (what `kubectl create token` does).

@@ -577,8 +577,8 @@ mod tests {
         rules.retain(|r| !r.resources.iter().flatten().any(|res| res == "configmaps"));
         assert_eq!(rules.len(), before - 1);
         let missing = missing(&rows, false, |sa| rbac.held_by(NAMESPACE, sa));
-        // The three requests mig-manager makes, and the two kept for NVIDIA parity.
-        for verb in ["create", "get", "update", "list", "patch"] {
+        // The three requests mig-manager makes.
+        for verb in ["create", "get", "update"] {
             let want = format!(
                 "mig-manager (nvidia-mig-manager container, ServiceAccount nvidia-mig-manager) \
                  is not allowed to {verb} configmaps (core/v1) in the operator namespace"
@@ -589,7 +589,7 @@ mod tests {
                 missing.join("\n")
             );
         }
-        assert_eq!(missing.len(), 5, "{}", missing.join("\n"));
+        assert_eq!(missing.len(), 3, "{}", missing.join("\n"));
     }
 
     #[test]

@@ -129,10 +129,11 @@ async fn await_invalid_config(s: &Setup, needles: &[&str]) -> ClusterPolicy {
     .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
 }
 
+/// The sharing-config copies (script copies carry the same label with another value).
 async fn copies(s: &Setup) -> Vec<String> {
     let mut names: Vec<String> =
         Api::<ConfigMap>::namespaced(s.admin.clone(), &s.identity.namespace)
-            .list_metadata(&ListParams::default().labels(CONFIG_COPY_LABEL))
+            .list_metadata(&ListParams::default().labels(&format!("{CONFIG_COPY_LABEL}=sharing")))
             .await
             .unwrap()
             .items

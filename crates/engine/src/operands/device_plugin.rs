@@ -60,7 +60,7 @@ pub const CONFIG_DIR: &str = "/config";
 /// The file the consumers read (`CONFIG_FILE`), a symlink into the copy.
 pub const CONFIG_FILE: &str = "/config/config.yaml";
 /// Label of the sharing-config copies, so the apply stage can find earlier ones.
-pub const CONFIG_COPY_LABEL: &str = "nvidia.com/gpu-operator.config-copy";
+pub const CONFIG_COPY_LABEL: &str = common::CONFIG_COPY_LABEL;
 /// Annotation of a copy naming the user's ConfigMap it was made from.
 pub const CONFIG_SOURCE_ANNOTATION: &str = "nvidia.com/gpu-operator.config-source";
 
@@ -132,9 +132,7 @@ pub fn sharing_copy(policy: &ValidatedPolicy) -> Option<SharingCopy> {
 /// `<source>-<first 10 hex digits of hash>`, the name of the copy of `source` whose data has
 /// the config hash `hash`.
 pub fn copy_name(source: &str, hash: &str) -> String {
-    // A ConfigMap name may be 253 characters; keep room for the suffix.
-    let base: String = source.chars().take(240).collect();
-    format!("{}-{}", base.trim_end_matches(['-', '.']), &hash[..10])
+    common::hashed_name(source, hash)
 }
 
 /// The copy as an immutable ConfigMap of the device-plugin operand.
@@ -298,7 +296,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let mut volumes = vec![
         common::config_map_volume(
             ENTRYPOINT_CONFIG_MAP,
-            ENTRYPOINT_CONFIG_MAP,
+            &common::script_config_map_name(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_KEY, ENTRYPOINT),
             Some(0o700),
             &[],
         ),
@@ -381,14 +379,13 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         vec![rule(&[""], &["nodes"], &["get", "list", "watch"])],
         facts,
     );
-    let mut entrypoint = common::config_map(
+    objects.config_maps.push(common::script_config_map(
         Operand::DevicePlugin,
         ENTRYPOINT_CONFIG_MAP,
-        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
+        (ENTRYPOINT_KEY, ENTRYPOINT),
+        &[(common::APP_LABEL, NAME)],
         facts,
-    );
-    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
-    objects.config_maps.push(entrypoint);
+    ));
     if let Some(copy) = &copy {
         objects.config_maps.push(copy_config_map(copy, facts));
     }

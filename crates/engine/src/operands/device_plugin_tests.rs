@@ -35,7 +35,15 @@ fn sharing_config_is_mounted_as_an_immutable_hashed_copy_by_all_three_consumers(
     let copy = plugin
         .config_maps
         .iter()
-        .find(|c| c.immutable == Some(true))
+        .find(|c| {
+            c.metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get(common::CONFIG_COPY_LABEL)
+                .map(String::as_str)
+                == Some("sharing")
+        })
         .unwrap();
     let copy_name = copy.metadata.name.clone().unwrap();
     let hash = common::config_hash(copy.data.as_ref().unwrap());
@@ -115,7 +123,15 @@ fn the_copy_a_live_consumer_mounts_is_read_back_with_its_default_key() {
     let copy_name = plugin
         .config_maps
         .iter()
-        .find(|c| c.immutable == Some(true))
+        .find(|c| {
+            c.metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get(common::CONFIG_COPY_LABEL)
+                .map(String::as_str)
+                == Some("sharing")
+        })
         .and_then(|c| c.metadata.name.clone())
         .unwrap();
     for op in [

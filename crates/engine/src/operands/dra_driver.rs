@@ -77,6 +77,10 @@ const APP_NAME: &str = "nvidia-dra-driver";
 pub const DEPLOY_LABEL: &str = "nvidia.com/gpu.deploy.dra-driver";
 /// The ValidatingAdmissionPolicy (and binding) that keeps each plugin to its own node's slices.
 pub const SLICES_POLICY: &str = "resourceslices-policy-nvidia-dra-driver";
+/// The admission policy keeping the kubelet plugin's node writes to its own node.
+pub const PLUGIN_CONFINEMENT_POLICY: &str = "nvidia-dra-driver-kubeletplugin-own-node";
+/// The admission policy keeping the compute-domain daemons' pod writes to their own node.
+pub const CD_DAEMON_CONFINEMENT_POLICY: &str = "compute-domain-daemon-own-node";
 /// Image used when the GPUCluster names none and DRA_DRIVER_IMAGE is unset (NVIDIA's chart
 /// default of the release we follow).
 pub const PINNED_IMAGE: &str = "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0";
@@ -354,6 +358,32 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
         objects.deployments.push(controller(cluster, facts));
     }
     objects.dynamic.extend(slices_policy(facts));
+    // The plugin labels its own node; the compute-domain daemons patch their own pods.
+    objects.dynamic.extend(common::confinement_policy(
+        op,
+        PLUGIN_CONFINEMENT_POLICY,
+        &[KUBELET_PLUGIN_SA],
+        &[common::own_node_writes()],
+        facts,
+    ));
+    if compute_domains {
+        objects.dynamic.extend(common::confinement_policy(
+            op,
+            CD_DAEMON_CONFINEMENT_POLICY,
+            &[CD_DAEMON_SA],
+            &[common::Confinement {
+                group: "",
+                resources: &["pods", "pods/status"],
+                operations: &["UPDATE"],
+                checks: vec![(
+                    "object.spec.?nodeName.orValue('') == variables.callerNode".to_owned(),
+                    "'only pods on the node of the caller may be written, not ' + request.name"
+                        .to_owned(),
+                )],
+            }],
+            facts,
+        ));
+    }
     objects
 }
 

@@ -283,3 +283,17 @@ fn dcgm_sections_are_reported_as_not_acted_on() {
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(not_acted_on(&GpuClusterSpec::default()).is_empty());
 }
+
+#[test]
+fn dra_plugin_and_compute_domain_daemons_write_only_under_a_confinement_policy() {
+    let spec = json!({"draDriver": {"computeDomains": {"enabled": true}}});
+    let objects = render(Operand::DraDriver, &cluster(spec), &facts()).unwrap();
+    assert!(
+        objects
+            .service_accounts
+            .iter()
+            .any(|sa| sa.metadata.name.as_deref() == Some(CD_DAEMON_SA))
+    );
+    let unconfined = super::common::unconfined_writes(&[&objects], "gpu-operator", &[CD_DAEMON_SA]);
+    assert!(unconfined.is_empty(), "{unconfined:?}");
+}

@@ -58,6 +58,8 @@ pub const PEERMEM_CONTAINER: &str = "nvidia-peermem-ctr";
 pub const COMPONENT: &str = "nvidia-driver";
 /// Label telling precompiled and build-on-node driver DaemonSets apart.
 pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
+/// The admission policy keeping the driver's ServiceAccount to its own node.
+pub const CONFINEMENT_POLICY: &str = "nvidia-driver-own-node";
 pub const STARTUP_PROBE_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
 pub const STARTUP_PROBE_KEY: &str = "startup-probe.sh";
 const STARTUP_PROBE_PATH: &str = "/usr/local/bin/startup-probe.sh";
@@ -947,7 +949,12 @@ fn cluster_rules(facts: &ClusterFacts) -> Vec<PolicyRule> {
     cluster_rules
 }
 
-/// The ConfigMap holding the driver container's startup-probe script.
+/// The ConfigMap holding the driver container's startup-probe script. Unlike the other operands'
+/// scripts it keeps its fixed name: a new name would change the driver's template and its config
+/// digest, and so restart every running driver on an operator upgrade although what the driver
+/// runs is the same (decision 20). No operand token may write ConfigMaps in the operator
+/// namespace (their Roles and admission policies), which is what the immutable copies protect
+/// against for the others.
 fn startup_probe_config_map(facts: &ClusterFacts) -> ConfigMap {
     let mut probe_config = common::config_map(
         Operand::Driver,
@@ -977,6 +984,14 @@ fn objects(facts: &ClusterFacts, daemon_set: DaemonSet) -> OperandObjects {
         cluster_rules(facts),
         facts,
     );
+    // The manager cordons and labels its own node only; its token must not reach the others.
+    objects.dynamic.extend(common::confinement_policy(
+        Operand::Driver,
+        CONFINEMENT_POLICY,
+        &[SERVICE_ACCOUNT],
+        &[common::own_node_writes()],
+        facts,
+    ));
     objects.config_maps.push(startup_probe_config_map(facts));
     objects.daemon_sets.push(daemon_set);
     objects.dynamic.extend(openshift::scc(

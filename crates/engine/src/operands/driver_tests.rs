@@ -65,6 +65,7 @@ fn driver_pod_has_manager_init_startup_probe_host_pid_and_os_suffixed_image() {
         common::string_map(&[("app", "nvidia-driver-daemonset")])
     );
     let objects = objects("{}", &facts(), Operand::Driver);
+    // A fixed name: renaming it would restart every running driver (decision 20).
     assert_eq!(
         objects.config_maps[0].metadata.name.as_deref(),
         Some("nvidia-driver-startup-probe")

@@ -42,6 +42,10 @@ pub const NAME: &str = "nvidia-mig-manager";
 /// ServiceAccount, Role, ClusterRole and SCC name.
 pub const SERVICE_ACCOUNT: &str = "nvidia-mig-manager";
 pub const MAIN_CONTAINER: &str = "nvidia-mig-manager";
+/// The admission policy keeping mig-manager's writes to its own node.
+pub const CONFINEMENT_POLICY: &str = "nvidia-mig-manager-own-node";
+/// Suffix of the ConfigMap `<node>-mig-config` mig-manager publishes its layouts in.
+pub const NODE_CONFIG_MAP_SUFFIX: &str = "-mig-config";
 pub const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-mig-manager-entrypoint";
 /// The layouts ConfigMap rendered when the policy names no other.
 pub const DEFAULT_CONFIG_MAP: &str = "default-mig-parted-config";
@@ -193,7 +197,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let volumes = vec![
         common::config_map_volume(
             ENTRYPOINT_CONFIG_MAP,
-            ENTRYPOINT_CONFIG_MAP,
+            &common::script_config_map_name(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_KEY, ENTRYPOINT),
             Some(0o700),
             &[],
         ),
@@ -265,14 +269,12 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let role_rules = openshift::use_privileged_scc(facts)
         .into_iter()
         .chain([
-            // It waits for operand pods to leave and deletes validator pods after a change.
-            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
-            // It publishes the layouts it generated as <node>-mig-config.
-            rule(
-                &[""],
-                &["configmaps"],
-                &["create", "get", "list", "update", "patch"],
-            ),
+            // It waits for operand pods to leave and deletes validator pods after a change
+            // (polling: no watch); the confinement policy keeps deletes to its node's pods.
+            rule(&[""], &["pods"], &["get", "list", "delete"]),
+            // It publishes the layouts it generated as <node>-mig-config, and writes no other
+            // ConfigMap (the confinement policy).
+            rule(&[""], &["configmaps"], &["create", "get", "update"]),
         ])
         .collect();
     common::add_identity(
@@ -281,24 +283,24 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         SERVICE_ACCOUNT,
         role_rules,
         vec![
-            // It writes mig.config.state and pauses operands through their deploy labels.
-            rule(
-                &[""],
-                &["nodes"],
-                &["get", "list", "watch", "update", "patch"],
-            ),
+            // It writes mig.config.state and pauses operands through their deploy labels, on
+            // its own node only (the confinement policy), always by merge patch.
+            rule(&[""], &["nodes"], &["get", "list", "watch", "patch"]),
             rule(&[""], &["pods"], &["list"]),
         ],
         facts,
     );
-    let mut entrypoint = common::config_map(
-        Operand::MigManager,
-        ENTRYPOINT_CONFIG_MAP,
-        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
-        facts,
+    objects.config_maps.insert(
+        0,
+        common::script_config_map(
+            Operand::MigManager,
+            ENTRYPOINT_CONFIG_MAP,
+            (ENTRYPOINT_KEY, ENTRYPOINT),
+            &[(common::APP_LABEL, NAME)],
+            facts,
+        ),
     );
-    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
-    objects.config_maps.insert(0, entrypoint);
+    objects.dynamic.extend(confinement(facts));
     objects
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));
@@ -365,4 +367,41 @@ pub fn report(facts: &ClusterFacts) -> Option<String> {
     let file = layouts(facts).ok()?;
     let gpu_nodes: Vec<&NodeView> = facts.gpu_nodes.iter().map(AsRef::as_ref).collect();
     mig::node_report(&file, &gpu_nodes)
+}
+
+/// mig-manager runs privileged on every MIG node: its token may patch its own node, publish
+/// its own node's `<node>-mig-config`, and delete pods of its own node, nothing beyond (not
+/// the entrypoints and configs other nodes' privileged pods run, nor their pods).
+fn confinement(facts: &ClusterFacts) -> Vec<kube_core::DynamicObject> {
+    let config_maps = common::Confinement {
+        group: "",
+        resources: &["configmaps"],
+        operations: &["CREATE", "UPDATE", "DELETE"],
+        checks: vec![(
+            format!(
+                "request.operation != 'DELETE' && \
+                 object.metadata.name == variables.callerNode + '{NODE_CONFIG_MAP_SUFFIX}'"
+            ),
+            format!(
+                "'the only ConfigMap it may write is <its node>{NODE_CONFIG_MAP_SUFFIX}, not ' + \
+                 request.name"
+            ),
+        )],
+    };
+    let pods = common::Confinement {
+        group: "",
+        resources: &["pods"],
+        operations: &["DELETE"],
+        checks: vec![(
+            "oldObject.spec.?nodeName.orValue('') == variables.callerNode".to_owned(),
+            "'only pods on the node of the caller may be deleted, not ' + request.name".to_owned(),
+        )],
+    };
+    common::confinement_policy(
+        Operand::MigManager,
+        CONFINEMENT_POLICY,
+        &[SERVICE_ACCOUNT],
+        &[common::own_node_writes(), config_maps, pods],
+        facts,
+    )
 }

@@ -51,8 +51,11 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
 
 /// Prefix of every NFD object name; also its `app.kubernetes.io/name`.
 pub const NAME: &str = "node-feature-discovery";
-/// The ServiceAccount master and worker share.
+/// The master's ServiceAccount.
 pub const SERVICE_ACCOUNT: &str = "node-feature-discovery";
+/// The workers' own ServiceAccount: a worker runs on every node, so its token must not carry
+/// the master's right to patch every node (as in NFD's own chart).
+pub const WORKER_SERVICE_ACCOUNT: &str = "node-feature-discovery-worker";
 pub const MASTER: &str = "node-feature-discovery-master";
 pub const WORKER: &str = "node-feature-discovery-worker";
 pub const MASTER_CONFIG_MAP: &str = "node-feature-discovery-master-conf";
@@ -430,7 +433,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             template: PodTemplateSpec {
                 metadata: Some(template_meta("worker", worker_hash)),
                 spec: Some(PodSpec {
-                    service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+                    service_account_name: Some(WORKER_SERVICE_ACCOUNT.to_owned()),
                     dns_policy: Some("ClusterFirstWithHostNet".to_owned()),
                     priority_class_name: Some(priority),
                     image_pull_secrets: pull_secrets,
@@ -460,6 +463,12 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         .service_accounts
         .push(k8s_openapi::api::core::v1::ServiceAccount {
             metadata: common::meta(Operand::Nfd, SERVICE_ACCOUNT, facts, true),
+            ..Default::default()
+        });
+    objects
+        .service_accounts
+        .push(k8s_openapi::api::core::v1::ServiceAccount {
+            metadata: common::meta(Operand::Nfd, WORKER_SERVICE_ACCOUNT, facts, true),
             ..Default::default()
         });
     const NFD_GROUP: &str = "nfd.k8s-sigs.io";
@@ -500,7 +509,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         &mut objects,
         Operand::Nfd,
         WORKER,
-        SERVICE_ACCOUNT,
+        WORKER_SERVICE_ACCOUNT,
         vec![
             // Each worker reports its node as a NodeFeature object.
             rule(

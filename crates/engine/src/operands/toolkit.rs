@@ -3,8 +3,6 @@
 //! configures the cluster's one container runtime (containerd, CRI-O or Docker: config files
 //! and socket mounted per runtime), gated by the driver validation (docs/operand-facts.md §6).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 
 use super::common::{
@@ -254,7 +252,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let mut volumes = vec![
         common::config_map_volume(
             "nvidia-container-toolkit-entrypoint",
-            ENTRYPOINT_CONFIG_MAP,
+            &common::script_config_map_name(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_KEY, ENTRYPOINT),
             Some(0o700),
             &[],
         ),
@@ -364,14 +362,13 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         Vec::new(),
         facts,
     );
-    let mut entrypoint = common::config_map(
+    objects.config_maps.push(common::script_config_map(
         Operand::Toolkit,
         ENTRYPOINT_CONFIG_MAP,
-        BTreeMap::from([(ENTRYPOINT_KEY.to_owned(), ENTRYPOINT.to_owned())]),
+        (ENTRYPOINT_KEY, ENTRYPOINT),
+        &[(common::APP_LABEL, NAME)],
         facts,
-    );
-    common::add_labels(&mut entrypoint.metadata, &[(common::APP_LABEL, NAME)]);
-    objects.config_maps.push(entrypoint);
+    ));
     objects
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));

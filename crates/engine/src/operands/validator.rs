@@ -41,6 +41,10 @@ pub const MAIN_CONTAINER: &str = "nvidia-operator-validator";
 pub const TOOLKIT_VALIDATION: &str = "toolkit-validation";
 pub const CUDA_VALIDATION: &str = "cuda-validation";
 pub const PLUGIN_VALIDATION: &str = "plugin-validation";
+/// `app` labels of the workload pods the CUDA and plugin checks start.
+pub const WORKLOAD_APPS: [&str; 2] = ["nvidia-cuda-validator", "nvidia-device-plugin-validator"];
+/// The admission policy keeping the validator's pod writes to its own workload pods.
+pub const CONFINEMENT_POLICY: &str = "nvidia-operator-validator-workloads";
 /// The hostPath volume holding the status files.
 pub const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
 
@@ -291,14 +295,9 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     let role_rules = openshift::use_privileged_scc(facts)
         .into_iter()
         .chain([
-            // The CUDA and plugin checks run workload pods and clean them up.
-            rule(
-                &[""],
-                &["pods"],
-                &[
-                    "create", "get", "list", "watch", "update", "patch", "delete",
-                ],
-            ),
+            // The CUDA and plugin checks run workload pods, poll them and clean them up; the
+            // confinement policy keeps these to workload pods on the caller's node.
+            rule(&[""], &["pods"], &["create", "get", "list", "delete"]),
             // The driver check looks for the driver DaemonSet.
             rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
         ])
@@ -322,6 +321,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         cluster_rules,
         facts,
     );
+    objects.dynamic.extend(confinement(facts));
     objects
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));
@@ -335,4 +335,61 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         facts,
     ));
     Some(objects)
+}
+
+/// The validator may create pods in the operator namespace, which admits privileged pods: its
+/// token must not start anything but its own workload pod on its own node (its ServiceAccount,
+/// one of its `app` labels, no host path), nor delete other pods.
+fn confinement(facts: &ClusterFacts) -> Vec<kube_core::DynamicObject> {
+    let apps = common::cel_list(&WORKLOAD_APPS);
+    let create = common::Confinement {
+        group: "",
+        resources: &["pods"],
+        operations: &["CREATE"],
+        checks: vec![
+            (
+                format!("object.spec.?serviceAccountName.orValue('') == '{SERVICE_ACCOUNT}'"),
+                format!(
+                    "'workload pods run as ServiceAccount {SERVICE_ACCOUNT}, not ' + \
+                     object.spec.?serviceAccountName.orValue('(none)')"
+                ),
+            ),
+            (
+                format!("object.metadata.?labels[?'app'].orValue('') in {apps}"),
+                format!(
+                    "'workload pods carry the label app={}'",
+                    WORKLOAD_APPS.join(" or app=")
+                ),
+            ),
+            (
+                "object.spec.?nodeName.orValue('') == variables.callerNode".to_owned(),
+                "'workload pods are pinned to the node of the validator that starts them'"
+                    .to_owned(),
+            ),
+            (
+                "!object.spec.?volumes.orValue([]).exists(v, has(v.hostPath))".to_owned(),
+                "'workload pods mount no host path'".to_owned(),
+            ),
+        ],
+    };
+    let delete = common::Confinement {
+        group: "",
+        resources: &["pods"],
+        operations: &["DELETE"],
+        checks: vec![(
+            format!(
+                "oldObject.metadata.?labels[?'app'].orValue('') in {apps} && \
+                 oldObject.spec.?nodeName.orValue('') == variables.callerNode"
+            ),
+            "'only workload pods on the node of the caller may be deleted, not ' + oldObject.metadata.name"
+                .to_owned(),
+        )],
+    };
+    common::confinement_policy(
+        Operand::Validator,
+        CONFINEMENT_POLICY,
+        &[SERVICE_ACCOUNT],
+        &[create, delete],
+        facts,
+    )
 }

@@ -161,7 +161,7 @@ fn changing_only_the_sharing_config_changes_only_the_consumers_config_hash() {
     let policy = example("clusterpolicy-time-slicing.yaml");
     let four = objects(&policy, &sharing_facts(&policy, 4));
     let eight = objects(&policy, &sharing_facts(&policy, 8));
-    let is_copy = |o: &Value| o["metadata"]["labels"][CONFIG_COPY_LABEL].is_string();
+    let is_copy = |o: &Value| o["metadata"]["labels"][CONFIG_COPY_LABEL] == "sharing";
     let copies = |objects: &BTreeMap<String, Value>| -> Vec<String> {
         objects
             .iter()

@@ -240,6 +240,8 @@ fn every_object_has_the_owner_reference_and_namespace_it_should() {
         "ClusterRoleBinding",
         "RuntimeClass",
         "SecurityContextConstraints",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ];
     for (name, policy) in examples() {
         for (variant, facts) in fact_variants(&policy) {
@@ -692,5 +694,140 @@ fn yaml_output_is_stable_and_parses_back_to_the_same_objects() {
             .collect();
         let objects: Vec<Value> = state.to_json().unwrap();
         assert_eq!(parsed, objects, "{case}");
+    }
+}
+
+#[test]
+fn every_node_bound_identity_writes_nodes_pods_and_config_maps_only_under_a_confinement_policy() {
+    for (case, facts, state) in cases() {
+        let objects: Vec<&OperandObjects> = rendered(&state).into_iter().map(|(_, o)| o).collect();
+        let unconfined =
+            crate::operands::common::unconfined_writes(&objects, &facts.namespace, &[]);
+        assert!(
+            unconfined.is_empty(),
+            "{case}: a DaemonSet's token could write beyond its node: {unconfined:?}"
+        );
+    }
+}
+
+#[test]
+fn every_script_config_map_is_immutable_named_by_its_content_and_mounted_by_that_name() {
+    for (case, _, state) in cases() {
+        let mut scripts = BTreeSet::new();
+        for (_, objects) in rendered(&state) {
+            for cm in &objects.config_maps {
+                let data = cm.data.clone().unwrap_or_default();
+                let name = cm.metadata.name.clone().unwrap();
+                // The driver's probe keeps its fixed name so that an operator upgrade does not
+                // restart running drivers (operands/driver.rs, startup_probe_config_map).
+                if !data.keys().any(|k| k.ends_with(".sh"))
+                    || name == crate::operands::driver::STARTUP_PROBE_CONFIG_MAP
+                {
+                    continue;
+                }
+                let hash = crate::operands::common::config_hash(&data);
+                assert!(
+                    name.ends_with(&format!("-{}", &hash[..10])),
+                    "{case}: {name}"
+                );
+                assert_eq!(cm.immutable, Some(true), "{case}: {name} is not immutable");
+                scripts.insert(name);
+            }
+        }
+        for (source, _, pod, _) in pods(&state) {
+            for volume in pod.volumes.iter().flatten() {
+                let Some(cm) = volume.config_map.as_ref() else {
+                    continue;
+                };
+                if cm.default_mode.is_some_and(|mode| mode & 0o100 != 0)
+                    && cm.name != crate::operands::driver::STARTUP_PROBE_CONFIG_MAP
+                {
+                    assert!(
+                        scripts.contains(&cm.name),
+                        "{case}: {source} runs scripts from {}, not an immutable copy",
+                        cm.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Problems of a CEL expression's string literals that make the API server refuse it: an
+/// unterminated literal, or a literal run into a name (a quote inside a quote).
+fn cel_literal_problems(expression: &str) -> Option<String> {
+    let mut chars = expression.chars().peekable();
+    let mut previous = ' ';
+    while let Some(c) = chars.next() {
+        if c != '\'' && c != '"' {
+            previous = c;
+            continue;
+        }
+        if previous.is_alphanumeric() || previous == '_' {
+            return Some(format!("a literal follows a name in {expression}"));
+        }
+        let mut closed = false;
+        while let Some(inner) = chars.next() {
+            if inner == '\\' {
+                chars.next();
+            } else if inner == c {
+                closed = true;
+                break;
+            }
+        }
+        if !closed {
+            return Some(format!("unterminated literal in {expression}"));
+        }
+        if chars
+            .peek()
+            .is_some_and(|n| n.is_alphanumeric() || *n == '_')
+        {
+            return Some(format!("a name follows a literal in {expression}"));
+        }
+        previous = c;
+    }
+    None
+}
+
+#[test]
+fn admission_policy_expressions_have_well_formed_string_literals() {
+    assert!(cel_literal_problems("'a in ['x', 'y']'").is_some());
+    assert!(cel_literal_problems("'open").is_some());
+    assert!(cel_literal_problems("a.?b[?'c'].orValue('') in ['x', 'y']").is_none());
+    for (case, _, state) in cases() {
+        for (_, object) in all_json(&state) {
+            if object["kind"] != "ValidatingAdmissionPolicy" {
+                continue;
+            }
+            let spec = &object["spec"];
+            let expressions = spec["validations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|v| [&v["expression"], &v["messageExpression"]])
+                .chain(
+                    spec["matchConditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|c| &c["expression"]),
+                )
+                .chain(
+                    spec["variables"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|v| &v["expression"]),
+                )
+                .filter_map(Value::as_str);
+            for expression in expressions {
+                assert_eq!(
+                    cel_literal_problems(expression),
+                    None,
+                    "{case}: {}",
+                    id(&object)
+                );
+            }
+        }
     }
 }

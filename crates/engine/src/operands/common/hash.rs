@@ -19,6 +19,14 @@ pub fn config_hash(data: &BTreeMap<String, String>) -> String {
     hex(&hasher.finalize())
 }
 
+/// `<base>-<first 10 hex digits of hash>`: the name of an immutable copy of `base` whose data
+/// has the config hash `hash`, so new content gets a new name and the same content keeps it.
+pub fn hashed_name(base: &str, hash: &str) -> String {
+    // A ConfigMap name may be 253 characters; keep room for the suffix.
+    let base: String = base.chars().take(240).collect();
+    format!("{}-{}", base.trim_end_matches(['-', '.']), &hash[..10])
+}
+
 /// SHA-256 (lower-case hex) of arbitrary bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))

@@ -74,3 +74,36 @@ pub fn config_map(
         ..ConfigMap::default()
     }
 }
+
+/// Label on the operator's immutable, content-named ConfigMaps (sharing-config copies,
+/// scripts); its value says which. Pruning keeps them while pods that mount an older one may
+/// still run.
+pub const CONFIG_COPY_LABEL: &str = "nvidia.com/gpu-operator.config-copy";
+
+/// The name of the script ConfigMap `base` holding `script` under `key`: `<base>-<hash>`.
+pub fn script_config_map_name(base: &str, key: &str, script: &str) -> String {
+    hashed_name(base, &config_hash(&script_data(key, script)))
+}
+
+/// A ConfigMap holding a script that privileged operand pods run (an entrypoint, a probe):
+/// immutable and named by its content ([`script_config_map_name`]), so no identity that may
+/// update ConfigMaps can change what runs on every GPU node, and a new script reaches pods
+/// only by a new name in their template. `labels` are added to the operand's.
+pub fn script_config_map(
+    operand: Operand,
+    base: &str,
+    (key, script): (&str, &str),
+    labels: &[(&str, &str)],
+    facts: &ClusterFacts,
+) -> ConfigMap {
+    let name = script_config_map_name(base, key, script);
+    let mut cm = config_map(operand, &name, script_data(key, script), facts);
+    add_labels(&mut cm.metadata, labels);
+    add_labels(&mut cm.metadata, &[(CONFIG_COPY_LABEL, "script")]);
+    cm.immutable = Some(true);
+    cm
+}
+
+fn script_data(key: &str, script: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(key.to_owned(), script.to_owned())])
+}

@@ -1,9 +1,10 @@
 //! Render stage, the pieces every operand shares (pure, no IO), one file per kind: effective
-//! settings of absent fields ([`settings`]), metadata ([`meta`]), config hashes ([`hash`]),
+//! settings of absent fields ([`settings`]), metadata ([`meta`]), node-confining admission policies ([`admission`]), config hashes ([`hash`]),
 //! environment ([`env`]), containers and volumes ([`pod`]), RBAC ([`rbac`]) and the cross-cutting
 //! DaemonSet rules ([`daemon_set`]). Their items are re-exported here, so operands name them as
 //! `common::...`.
 
+mod admission;
 mod daemon_set;
 mod env;
 mod hash;
@@ -12,6 +13,7 @@ mod pod;
 mod rbac;
 mod settings;
 
+pub use admission::*;
 pub use daemon_set::*;
 pub use env::*;
 pub use hash::*;
