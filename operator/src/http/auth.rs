@@ -1,7 +1,7 @@
 //! Who may read `/metrics` (IO: TokenReview and SubjectAccessReview), as kubebuilder's
 //! `filters.WithAuthenticationAndAuthorization` decides it: the bearer token must be one the API
 //! server authenticates, and its user must be allowed `get` on the non-resource URL `/metrics`
-//! (the chart's `metrics-reader` ClusterRole grants it).
+//! (the chart's `gpu-operator-metrics-reader` ClusterRole grants it).
 //!
 //! An allowed token is remembered for [`ALLOWED_TTL`], so a scrape every 15 s reviews once
 //! every few minutes instead of twice per scrape; a token whose rights are revoked is refused at
@@ -122,7 +122,7 @@ impl Authorizer {
         {
             Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => Verdict::Allowed,
             Ok(_) => Verdict::Forbidden(format!(
-                "{username} may not get {METRICS_PATH}: bind it to the ClusterRole that grants it (the chart's `<release>-metrics-reader`)"
+                "{username} may not get {METRICS_PATH}: bind it to the ClusterRole that grants it (the chart's `gpu-operator-metrics-reader`)"
             )),
             Err(e) => Verdict::Failed(format!("SubjectAccessReview failed: {e}")),
         }
