@@ -190,15 +190,6 @@ impl UserConfigMaps {
     pub fn get(&self, name: &str) -> Option<Arc<ConfigMap>> {
         self.inner.fetched.lock().ok()?.get(name).cloned()
     }
-
-    /// How many ConfigMaps are held with their data (for tests and the memory bound).
-    pub fn fetched_len(&self) -> usize {
-        self.inner
-            .fetched
-            .lock()
-            .map(|f| f.len())
-            .unwrap_or_default()
-    }
 }
 
 #[cfg(test)]

@@ -43,7 +43,13 @@ async fn thousands_of_unnamed_config_maps_leave_the_operators_memory_bounded() {
         return;
     };
     let ns = s.identity.namespace.clone();
-    config_map(&s.admin, &ns, "time-slicing-config", &[("any", &time_slicing(4))]).await;
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(4))],
+    )
+    .await;
     s.await_state(State::Ready, "ready with the sharing config")
         .await;
     let first = mounted(&s).await.expect("the plugin mounts no copy");
@@ -74,7 +80,13 @@ async fn thousands_of_unnamed_config_maps_leave_the_operators_memory_bounded() {
 
     // The named ConfigMap changes after all of them, on the same watch: once its consumers
     // roll, the operator has seen every filler event before it.
-    config_map(&s.admin, &ns, "time-slicing-config", &[("any", &time_slicing(8))]).await;
+    config_map(
+        &s.admin,
+        &ns,
+        "time-slicing-config",
+        &[("any", &time_slicing(8))],
+    )
+    .await;
     wait::until(Duration::from_secs(120), "the plugin on a new copy", || {
         let (s, first) = (&s, first.clone());
         async move {

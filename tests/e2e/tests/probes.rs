@@ -173,7 +173,10 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
     let docs = rendered_metrics_objects();
     let endpoint = &rendered(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
     assert_eq!(endpoint["scheme"], "https", "{endpoint}");
-    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true, "{endpoint}");
+    assert_eq!(
+        endpoint["tlsConfig"]["insecureSkipVerify"], true,
+        "{endpoint}"
+    );
     assert_eq!(
         endpoint["bearerTokenFile"], "/var/run/secrets/kubernetes.io/serviceaccount/token",
         "{endpoint}"
@@ -195,7 +198,10 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
     for name in ["scraper", "stranger"] {
         let account: ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        accounts.create(&PostParams::default(), &account).await.unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
     }
     let binding: ClusterRoleBinding = serde_json::from_value(json!({
         "metadata": {"name": reader_name},
@@ -238,12 +244,20 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
     let (status, body) = scrape::get(scheme, port, "/metrics", Some(&stranger))
         .await
         .unwrap();
-    assert_eq!(status, 403, "a token without the metrics-reader role: {body}");
+    assert_eq!(
+        status, 403,
+        "a token without the metrics-reader role: {body}"
+    );
     assert!(body.contains("may not get /metrics"), "{body}");
     let (status, body) = scrape::get(scheme, port, "/metrics", Some(&scraper))
         .await
         .unwrap();
-    assert_eq!(status, 200, "{body}\noperator log:\n{}", operator.log_text());
+    assert_eq!(
+        status,
+        200,
+        "{body}\noperator log:\n{}",
+        operator.log_text()
+    );
     assert!(body.contains("gpu_operator_reconciles_total"), "{body}");
     // Plain HTTP gets nothing from the TLS port.
     assert_ne!(
@@ -251,10 +265,7 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
         Some(200)
     );
     // The probes: plain, no token, on their own port; not on the metrics one.
-    assert_eq!(
-        code(get(operator.health_port, "/healthz").await),
-        Some(200)
-    );
+    assert_eq!(code(get(operator.health_port, "/healthz").await), Some(200));
     assert_eq!(
         code(scrape::get(scheme, port, "/healthz", Some(&scraper)).await),
         Some(404)
