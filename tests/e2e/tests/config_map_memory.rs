@@ -32,6 +32,24 @@ async fn mounted(s: &Setup) -> Option<String> {
     mounted_copy(&s.daemonsets().get(PLUGIN).await.ok()?).map(|(copy, _)| copy)
 }
 
+/// Creates `cm`, again after a server error: 500 MB written by 16 clients at once can make a
+/// loaded harness' API server lose its etcd connection for a moment.
+async fn create_retrying(api: &Api<ConfigMap>, cm: &ConfigMap) {
+    let mut attempts = 0;
+    loop {
+        match api.create(&PostParams::default(), cm).await {
+            Ok(_) => return,
+            // An attempt that failed late may have been stored.
+            Err(kube::Error::Api(e)) if e.code == 409 && attempts > 0 => return,
+            Err(kube::Error::Api(e)) if e.code >= 500 && attempts < 5 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_secs(attempts)).await;
+            }
+            Err(e) => panic!("creating ConfigMap {:?}: {e}", cm.metadata.name),
+        }
+    }
+}
+
 #[tokio::test]
 async fn thousands_of_unnamed_config_maps_leave_the_operators_memory_bounded() {
     let Some(s) = start(
@@ -70,7 +88,7 @@ async fn thousands_of_unnamed_config_maps_leave_the_operators_memory_bounded() {
                     "data": {"blob": filler},
                 }))
                 .unwrap();
-                api.create(&PostParams::default(), &cm).await.unwrap();
+                create_retrying(&api, &cm).await;
             }
         })
         .buffer_unordered(CONCURRENCY)
