@@ -62,9 +62,21 @@ pub struct RunArgs {
     /// Namespace the operator runs in and deploys operands to.
     #[arg(long, env = "OPERATOR_NAMESPACE")]
     pub namespace: Option<String>,
-    /// Address of the /metrics, /healthz and /readyz endpoints.
+    /// Address of the /metrics endpoint.
     #[arg(long, default_value = "127.0.0.1:8080", env = "METRICS_ADDR")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and
+    /// allows `get` on the non-resource URL /metrics (SubjectAccessReview). `false` serves it
+    /// over plain HTTP to anyone who can connect, as NVIDIA's operator does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "METRICS_SECURE")]
+    pub metrics_secure: bool,
+    /// Folder holding the metrics certificate and key as `tls.crt` and `tls.key` (a mounted
+    /// `kubernetes.io/tls` Secret); without it a self-signed certificate is made at start-up.
+    #[arg(long, env = "METRICS_CERT_PATH")]
+    pub metrics_cert_path: Option<std::path::PathBuf>,
+    /// Address of the /healthz and /readyz probes (plain HTTP, no authentication).
+    #[arg(long, default_value = "127.0.0.1:8081", env = "HEALTH_ADDR")]
+    pub health_addr: std::net::SocketAddr,
     /// Hold a Lease so only one replica reconciles (turn off only for a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -297,6 +309,9 @@ impl Cli {
                 let options = crate::run::RunOptions {
                     namespace: args.namespace,
                     metrics_addr: args.metrics_addr,
+                    metrics_secure: args.metrics_secure,
+                    metrics_cert_path: args.metrics_cert_path,
+                    health_addr: args.health_addr,
                     leader_elect: args.leader_elect,
                     lease_name: args.lease_name,
                     lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds),

@@ -27,6 +27,11 @@ use crate::metrics::Metrics;
 pub struct RunOptions {
     pub namespace: Option<String>,
     pub metrics_addr: SocketAddr,
+    /// HTTPS with TokenReview and SubjectAccessReview on /metrics ([`crate::http`]).
+    pub metrics_secure: bool,
+    /// Folder of the mounted metrics certificate; self-signed without it.
+    pub metrics_cert_path: Option<std::path::PathBuf>,
+    pub health_addr: SocketAddr,
     pub leader_elect: bool,
     pub lease_name: String,
     pub lease_duration: Duration,
@@ -102,11 +107,34 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     // Not ready until the controller's first pass (or, for a standby, until it waits for the
     // Lease): crate::health.
     let health = Health::new(options.stall);
-    let http = tokio::spawn(crate::http::serve(
-        options.metrics_addr,
-        metrics.clone(),
-        health.clone(),
-    ));
+    let access = if options.metrics_secure {
+        crate::http::MetricsAccess::Secure {
+            tls: crate::http::tls::server_config(options.metrics_cert_path.as_deref())?,
+            authorizer: std::sync::Arc::new(crate::http::auth::Authorizer::new(
+                clients.lease.clone(),
+            )),
+        }
+    } else {
+        crate::http::MetricsAccess::Open
+    };
+    let limits = crate::http::Limits::default();
+    // Bound here, so that an address in use stops the start with a message.
+    let probe_listener = crate::http::bind(options.health_addr, "probe", "--health-addr").await?;
+    let metrics_listener =
+        crate::http::bind(options.metrics_addr, "metrics", "--metrics-addr").await?;
+    let http = Endpoints {
+        probes: tokio::spawn(crate::http::serve_probes(
+            probe_listener,
+            health.clone(),
+            limits,
+        )),
+        metrics: tokio::spawn(crate::http::serve_metrics(
+            metrics_listener,
+            metrics.clone(),
+            access,
+            limits,
+        )),
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -198,6 +226,19 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     }
     http.abort();
     Ok(())
+}
+
+/// The endpoint servers' tasks, stopped when the operator stops.
+struct Endpoints {
+    probes: tokio::task::JoinHandle<anyhow::Result<()>>,
+    metrics: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Endpoints {
+    fn abort(&self) {
+        self.probes.abort();
+        self.metrics.abort();
+    }
 }
 
 /// How a term as leader ended.

@@ -81,6 +81,7 @@ EOF
 umask 022
 KUBECONFIG=$operator_kubeconfig OPERATOR_NAMESPACE=$NAMESPACE POD_NAME=gpu-operator-demo \
   RUST_LOG=info,kube=warn nohup "$operator_bin" run --metrics-addr "$METRICS_ADDR" \
+  --metrics-secure=false --health-addr 127.0.0.1:0 \
   >"$HARNESS_DIR/operator.log" 2>&1 </dev/null &
 operator_pid=$!
 echo "$operator_pid $(readlink -f "$operator_bin")" >"$HARNESS_DIR/operator.pid"

@@ -592,7 +592,15 @@ fn monitoring_objects(deployment: &Deployment) -> anyhow::Result<Vec<(&'static s
                 "spec": {
                     "jobLabel": "app",
                     "selector": { "matchLabels": labels },
-                    "endpoints": [{ "port": METRICS_PORT_NAME, "path": "/metrics", "interval": "30s" }],
+                    // The operator serves /metrics over HTTPS with a self-signed certificate
+                    // and admits tokens allowed `get /metrics`, which OpenShift's
+                    // prometheus-k8s ClusterRole grants.
+                    "endpoints": [{
+                        "port": METRICS_PORT_NAME, "path": "/metrics", "interval": "30s",
+                        "scheme": "https",
+                        "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                        "tlsConfig": { "insecureSkipVerify": true },
+                    }],
                 },
             }),
         ),
@@ -609,9 +617,16 @@ fn monitoring_objects(deployment: &Deployment) -> anyhow::Result<Vec<(&'static s
             json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": { "name": "prometheus-k8s", "labels": labels },
+                // Service discovery only: reading /metrics itself takes `get` on the
+                // non-resource URL, which OpenShift's prometheus-k8s ClusterRole holds.
                 "rules": [{
                     "apiGroups": [""],
                     "resources": ["services", "endpoints", "pods"],
+                    "verbs": ["get", "list", "watch"],
+                }, {
+                    // Prometheus' EndpointSlice discovery (OpenShift 4.16 and later).
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
                     "verbs": ["get", "list", "watch"],
                 }],
             }),

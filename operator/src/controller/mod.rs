@@ -24,6 +24,7 @@
 mod apply;
 mod cluster_policy;
 pub mod coexist;
+pub mod config_maps;
 mod gpu_cluster;
 pub mod nfd_crds;
 mod nvidia_driver;

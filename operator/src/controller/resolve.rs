@@ -264,6 +264,14 @@ impl Resolver {
                 "node-feature-discovery is not deployed: NFD already runs ({why})"
             ));
         }
+        stores
+            .user_config_maps
+            .fetch(
+                &self.client,
+                &self.namespace,
+                facts::config_map_names(&policy.spec),
+            )
+            .await?;
         let facts = facts::assemble(
             &policy.spec,
             &Cached {
@@ -331,9 +339,7 @@ struct Cached<'a> {
 
 impl facts::NamespaceObjects for Cached<'_> {
     fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
-        self.stores
-            .config_maps
-            .get(&ObjectRef::new(name).within(self.namespace))
+        self.stores.config_map(self.namespace, name)
     }
 
     fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {

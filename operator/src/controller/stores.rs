@@ -2,7 +2,8 @@
 //! the trigger stream that wakes it (decision 10).
 //!
 //! - operand objects by `app.kubernetes.io/managed-by=gpu-operator`, one store per kind;
-//! - every ConfigMap of the operator namespace (users' ConfigMaps carry no labels);
+//! - the operator's own ConfigMaps whole, by label; users' ConfigMaps as names and versions,
+//!   with the data of only those a policy names ([`super::config_maps`]);
 //! - Nodes as metadata, reduced to the labels the operator reads ([`NodeView`]), waking the
 //!   reconcile only when those change;
 //! - driver and validator pods by label, reduced to what the driver upgrade reads
@@ -27,6 +28,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use super::config_maps::UserConfigMaps;
 use super::upgrade::{UPGRADE_POD_SELECTORS, UpgradePod};
 use crate::model::{Kind, MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
@@ -215,7 +217,10 @@ pub struct Stores {
     pub nodes: NodeCache,
     /// Driver and validator pods, for the driver upgrade.
     pub upgrade_pods: ViewCache<UpgradePod>,
+    /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]).
     pub config_maps: Store<ConfigMap>,
+    /// Everyone else's: see [`super::config_maps`].
+    pub user_config_maps: UserConfigMaps,
     pub daemon_sets: Store<DaemonSet>,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
@@ -398,29 +403,12 @@ where
     (reader, stream)
 }
 
-/// Every ConfigMap of the operator namespace: users' ConfigMaps (the sharing config a policy
-/// names) and ours. A change to a user's is a user's change ([`Wake::Now`]); our own writes
-/// (labelled [`MANAGED_BY_LABEL`]) are not.
+/// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]): their changes are churn.
 fn config_maps(api: Api<ConfigMap>) -> (Store<ConfigMap>, BoxStream<'static, Wake>) {
-    watched_as(api, watcher::Config::default(), config_map_wake)
-}
-
-/// How a ConfigMap watch event wakes the reconcile: a user's ConfigMap changing is a user's
-/// change; ours (labelled [`MANAGED_BY_LABEL`]) and the end of a relist are churn.
-fn config_map_wake(event: &Event<ConfigMap>) -> Option<Wake> {
-    let ours = |cm: &ConfigMap| {
-        cm.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(MANAGED_BY_LABEL))
-            .is_some_and(|v| v == MANAGER)
-    };
-    match event {
-        Event::Apply(cm) | Event::Delete(cm) if ours(cm) => Some(Wake::Soon),
-        Event::Apply(_) | Event::Delete(_) => Some(Wake::Now),
-        Event::InitDone => Some(Wake::Soon),
-        Event::Init | Event::InitApply(_) => None,
-    }
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
+    watched_as(api, config, |event| {
+        matches!(event, Event::Apply(_) | Event::Delete(_) | Event::InitDone).then_some(Wake::Soon)
+    })
 }
 
 /// A reflector over objects of kind `K` selected by `config`, and its change stream.
@@ -472,6 +460,8 @@ impl Stores {
     ) -> (Stores, impl Stream<Item = Wake> + Send + 'static) {
         let (config_maps, cm_changes) =
             config_maps(Api::<ConfigMap>::namespaced(client.clone(), namespace));
+        let user_config_maps = UserConfigMaps::default();
+        let user_cm_changes = user_config_maps.watch(client, namespace);
         let (daemon_sets, ds_changes) =
             managed_daemon_sets(Api::<DaemonSet>::namespaced(client.clone(), namespace));
         let (deployments, deploy_changes) =
@@ -526,11 +516,13 @@ impl Stores {
         ];
         triggers.extend(upgrade_pod_watches);
         let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);
-        let triggers = futures::stream::select(cm_changes, churn);
+        let triggers =
+            futures::stream::select(futures::stream::select(cm_changes, user_cm_changes), churn);
         let stores = Stores {
             nodes,
             upgrade_pods,
             config_maps,
+            user_config_maps,
             daemon_sets,
             deployments,
             services,
@@ -544,12 +536,21 @@ impl Stores {
         (stores, triggers)
     }
 
+    /// A ConfigMap of the operator namespace `namespace` the reconcile may read: ours, or a
+    /// user's that [`UserConfigMaps::fetch`] fetched for a policy naming it.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        self.config_maps
+            .get(&reflector::ObjectRef::new(name).within(namespace))
+            .or_else(|| self.user_config_maps.get(name))
+    }
+
     /// Waits until every store has finished its first list, so the first reconcile compares
     /// against the real cluster (an empty cache would make it re-apply everything).
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.nodes.wait_until_ready().await;
         self.upgrade_pods.wait_until_ready().await;
-        // Every kind of operand object has a store (the ConfigMap one holds users' too).
+        self.user_config_maps.wait_until_ready().await;
+        // Every kind of operand object has a store.
         for kind in Kind::ALL {
             match kind {
                 Kind::ServiceAccount => self.service_accounts.wait_until_ready().await?,
@@ -573,23 +574,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn a_users_config_map_change_wakes_at_once_and_our_own_writes_do_not() {
-        let cm = |labels: serde_json::Value| -> ConfigMap {
-            serde_json::from_value(json!({"metadata": {"name": "c", "labels": labels}})).unwrap()
-        };
-        let users = cm(json!({}));
-        let ours = cm(json!({MANAGED_BY_LABEL: MANAGER}));
-        assert_eq!(
-            config_map_wake(&Event::Apply(users.clone())),
-            Some(Wake::Now)
-        );
-        assert_eq!(config_map_wake(&Event::Delete(users)), Some(Wake::Now));
-        assert_eq!(config_map_wake(&Event::Apply(ours)), Some(Wake::Soon));
-        assert_eq!(config_map_wake(&Event::InitDone), Some(Wake::Soon));
-        assert_eq!(config_map_wake(&Event::Init), None);
-    }
 
     fn daemon_set(generation: i64, observed: i64, updated: i32, available: i32) -> DaemonSet {
         serde_json::from_value(json!({

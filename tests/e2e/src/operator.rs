@@ -189,8 +189,22 @@ pub fn write_token_kubeconfig(name: &str, token: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The container's arguments after `gpu-operator run`, less `--metrics-addr` (the caller binds
-/// its own); an error for a container that does not run `gpu-operator run`.
+/// Arguments for an operator whose endpoints a test reads without credentials: plain HTTP
+/// `/metrics`, and the probes on a port the system picks (so that several operators on one
+/// machine do not collide on the default one).
+pub const PLAIN_ENDPOINTS: [&str; 3] = ["--metrics-secure=false", "--health-addr", "127.0.0.1:0"];
+
+/// Flags that say where and how the endpoints listen: a process here chooses its own.
+const ENDPOINT_FLAGS: [&str; 4] = [
+    "--metrics-addr",
+    "--health-addr",
+    "--metrics-secure",
+    "--metrics-cert-path",
+];
+
+/// The container's arguments after `gpu-operator run`, less the endpoint flags
+/// ([`ENDPOINT_FLAGS`]: the caller binds its own); an error for a container that does not run
+/// `gpu-operator run`.
 pub fn container_args(container: &k8s_openapi::api::core::v1::Container) -> Result<Vec<String>> {
     let mut words: Vec<String> = container
         .command
@@ -212,9 +226,11 @@ pub fn container_args(container: &k8s_openapi::api::core::v1::Container) -> Resu
         if std::mem::take(&mut skip_value) {
             continue;
         }
-        if word == "--metrics-addr" {
-            skip_value = true;
-        } else if !word.starts_with("--metrics-addr=") {
+        let flag = word.split_once('=').map_or(word.as_str(), |(flag, _)| flag);
+        if ENDPOINT_FLAGS.contains(&flag) {
+            // `--flag value` (not `--flag=value`) takes the next word with it.
+            skip_value = flag == word;
+        } else {
             out.push(word);
         }
     }
@@ -226,6 +242,8 @@ pub struct Operator {
     child: Option<Child>,
     pub log: PathBuf,
     pub metrics_port: u16,
+    /// Where `/healthz` and `/readyz` answer (where the launcher said; else `metrics_port`).
+    pub health_port: u16,
 }
 
 /// A free loopback port for the operator's endpoints.
@@ -290,18 +308,28 @@ impl Operator {
         Self::spawn(identity, &args, &env)
     }
 
+    /// Runs the operator with `args`; `/metrics` is plain HTTP unless they say
+    /// `--metrics-secure=true` (tests read it without credentials).
     fn spawn(identity: &OperatorIdentity, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let port = free_port()?;
+        let health_port = free_port()?;
         let log =
             std::env::temp_dir().join(format!("{}-{}.log", identity.namespace, unique_name("op")));
         let mut command = Command::new(binary()?);
         command
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--health-addr", &format!("127.0.0.1:{health_port}")]);
+        if !args.iter().any(|a| a.starts_with("--metrics-secure")) {
+            command.arg("--metrics-secure=false");
+        }
+        command
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info,gpu_operator=debug,kube=warn");
-        Self::launch(command, identity, log, port)
+        let mut operator = Self::launch(command, identity, log, port)?;
+        operator.health_port = health_port;
+        Ok(operator)
     }
 
     /// Starts `command` (an operator, ours or another) with `identity`'s kubeconfig, stdout and
@@ -336,6 +364,7 @@ impl Operator {
             child: Some(child),
             log,
             metrics_port,
+            health_port: metrics_port,
         })
     }
 
@@ -465,7 +494,8 @@ mod tests {
     fn container_args_keep_everything_after_run_but_the_metrics_address() {
         let container: k8s_openapi::api::core::v1::Container = serde_json::from_value(serde_json::json!({
             "name": "gpu-operator", "command": ["gpu-operator"],
-            "args": ["run", "--metrics-addr=0.0.0.0:8080", "--leader-elect=true", "--metrics-addr", "0.0.0.0:1", "--json-logs"],
+            "args": ["run", "--metrics-addr=0.0.0.0:8080", "--leader-elect=true", "--metrics-addr", "0.0.0.0:1",
+                "--health-addr=0.0.0.0:8081", "--metrics-secure=true", "--metrics-cert-path", "/tls", "--json-logs"],
         }))
         .unwrap();
         assert_eq!(

@@ -267,8 +267,16 @@ fn monitoring_objects_are_off_by_default_and_only_the_metrics_service_is_rendere
         return;
     }
     let docs = template(&["--show-only", "templates/metrics.yaml"]);
-    assert_eq!(kinds(&docs), ["Service"]);
-    let service = &docs[0];
+    let mut default_kinds = kinds(&docs);
+    default_kinds.sort();
+    assert_eq!(default_kinds, ["ClusterRole", "Service"]);
+    let reader = find(&docs, "ClusterRole");
+    assert_eq!(reader["metadata"]["name"], "gpu-operator-metrics-reader");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let service = find(&docs, "Service");
     assert_eq!(service["metadata"]["name"], "gpu-operator");
     assert_eq!(service["spec"]["ports"][0]["name"], "gpu-operator-metrics");
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
@@ -284,7 +292,13 @@ fn monitoring_objects_are_off_by_default_and_only_the_metrics_service_is_rendere
     rendered.sort();
     assert_eq!(
         rendered,
-        ["ConfigMap", "PrometheusRule", "Service", "ServiceMonitor"]
+        [
+            "ClusterRole",
+            "ConfigMap",
+            "PrometheusRule",
+            "Service",
+            "ServiceMonitor"
+        ]
     );
     let monitor = find(&docs, "ServiceMonitor");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
@@ -338,5 +352,138 @@ fn a_cluster_without_the_prometheus_operator_refuses_the_service_monitor_with_a_
     assert!(
         stderr.contains("operator.metrics.serviceMonitor.enabled is true but this cluster does not serve monitoring.coreos.com/v1 ServiceMonitor"),
         "{stderr}"
+    );
+}
+
+/// The operator container's argument `--<flag>=<value>`, if it has one.
+fn container_arg<'a>(container: &'a Value, flag: &str) -> Option<&'a str> {
+    container["args"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+}
+
+/// What the ServiceMonitor scrapes, followed through the Service to the container: its port
+/// is the one `--metrics-addr` binds, and its scheme and credentials are what `--metrics-secure`
+/// serves (HTTPS and a bearer token, or plain HTTP). The probes use their own port.
+fn assert_scrape_reaches_metrics(extra: &[&str]) {
+    let mut args = ALL_ON.to_vec();
+    args.extend_from_slice(extra);
+    let docs = template(&args);
+    let monitor = find(&docs, "ServiceMonitor");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    let service = docs
+        .iter()
+        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "gpu-operator")
+        .unwrap();
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == endpoint["port"])
+        .unwrap_or_else(|| panic!("the Service has no port {}", endpoint["port"]));
+    let deployment = find(&docs, "Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let container_port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == service_port["targetPort"])
+        .unwrap_or_else(|| panic!("no container port {}", service_port["targetPort"]));
+    let metrics_addr = container_arg(container, "--metrics-addr").unwrap();
+    assert_eq!(
+        metrics_addr.rsplit(':').next().unwrap(),
+        container_port["containerPort"].to_string(),
+        "the ServiceMonitor's port is not where /metrics listens"
+    );
+    let secure = container_arg(container, "--metrics-secure").unwrap();
+    match secure {
+        "true" => {
+            assert_eq!(endpoint["scheme"], "https", "{endpoint}");
+            assert!(endpoint["bearerTokenFile"].is_string(), "{endpoint}");
+            assert!(endpoint["tlsConfig"].is_object(), "{endpoint}");
+        }
+        "false" => {
+            assert_eq!(endpoint["scheme"], "http", "{endpoint}");
+            assert!(endpoint.get("bearerTokenFile").is_none(), "{endpoint}");
+        }
+        other => panic!("--metrics-secure={other}"),
+    }
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let port = &container[probe]["httpGet"]["port"];
+        let probe_port = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == *port)
+            .unwrap();
+        let health_addr = container_arg(container, "--health-addr").unwrap();
+        assert_eq!(
+            health_addr.rsplit(':').next().unwrap(),
+            probe_port["containerPort"].to_string(),
+            "{probe}"
+        );
+        assert_ne!(probe_port["name"], "metrics", "{probe} on the metrics port");
+    }
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_port_scheme_and_credentials_the_operator_serves() {
+    if tools::harness_tool("helm").is_none() {
+        return;
+    }
+    assert_scrape_reaches_metrics(&[]);
+    assert_scrape_reaches_metrics(&["--set", "operator.metrics.secure=false"]);
+    assert_scrape_reaches_metrics(&["--set", "operator.metricsPort=9443"]);
+    // A mounted certificate: the ServiceMonitor carries the CA the user gives.
+    let docs = template(&[
+        "--set",
+        "operator.metrics.serviceMonitor.enabled=true",
+        "--set",
+        "operator.metrics.certSecret=metrics-tls",
+        "--set",
+        "operator.metrics.serviceMonitor.tlsConfig.serverName=gpu-operator.gpu-operator.svc",
+    ]);
+    let endpoint = &find(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(
+        endpoint["tlsConfig"],
+        serde_json::json!({"serverName": "gpu-operator.gpu-operator.svc"})
+    );
+    let container = &find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container_arg(container, "--metrics-cert-path"),
+        Some("/etc/gpu-operator/metrics-tls")
+    );
+}
+
+#[test]
+fn the_network_policy_is_off_by_default_and_admits_only_the_metrics_and_probe_ports() {
+    if tools::harness_tool("helm").is_none() {
+        return;
+    }
+    let docs = template(&[]);
+    assert!(!kinds(&docs).iter().any(|k| k == "NetworkPolicy"));
+    let docs = template(&[
+        "--set",
+        "operator.networkPolicy.enabled=true",
+        "--set",
+        "operator.networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+    ]);
+    let policy = find(&docs, "NetworkPolicy");
+    let ports: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| &rule["ports"][0]["port"])
+        .collect();
+    assert_eq!(ports, [8080, 8081]);
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["name"],
+        "monitoring"
+    );
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        find(&docs, "Deployment")["spec"]["selector"]["matchLabels"]
     );
 }

@@ -1,34 +1,25 @@
-//! The operator's probes (operator/src/health.rs): `/readyz` answers 503 until the caches are
-//! filled and the first reconcile pass has ended, then 200; and a DCGM exporter ServiceMonitor
-//! that the harness (no Prometheus Operator) cannot serve is a note in the policy's status, not
-//! a failure.
+//! The operator's endpoints (operator/src/http/, operator/src/health.rs): `/readyz` answers 503
+//! until the caches are filled and the first reconcile pass has ended, then 200; a DCGM
+//! exporter ServiceMonitor that the harness (no Prometheus Operator) cannot serve is a note in
+//! the policy's status, not a failure; and `/metrics` answers, over HTTPS as the chart's
+//! ServiceMonitor scrapes it, only a token allowed `get /metrics`, while the probes stay open.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
-use e2e::cluster::unique_name;
-use e2e::{session, wait};
+use e2e::cluster::{service_account_token, unique_name};
+use e2e::scrape::{self, Scheme};
+use e2e::{session, tools, wait};
 use gpu_operator::api::State;
-use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-/// The status code and body of GET `path` on the operator's endpoint port (HTTP/1.0, so no
-/// client library is needed); `None` while nothing listens.
+/// The status code and body of GET `path` on the operator's probe port (plain HTTP, no
+/// token, as the kubelet asks); `None` while nothing listens.
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    let code = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
+    scrape::get(Scheme::Http, port, path, None).await
 }
 
 /// The operator's generated ClusterRole named `name`, without `list` and `watch` on
@@ -71,7 +62,7 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
     };
     let roles = Api::<ClusterRole>::all(setup.admin.clone());
     let operator = &setup.operator;
-    let port = operator.metrics_port;
+    let port = operator.health_port;
 
     // Leader election is on (the chart's default): a standby is ready while it waits for the
     // Lease; the leader is not until its first pass. Caches not filled: not ready, alive, and
@@ -133,4 +124,161 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
         "{message}"
     );
     setup.teardown().await;
+}
+
+/// The chart's metrics objects with the ServiceMonitor on, as documents.
+fn rendered_metrics_objects() -> Vec<serde_json::Value> {
+    use serde::Deserialize as _;
+    let text = e2e::helm::helm_ok(&e2e::helm::strings(&[
+        "template",
+        "gpu-operator",
+        &e2e::helm::chart(),
+        "--namespace",
+        "gpu-operator",
+        "--show-only",
+        "templates/metrics.yaml",
+        "--set",
+        "operator.metrics.serviceMonitor.enabled=true",
+    ]));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn rendered<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("the chart rendered no {kind}"))
+}
+
+#[tokio::test]
+async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_open() {
+    if tools::harness_tool("helm").is_none() {
+        return;
+    }
+    // The chart's defaults: secure metrics.
+    let Some(prepared) = session::builder()
+        .operator_args(&["--metrics-secure=true"])
+        .prepare()
+        .await
+    else {
+        return;
+    };
+    let (admin, identity, mut operator) = prepared.start_operator().await;
+    let namespace = identity.namespace.clone();
+
+    // How the chart's ServiceMonitor tells Prometheus to scrape: HTTPS, accepting the
+    // self-signed certificate, with its ServiceAccount token.
+    let docs = rendered_metrics_objects();
+    let endpoint = &rendered(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https", "{endpoint}");
+    assert_eq!(
+        endpoint["tlsConfig"]["insecureSkipVerify"], true,
+        "{endpoint}"
+    );
+    assert_eq!(
+        endpoint["bearerTokenFile"], "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "{endpoint}"
+    );
+    let scheme = Scheme::HttpsSkipVerify;
+
+    // The chart's metrics-reader ClusterRole (under a name of this test's), bound to one
+    // scraper; another ServiceAccount has no binding.
+    let mut reader: ClusterRole =
+        serde_json::from_value(rendered(&docs, "ClusterRole").clone()).unwrap();
+    let reader_name = unique_name("metrics-reader");
+    reader.metadata = kube::api::ObjectMeta {
+        name: Some(reader_name.clone()),
+        ..Default::default()
+    };
+    let roles = Api::<ClusterRole>::all(admin.clone());
+    roles.create(&PostParams::default(), &reader).await.unwrap();
+    let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace);
+    for name in ["scraper", "stranger"] {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+    }
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": reader_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_name},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
+    }))
+    .unwrap();
+    let bindings = Api::<ClusterRoleBinding>::all(admin.clone());
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let scraper = service_account_token(&admin, &namespace, "scraper")
+        .await
+        .unwrap();
+    let stranger = service_account_token(&admin, &namespace, "stranger")
+        .await
+        .unwrap();
+
+    let port = operator.metrics_port;
+    wait::until(Duration::from_secs(30), "/metrics answers", || async {
+        Ok(match scrape::get(scheme, port, "/metrics", None).await {
+            Some(_) => Ok(()),
+            None => Err("no answer".to_owned()),
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    let code = |answer: Option<(u16, String)>| answer.map(|(code, _)| code);
+    assert_eq!(
+        code(scrape::get(scheme, port, "/metrics", None).await),
+        Some(401),
+        "no token"
+    );
+    assert_eq!(
+        code(scrape::get(scheme, port, "/metrics", Some("not-a-token")).await),
+        Some(401),
+        "a token the API server does not know"
+    );
+    let (status, body) = scrape::get(scheme, port, "/metrics", Some(&stranger))
+        .await
+        .unwrap();
+    assert_eq!(
+        status, 403,
+        "a token without the metrics-reader role: {body}"
+    );
+    assert!(body.contains("may not get /metrics"), "{body}");
+    let (status, body) = scrape::get(scheme, port, "/metrics", Some(&scraper))
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        200,
+        "{body}\noperator log:\n{}",
+        operator.log_text()
+    );
+    assert!(body.contains("gpu_operator_reconciles_total"), "{body}");
+    // Plain HTTP gets nothing from the TLS port.
+    assert_ne!(
+        code(scrape::get(Scheme::Http, port, "/metrics", None).await),
+        Some(200)
+    );
+    // The probes: plain, no token, on their own port; not on the metrics one.
+    assert_eq!(code(get(operator.health_port, "/healthz").await), Some(200));
+    assert_eq!(
+        code(scrape::get(scheme, port, "/healthz", Some(&scraper)).await),
+        Some(404)
+    );
+
+    bindings
+        .delete(&reader_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    roles
+        .delete(&reader_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    operator.terminate(Duration::from_secs(20)).unwrap();
+    identity.delete().await.unwrap();
 }

@@ -53,24 +53,9 @@ pub fn assemble(
             data: cm.data.clone().unwrap_or_default(),
         })
     };
-    let sharing_source = present(
-        spec.device_plugin
-            .as_ref()
-            .and_then(|d| d.config.as_ref())
-            .and_then(|c| c.name.as_deref()),
-    );
-    // The schema defaults the name to the operator's own ConfigMap, which render creates.
-    let mig_config = present(
-        spec.mig_manager
-            .as_ref()
-            .and_then(mig_manager::custom_config_name),
-    );
-    let dcgm_metrics = present(
-        spec.dcgm_exporter
-            .as_ref()
-            .and_then(|d| d.config.as_ref())
-            .and_then(|c| c.name.as_deref()),
-    );
+    let sharing_source = present(sharing_config_name(spec));
+    let mig_config = present(mig_config_name(spec));
+    let dcgm_metrics = present(dcgm_metrics_name(spec));
     // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
     let driver_config_maps = spec
         .driver
@@ -103,6 +88,51 @@ pub fn assemble(
         gpu_nodes: observed.gpu_nodes,
         image_env: observed.image_env,
     }
+}
+
+/// Every ConfigMap of the operator namespace whose data [`assemble`] reads for `spec`, besides
+/// the operator's own (the sharing config copy): the ones its users name. The operator keeps
+/// only these, and its own, with their data (operator/src/controller/config_maps.rs).
+pub fn config_map_names(spec: &ClusterPolicySpec) -> Vec<&str> {
+    let mut names: Vec<&str> = [
+        sharing_config_name(spec),
+        mig_config_name(spec),
+        dcgm_metrics_name(spec),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if let Some(d) = spec.driver.as_ref() {
+        names.extend(
+            driver::referenced_config_maps(d)
+                .into_iter()
+                .map(|(_, n)| n),
+        );
+    }
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+fn sharing_config_name(spec: &ClusterPolicySpec) -> Option<&str> {
+    spec.device_plugin
+        .as_ref()
+        .and_then(|d| d.config.as_ref())
+        .and_then(|c| c.name.as_deref())
+}
+
+/// The schema defaults the name to the operator's own ConfigMap, which render creates; this is
+/// a user's only when it differs.
+fn mig_config_name(spec: &ClusterPolicySpec) -> Option<&str> {
+    spec.mig_manager
+        .as_ref()
+        .and_then(mig_manager::custom_config_name)
+}
+
+fn dcgm_metrics_name(spec: &ClusterPolicySpec) -> Option<&str> {
+    spec.dcgm_exporter
+        .as_ref()
+        .and_then(|d| d.config.as_ref())
+        .and_then(|c| c.name.as_deref())
 }
 
 /// The GPU nodes: NFD's GPU label or our `nvidia.com/gpu.present`.
@@ -281,6 +311,41 @@ mod tests {
             facts.driver_config_maps.keys().collect::<Vec<_>>(),
             ["repos"]
         );
+    }
+
+    /// Records every ConfigMap name asked for.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<String>>);
+
+    impl NamespaceObjects for Recording {
+        fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+            self.0.lock().unwrap().push(name.to_owned());
+            None
+        }
+        fn daemon_set(&self, _: &str) -> Option<Arc<DaemonSet>> {
+            None
+        }
+    }
+
+    #[test]
+    fn config_map_names_lists_every_config_map_assemble_reads() {
+        // The operator fetches only these names' data: one assemble reads but this list lacks
+        // would be missing from the facts.
+        let spec = spec(
+            "devicePlugin: {config: {name: ts}}\n\
+             migManager: {config: {name: my-mig}}\n\
+             dcgmExporter: {config: {name: metrics}}\n\
+             driver: {repoConfig: {configMapName: repos}, certConfig: {name: certs},\n\
+                      kernelModuleConfig: {name: modules}}\n",
+        );
+        let recording = Recording::default();
+        assemble(&spec, &recording, Observed::default());
+        let mut read = recording.0.into_inner().unwrap();
+        read.sort();
+        let mut listed = config_map_names(&spec);
+        listed.sort_unstable();
+        assert_eq!(read, listed);
+        assert_eq!(read.len(), 6, "{read:?}");
     }
 
     #[test]

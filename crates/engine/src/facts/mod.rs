@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use crate::nodes::NodeView;
 
 pub use assemble::{
-    NamespaceObjects, Observed, assemble, cluster_runtime, gpu_nodes, nfd_already_running,
-    nfd_beside_ours, owner_reference, parse_runtime,
+    NamespaceObjects, Observed, assemble, cluster_runtime, config_map_names, gpu_nodes,
+    nfd_already_running, nfd_beside_ours, owner_reference, parse_runtime,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.

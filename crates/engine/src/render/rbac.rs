@@ -239,6 +239,14 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["nodefeatures"],
             &["get", "list", "watch"],
         ),
+        // Who may read /metrics: the caller's token, then its right to `get /metrics`
+        // (operator/src/http/auth.rs).
+        rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        rule(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
     ]
 }
 

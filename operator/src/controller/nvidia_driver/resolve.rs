@@ -29,6 +29,16 @@ pub async fn resolve_all<'a>(
     let mut resolved = Vec::new();
     for d in drivers {
         let selected = select(ctx.client, d, nodes).await?;
+        let spec = driver_spec(d);
+        let names = referenced_config_maps(&spec)
+            .into_iter()
+            .map(|(_, name)| name);
+        ctx.deps
+            .stores
+            .user_config_maps
+            .fetch(ctx.client, ctx.namespace, names)
+            .await
+            .map_err(Error::Resolve)?;
         let pool_facts = pool_facts(ctx, facts, d, &selected);
         resolved.push((d, selected, pool_facts));
     }
@@ -88,24 +98,11 @@ fn pool_facts(
     nodes: &[Arc<NodeView>],
 ) -> ClusterFacts {
     let (os_pools, _) = crate::operands::driver_os::pools(nodes);
-    let as_driver = crate::api::DriverSpec {
-        repo_config: d
-            .spec
-            .repo_config
-            .as_ref()
-            .map(|r| crate::api::DriverRepoConfigSpec {
-                config_map_name: r.name.clone(),
-            }),
-        cert_config: d.spec.cert_config.clone(),
-        kernel_module_config: d.spec.kernel_module_config.clone(),
-        ..Default::default()
-    };
+    let as_driver = driver_spec(d);
     let driver_config_maps = referenced_config_maps(&as_driver)
         .into_iter()
         .filter_map(|(_, name)| {
-            let cm = ctx.deps.stores.config_maps.state().into_iter().find(|c| {
-                c.name_any() == name && c.namespace().as_deref() == Some(ctx.namespace)
-            })?;
+            let cm = ctx.deps.stores.config_map(ctx.namespace, name)?;
             Some((
                 name.to_owned(),
                 ConfigMapData {
@@ -121,5 +118,21 @@ fn pool_facts(
         gpu_nodes: nodes.to_vec(),
         driver_config_maps,
         ..policy.clone()
+    }
+}
+
+/// The NVIDIADriver's ConfigMap settings as the ClusterPolicy's driver spec carries them.
+fn driver_spec(d: &NVIDIADriver) -> crate::api::DriverSpec {
+    crate::api::DriverSpec {
+        repo_config: d
+            .spec
+            .repo_config
+            .as_ref()
+            .map(|r| crate::api::DriverRepoConfigSpec {
+                config_map_name: r.name.clone(),
+            }),
+        cert_config: d.spec.cert_config.clone(),
+        kernel_module_config: d.spec.kernel_module_config.clone(),
+        ..Default::default()
     }
 }

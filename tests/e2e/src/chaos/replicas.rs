@@ -156,6 +156,7 @@ impl Replicas {
         command
             .arg("run")
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(operator::PLAIN_ENDPOINTS)
             .args(["--namespace", &namespace])
             .args(["--identity", &slot.identity])
             .args([

@@ -440,6 +440,7 @@ fn start_operator(
             c.arg("run")
                 .args(["--namespace", &identity.namespace])
                 .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+                .args(e2e::operator::PLAIN_ENDPOINTS)
                 // Debug for apply: names the first field that differs when an object is
                 // re-applied (evidence for any write that should not have happened); and for
                 // the per-stage pass timings (where a change's latency goes).
