@@ -269,6 +269,16 @@ async fn real_olm_installs_the_bundle_and_its_operator_converges_with_the_csvs_p
         role.data["rules"],
         csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
     );
+    // And the Role in the operator namespace grants the CSV's permissions.
+    let role = install
+        .rbac
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "Role"))
+        .expect("OLM generated no Role");
+    assert_eq!(
+        role.data["rules"],
+        csv["spec"]["install"]["spec"]["permissions"][0]["rules"]
+    );
 
     // Its container as the operator, with only that RBAC: a default policy becomes ready.
     let (_identity, operator) = install.run_operator().await;
