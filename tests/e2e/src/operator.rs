@@ -189,6 +189,26 @@ pub async fn apply_generated_role(admin: &Client, namespace: &str) -> Result<()>
     Ok(())
 }
 
+/// Binds the generated Role of `namespace` ([`apply_generated_role`]) to another
+/// ServiceAccount there, as a second replica with an identity of its own needs.
+pub async fn bind_generated_role(
+    admin: &Client,
+    namespace: &str,
+    service_account: &str,
+) -> Result<()> {
+    use gpu_operator::render::rbac;
+    let mut binding = rbac::operator_role_binding(namespace);
+    binding.metadata.name = Some(format!("{}-{service_account}", rbac::OPERATOR_ROLE));
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.name = service_account.to_owned();
+    }
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .with_context(|| format!("binding the operator's Role to {namespace}/{service_account}"))?;
+    Ok(())
+}
+
 /// The operator's generated ClusterRole (`gpu-operator rbac`) under `name`.
 pub fn generated_role(name: &str) -> ClusterRole {
     let mut role = gpu_operator::render::rbac::operator_cluster_role();
