@@ -576,24 +576,28 @@ fn rendered_cluster_objects() -> BTreeMap<(&'static str, &'static str), BTreeSet
     out
 }
 
+/// Cluster-scoped kinds the operands render under names a user chooses, so that no name can be
+/// fixed here: a GPUCluster's attribute DeviceClasses (`spec.draDriver` names them).
+const USER_NAMED: &[(&str, &str)] = &[("resource.k8s.io", "deviceclasses")];
+
 /// What applying and pruning the rendered cluster-scoped objects takes: reading and creating
 /// any (the caches watch them by label; `create` cannot be limited to names), changing and
-/// deleting only the rendered names.
+/// deleting only the rendered names, or any for a kind in [`USER_NAMED`].
 fn rendered_cluster_object_rules() -> Vec<PolicyRule> {
     let mut rules = Vec::new();
     for ((group, resource), names) in rendered_cluster_objects() {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let changes = ["patch", "delete"];
         rules.push(rule(
             &[group],
             &[resource],
             &["get", "list", "watch", "create"],
         ));
-        rules.push(rule_named(
-            &[group],
-            &[resource],
-            &names,
-            &["patch", "delete"],
-        ));
+        if USER_NAMED.contains(&(group, resource)) {
+            rules.push(rule(&[group], &[resource], &changes));
+        } else {
+            rules.push(rule_named(&[group], &[resource], &names, &changes));
+        }
     }
     rules
 }
@@ -1061,6 +1065,11 @@ mod tests {
             "events",
             "events about the cluster-scoped policy",
         ),
+        (
+            "resource.k8s.io",
+            "deviceclasses",
+            "a GPUCluster's attribute DeviceClasses, named in its spec",
+        ),
     ];
 
     #[test]
@@ -1159,6 +1168,13 @@ mod tests {
         let scc = "securitycontextconstraints";
         assert!(may("security.openshift.io", scc, "patch", "nvidia-driver"));
         assert!(!may("security.openshift.io", scc, "patch", "privileged"));
+        // A GPUCluster names its attribute DeviceClasses.
+        assert!(may(
+            "resource.k8s.io",
+            "deviceclasses",
+            "patch",
+            "users-own-class"
+        ));
         // Creating cannot be limited by name.
         assert!(allows(
             &cluster,
