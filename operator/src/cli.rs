@@ -80,8 +80,9 @@ pub struct RunArgs {
     /// Hold a Lease so only one replica reconciles (turn off only for a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
-    /// Name of the leader-election Lease in the operator namespace.
-    #[arg(long, default_value = "gpu-operator-leader")]
+    /// Name of the leader-election Lease in the operator namespace. The generated Role lets
+    /// the operator renew only the default one: another name needs a Role of its own.
+    #[arg(long, default_value = crate::render::rbac::LEADER_LEASE)]
     pub lease_name: String,
     /// Seconds a leader's Lease stays valid without renewal (a standby takes over after it).
     #[arg(long, default_value_t = 15)]
@@ -192,7 +193,8 @@ pub struct RenderArgs {
 /// Arguments of `gpu-operator rbac`.
 #[derive(Debug, Args)]
 pub struct RbacArgs {
-    /// Also print a ClusterRoleBinding to ServiceAccount gpu-operator in this namespace.
+    /// Place the Role in this namespace, and also print the ClusterRoleBinding and RoleBinding
+    /// to ServiceAccount gpu-operator there.
     #[arg(long)]
     pub namespace: Option<String>,
 }
@@ -263,21 +265,29 @@ impl RenderArgs {
     }
 }
 
-/// What `gpu-operator rbac` prints: the operator's ClusterRole and, given a namespace, the
-/// ClusterRoleBinding to ServiceAccount gpu-operator there. The chart's ClusterRole is this
-/// output under a templated header (`cargo xtask generate`, xtask/src/generated.rs).
+/// What `gpu-operator rbac` prints: the operator's ClusterRole and its Role (for the operator
+/// namespace) and, given a namespace, the Role placed there and both bindings to ServiceAccount
+/// gpu-operator there. The chart's ClusterRole and Role are this output under templated headers
+/// (`cargo xtask generate`, xtask/src/generated.rs).
 pub fn rbac_yaml(namespace: Option<&str>) -> anyhow::Result<String> {
     use crate::render::rbac;
-    let mut yaml = serde_yaml_ng::to_string(&rbac::operator_cluster_role())
-        .context("serialising the ClusterRole")?;
+    let mut documents = vec![
+        serde_yaml_ng::to_string(&rbac::operator_cluster_role())
+            .context("serialising the ClusterRole")?,
+        serde_yaml_ng::to_string(&rbac::operator_role(namespace))
+            .context("serialising the Role")?,
+    ];
     if let Some(namespace) = namespace {
-        yaml.push_str("---\n");
-        yaml.push_str(
-            &serde_yaml_ng::to_string(&rbac::operator_cluster_role_binding(namespace))
+        documents.push(
+            serde_yaml_ng::to_string(&rbac::operator_cluster_role_binding(namespace))
                 .context("serialising the ClusterRoleBinding")?,
         );
+        documents.push(
+            serde_yaml_ng::to_string(&rbac::operator_role_binding(namespace))
+                .context("serialising the RoleBinding")?,
+        );
     }
-    Ok(yaml)
+    Ok(documents.join("---\n"))
 }
 
 /// The name kubectl finds a plugin by: `kubectl gpu ...` runs `kubectl-gpu ...`.

@@ -4,8 +4,8 @@
 //! Nothing here is typed twice. The operator Deployment is the Helm chart's own
 //! (`templates/operator.yaml`, rendered by `helm template` with `scripts/bundle-values.yaml`,
 //! [`from_chart`]), so the operator image of the Deployment, `containerImage` and
-//! `relatedImages` is the chart's; the CSV's permissions are `gpu-operator rbac` (decision 13)
-//! less writing CRDs; the CRDs are `gpu-operator crd` and NFD's (`crds/nfd-api-crds.yaml`, owned
+//! `relatedImages` is the chart's; the CSV's `permissions` (the operator namespace's Role) and
+//! `clusterPermissions` are `gpu-operator rbac` (decision 13), the latter less writing CRDs; the CRDs are `gpu-operator crd` and NFD's (`crds/nfd-api-crds.yaml`, owned
 //! by the CSV so OLM installs them, decision 16); the `*_IMAGE` variables and `relatedImages` are
 //! the images the operator pins ([`ImageKind::pinned`]), by the digests of
 //! `scripts/image-digests.yaml` where known; `alm-examples` are files of `examples/`.
@@ -861,6 +861,8 @@ struct Install {
 #[serde(rename_all = "camelCase")]
 struct InstallSpec {
     cluster_permissions: Vec<Permissions>,
+    /// Rules OLM grants in the operator's namespace (a Role there).
+    permissions: Vec<Permissions>,
     deployments: Vec<DeploymentEntry>,
 }
 
@@ -1276,6 +1278,10 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                     cluster_permissions: vec![Permissions {
                         service_account_name: OPERATOR,
                         rules: olm_cluster_rules(),
+                    }],
+                    permissions: vec![Permissions {
+                        service_account_name: OPERATOR,
+                        rules: rbac::operator_role(None).rules.unwrap_or_default(),
                     }],
                     deployments: vec![DeploymentEntry {
                         name: OPERATOR,
@@ -1702,6 +1708,15 @@ mod tests {
         assert_eq!(
             csv.pointer("/spec/install/spec/clusterPermissions/0/rules"),
             Some(&rules)
+        );
+        let namespaced = serde_json::to_value(rbac::operator_role(None).rules).unwrap();
+        assert_eq!(
+            csv.pointer("/spec/install/spec/permissions/0/rules"),
+            Some(&namespaced)
+        );
+        assert_eq!(
+            csv.pointer("/spec/install/spec/permissions/0/serviceAccountName"),
+            Some(&json!(OPERATOR))
         );
         assert_eq!(csv["spec"]["minKubeVersion"], "1.33.0");
         let related: Vec<&str> = csv["spec"]["relatedImages"]

@@ -648,7 +648,8 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
 /// Applies every rendered operand tier by tier ([`TIERS`]), the objects of a tier concurrently,
 /// then prunes. `owner_uid` is the active policy's
 /// UID: only objects it owns are pruned. `optional` are the store-less kinds (ServiceMonitor,
-/// SCC) this cluster serves, whose leftovers are found by listing. An operand with a refused
+/// SCC) this cluster serves, whose leftovers are found by listing (namespaced ones in
+/// `namespace`, the operator's, where all of ours are). An operand with a refused
 /// object is frozen and reported; any other failure stops the pass (the reconcile retries
 /// with backoff).
 pub async fn apply(
@@ -658,6 +659,7 @@ pub async fn apply(
     ledger: &mut Ledger,
     owner_uid: Option<&str>,
     optional: &[ApiResource],
+    namespace: &str,
 ) -> Result<ApplyReport, ApplyError> {
     let mut applier = Applier {
         client,
@@ -718,6 +720,7 @@ pub async fn apply(
         prune_dynamic(
             client,
             resource,
+            namespace,
             &operands,
             &desired_keys,
             owner_uid,
@@ -940,17 +943,23 @@ fn is_leftover(
 
 /// Prunes a store-less kind: lists the objects carrying the operand label (one request per
 /// pass and kind) and deletes the leftovers, e.g. the ServiceMonitor of a DCGM exporter that
-/// was disabled, or an SCC an operand no longer needs. A kind the cluster does not serve
+/// was disabled, or an SCC an operand no longer needs. A namespaced kind is listed in
+/// `namespace` only: the operator may write nowhere else. A kind the cluster does not serve
 /// (404) has nothing to prune.
 async fn prune_dynamic(
     client: &Client,
     resource: &ApiResource,
+    namespace: &str,
     operands: &BTreeSet<&'static str>,
     keep: &BTreeSet<String>,
     owner: Option<&str>,
     pruned: &mut Vec<String>,
 ) -> Result<(), ApplyError> {
-    let all: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let all: Api<DynamicObject> =
+        match crate::render::rbac::scope(&resource.group, &resource.plural) {
+            Some(crate::render::rbac::Scope::Cluster) => Api::all_with(client.clone(), resource),
+            _ => Api::namespaced_with(client.clone(), namespace, resource),
+        };
     let listed = match all.list(&ListParams::default().labels(OPERAND_LABEL)).await {
         Ok(list) => list.items,
         Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
@@ -1156,5 +1165,29 @@ mod tests {
         let monitor =
             kube::core::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
         assert_eq!(api_resource(&monitor).plural, "servicemonitors");
+    }
+
+    #[test]
+    fn every_optional_kind_has_a_known_scope_for_pruning() {
+        use crate::render::rbac::{Scope, scope};
+        let kinds = [
+            crate::operands::dcgm_exporter::service_monitor_api_resource(),
+            crate::operands::openshift::scc_api_resource(),
+        ]
+        .into_iter()
+        .chain(crate::controller::gpu_cluster::optional_kinds());
+        for kind in kinds {
+            let want = if kind.plural == "servicemonitors" {
+                Scope::Namespaced
+            } else {
+                Scope::Cluster
+            };
+            assert_eq!(
+                scope(&kind.group, &kind.plural),
+                Some(want),
+                "{}",
+                kind.plural
+            );
+        }
     }
 }

@@ -145,6 +145,7 @@ pub async fn apply(
         &mut taken,
         owner_uid,
         optional,
+        &deps.settings.namespace,
     )
     .await;
     *ledger = taken;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
@@ -82,8 +84,9 @@ impl OperatorIdentity {
         Ok(identity)
     }
 
-    /// A fresh namespace with a ServiceAccount bound to `cluster_role`; [`Self::delete`]
-    /// removes them.
+    /// A fresh namespace with a ServiceAccount bound to `cluster_role` and, as the chart and
+    /// the CSV install it, to the generated Role of the operator namespace (`gpu-operator
+    /// rbac`); [`Self::delete`] removes them.
     pub async fn create(admin: &Client, cluster_role: &str) -> Result<Self> {
         let namespace = unique_name("gpu-operator");
         let meta = |name: &str| ObjectMeta {
@@ -126,6 +129,7 @@ impl OperatorIdentity {
         Api::<ClusterRoleBinding>::all(admin.clone())
             .create(&PostParams::default(), &binding)
             .await?;
+        apply_generated_role(admin, &namespace).await?;
         Self::existing(admin, &namespace, sa).await
     }
 
@@ -162,6 +166,47 @@ impl OperatorIdentity {
         }
         Ok(())
     }
+}
+
+/// Creates the operator's generated Role (`gpu-operator rbac`) in `namespace` and binds it to
+/// ServiceAccount gpu-operator there, as the chart does in its release namespace.
+pub async fn apply_generated_role(admin: &Client, namespace: &str) -> Result<()> {
+    use gpu_operator::render::rbac;
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &rbac::operator_role(Some(namespace)),
+        )
+        .await
+        .with_context(|| format!("creating the operator's Role in {namespace}"))?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &rbac::operator_role_binding(namespace),
+        )
+        .await
+        .with_context(|| format!("creating the operator's RoleBinding in {namespace}"))?;
+    Ok(())
+}
+
+/// Binds the generated Role of `namespace` ([`apply_generated_role`]) to another
+/// ServiceAccount there, as a second replica with an identity of its own needs.
+pub async fn bind_generated_role(
+    admin: &Client,
+    namespace: &str,
+    service_account: &str,
+) -> Result<()> {
+    use gpu_operator::render::rbac;
+    let mut binding = rbac::operator_role_binding(namespace);
+    binding.metadata.name = Some(format!("{}-{service_account}", rbac::OPERATOR_ROLE));
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.name = service_account.to_owned();
+    }
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .with_context(|| format!("binding the operator's Role to {namespace}/{service_account}"))?;
+    Ok(())
 }
 
 /// The operator's generated ClusterRole (`gpu-operator rbac`) under `name`.
@@ -508,4 +553,61 @@ mod tests {
         .unwrap();
         assert!(container_args(&other).is_err());
     }
+}
+
+/// One request to authorise: `verb` on `resource` (`resource/subresource` allowed) of API
+/// `group`, in `namespace` (None: cluster-wide), on the object `name` (None: any).
+#[derive(Clone, Copy, Debug)]
+pub struct Access<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+}
+
+/// Whether the API server's authorizer lets ServiceAccount `service_account` of `namespace`
+/// make `access` (a SubjectAccessReview, what RBAC decides for its token).
+pub async fn may(
+    admin: &Client,
+    namespace: &str,
+    service_account: &str,
+    access: Access<'_>,
+) -> Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let (resource, subresource) = match access.resource.split_once('/') {
+        Some((resource, sub)) => (resource, Some(sub)),
+        None => (access.resource, None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(crate::audit::service_account_user(
+                namespace,
+                service_account,
+            )),
+            groups: Some(vec![
+                "system:serviceaccounts".to_owned(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".to_owned(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(access.verb.to_owned()),
+                group: Some(access.group.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource: subresource.map(str::to_owned),
+                namespace: access.namespace.map(str::to_owned),
+                name: access.name.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .with_context(|| format!("reviewing {access:?}"))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }

@@ -25,7 +25,7 @@ use e2e::helm::{
     RELEASE, chart, helm, helm_ok, helm_release, operator_image_args, operator_repository,
     release_namespace, strings,
 };
-use e2e::operator::{Operator, OperatorIdentity};
+use e2e::operator::{Access, Operator, OperatorIdentity};
 use e2e::tools::{self, repo_root};
 use e2e::{nodes, session, wait};
 use futures::FutureExt;
@@ -231,6 +231,12 @@ fn chart_lints_and_renders_the_policy_for_default_values_documented_flags_and_ti
         let binding = find(&docs, "ClusterRoleBinding", "gpu-operator").expect("no binding");
         assert_eq!(binding["subjects"][0]["namespace"], "gpu-operator");
         assert!(find(&docs, "ClusterRole", "gpu-operator").is_some());
+        let role = find(&docs, "Role", "gpu-operator").expect("no Role");
+        assert_eq!(role["metadata"]["namespace"], "gpu-operator");
+        let binding = find(&docs, "RoleBinding", "gpu-operator").expect("no RoleBinding");
+        assert_eq!(binding["metadata"]["namespace"], "gpu-operator");
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["subjects"][0]["namespace"], "gpu-operator");
 
         let sharing_config = find(&docs, "ConfigMap", "device-plugin-config");
         if *case == "time-slicing values" {
@@ -753,6 +759,105 @@ async fn start_chart_operator(admin: &Client, namespace: &str) -> (OperatorIdent
     (identity, operator)
 }
 
+/// What the chart's ServiceAccount may do, asked of the API server's authorizer: run its
+/// operands in its namespace, and not write in another namespace (a pod as any ServiceAccount
+/// of kube-system, a ConfigMap there, a Lease elsewhere) nor change cluster-scoped objects it
+/// does not render.
+async fn the_charts_account_writes_only_in_its_namespace(admin: &Client, namespace: &str) {
+    let access = |verb, group, resource, namespace, name| Access {
+        verb,
+        group,
+        resource,
+        namespace,
+        name,
+    };
+    let own = Some(namespace);
+    let system = Some("kube-system");
+    let lease = Some(gpu_operator::render::rbac::LEADER_LEASE);
+    let rbac = "rbac.authorization.k8s.io";
+    let expected = [
+        (access("create", "", "pods", own, None), true),
+        (access("create", "", "configmaps", own, None), true),
+        (access("update", "", "configmaps", own, Some("x")), true),
+        (access("create", "apps", "daemonsets", own, None), true),
+        (access("create", rbac, "rolebindings", own, None), true),
+        (access("patch", "", "namespaces", own, own), true),
+        (
+            access("create", "coordination.k8s.io", "leases", own, None),
+            true,
+        ),
+        (
+            access("update", "coordination.k8s.io", "leases", own, lease),
+            true,
+        ),
+        // Draining a node for a driver upgrade evicts pods wherever they run.
+        (access("create", "", "pods/eviction", system, None), true),
+        (access("create", "", "pods", system, None), false),
+        (access("delete", "", "pods", system, None), false),
+        (access("update", "", "configmaps", system, Some("x")), false),
+        (access("create", "", "configmaps", system, None), false),
+        (access("create", "apps", "daemonsets", system, None), false),
+        (access("create", rbac, "rolebindings", system, None), false),
+        (access("patch", "", "namespaces", system, system), false),
+        (
+            access("update", "coordination.k8s.io", "leases", system, lease),
+            false,
+        ),
+        (
+            access(
+                "update",
+                "coordination.k8s.io",
+                "leases",
+                system,
+                Some("kube-scheduler"),
+            ),
+            false,
+        ),
+        (
+            access(
+                "update",
+                "coordination.k8s.io",
+                "leases",
+                own,
+                Some("other"),
+            ),
+            false,
+        ),
+        (
+            access("patch", rbac, "clusterroles", None, Some("cluster-admin")),
+            false,
+        ),
+        (
+            access(
+                "patch",
+                rbac,
+                "clusterrolebindings",
+                None,
+                Some("cluster-admin"),
+            ),
+            false,
+        ),
+        (
+            access("patch", rbac, "clusterroles", None, Some("nvidia-driver")),
+            true,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (request, want) in expected {
+        let got = e2e::operator::may(admin, namespace, OPERATOR_ACCOUNT, request)
+            .await
+            .unwrap();
+        if got != want {
+            wrong.push(format!("{request:?}: allowed {got}, want {want}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the chart's RBAC for ServiceAccount {namespace}/{OPERATOR_ACCOUNT}:\n{}",
+        wrong.join("\n")
+    );
+}
+
 /// SIGTERM, then the exit (it may have exited already, when `helm uninstall` deleted its
 /// ServiceAccount).
 fn stop(mut operator: Operator) {
@@ -896,6 +1001,9 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
         .and_then(|p| p.containers.first())
         .and_then(|c| c.image.clone());
     assert_eq!(image, Some(csv_container_image()));
+
+    // The chart's ServiceAccount writes namespaced objects in its own namespace only.
+    the_charts_account_writes_only_in_its_namespace(&admin, &namespace).await;
 
     // The operator with the chart's ServiceAccount (and so only the chart's RBAC).
     let (_identity, operator) = start_chart_operator(&admin, &namespace).await;

@@ -153,11 +153,23 @@ fn make_bundle_reproduces_the_committed_bundle_from_the_chart() {
         role["rules"] == serde_json::to_value(generated.rules).unwrap(),
         "the chart's ClusterRole differs from `gpu-operator rbac`: run `make chart`"
     );
+    let chart_role: Value =
+        serde_yaml_ng::from_str(&helm_template(&["--show-only", "templates/role.yaml"])).unwrap();
+    let generated_role = gpu_operator::render::rbac::operator_role(None);
+    assert!(
+        chart_role["rules"] == serde_json::to_value(&generated_role.rules).unwrap(),
+        "the chart's Role differs from `gpu-operator rbac`: run `make chart`"
+    );
     let csv = committed_csv();
     assert!(
         csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
             == serde_json::to_value(bundle::olm_cluster_rules()).unwrap(),
         "the CSV's clusterPermissions differ from the chart's ClusterRole less writing CRDs: {FIX}"
+    );
+    assert!(
+        csv["spec"]["install"]["spec"]["permissions"][0]["rules"]
+            == serde_json::to_value(&generated_role.rules).unwrap(),
+        "the CSV's permissions differ from the chart's Role: {FIX}"
     );
     // And it runs the chart's operator container: same command, probes, security context.
     let chart: Value =

@@ -269,6 +269,16 @@ async fn real_olm_installs_the_bundle_and_its_operator_converges_with_the_csvs_p
         role.data["rules"],
         csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
     );
+    // And the Role in the operator namespace grants the CSV's permissions.
+    let role = install
+        .rbac
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "Role"))
+        .expect("OLM generated no Role");
+    assert_eq!(
+        role.data["rules"],
+        csv["spec"]["install"]["spec"]["permissions"][0]["rules"]
+    );
 
     // Its container as the operator, with only that RBAC: a default policy becomes ready.
     let (_identity, operator) = install.run_operator().await;
@@ -291,12 +301,23 @@ async fn real_olm_installs_the_bundle_and_its_operator_converges_with_the_csvs_p
     install.remove(&policy, operator).await;
 }
 
-/// The CSV with `verb` taken from the rules granting it on `resource` in `group` (a rule that
-/// names more resources is split so the others keep it).
+/// The CSV with `verb` taken from the rules granting it on `resource` in `group`, in its
+/// clusterPermissions and its (operator namespace) permissions alike (a rule that names more
+/// resources is split so the others keep it).
 fn without_permission(mut csv: Value, group: &str, resource: &str, verb: &str) -> Value {
-    let rules = csv["spec"]["install"]["spec"]["clusterPermissions"][0]["rules"]
-        .as_array_mut()
-        .unwrap();
+    let mut removed = false;
+    for scope in ["clusterPermissions", "permissions"] {
+        let rules = csv["spec"]["install"]["spec"][scope][0]["rules"]
+            .as_array_mut()
+            .unwrap();
+        removed |= remove_grant(rules, group, resource, verb);
+    }
+    assert!(removed, "no rule grants {verb} on {resource}.{group}");
+    csv
+}
+
+/// Takes `verb` on `resource` of `group` from `rules`; whether any rule granted it.
+fn remove_grant(rules: &mut Vec<Value>, group: &str, resource: &str, verb: &str) -> bool {
     let mut out = Vec::new();
     let mut removed = false;
     for rule in rules.drain(..) {
@@ -335,9 +356,8 @@ fn without_permission(mut csv: Value, group: &str, resource: &str, verb: &str) -
             out.push(narrowed);
         }
     }
-    assert!(removed, "no rule grants {verb} on {resource}.{group}");
     *rules = out;
-    csv
+    removed
 }
 
 #[tokio::test]

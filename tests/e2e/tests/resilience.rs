@@ -276,6 +276,9 @@ async fn second_identity(s: &Setup, name: &str) -> (OperatorIdentity, String) {
         )
         .await
         .unwrap();
+    e2e::operator::bind_generated_role(&s.admin, &namespace, name)
+        .await
+        .unwrap();
     let identity = OperatorIdentity::existing(&s.admin, &namespace, name)
         .await
         .unwrap();

@@ -71,10 +71,11 @@ async fn start_on_generated_rbac(spec: serde_json::Value) -> Option<Setup> {
     Some(prepared.start(spec).await)
 }
 
-/// Asks the API server whether the operator's identity may `verb` `resource`.
+/// Asks the API server whether the operator's identity may `verb` `resource` in `namespace`.
 async fn allowed(
     admin: &Client,
     user: &str,
+    namespace: &str,
     verb: &str,
     resource: &str,
     sub: Option<&str>,
@@ -86,7 +87,7 @@ async fn allowed(
                 verb: Some(verb.to_owned()),
                 resource: Some(resource.to_owned()),
                 subresource: sub.map(str::to_owned),
-                namespace: Some("ml".to_owned()),
+                namespace: Some(namespace.to_owned()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -325,10 +326,13 @@ async fn driver_version_bump_upgrades_12_nodes_at_most_3_at_a_time_evicting_gpu_
     )
     .await;
 
-    // The chart's identity may do what an upgrade does.
+    // The chart's identity may do what an upgrade does: evict workload pods anywhere, delete
+    // driver and validator pods in its own namespace only.
     let user = s.identity.username();
-    assert!(allowed(&admin, &user, "create", "pods", Some("eviction")).await);
-    assert!(allowed(&admin, &user, "delete", "pods", None).await);
+    let own = s.identity.namespace.as_str();
+    assert!(allowed(&admin, &user, "ml", "create", "pods", Some("eviction")).await);
+    assert!(allowed(&admin, &user, own, "delete", "pods", None).await);
+    assert!(!allowed(&admin, &user, "ml", "delete", "pods", None).await);
 
     // Workloads: a GPU-requesting pod, a RuntimeClass-only pod, a pod a PDB protects, and a
     // node cordoned by someone else.

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::common::{
     self, APP_LABEL, COMPONENT_LABEL, DEFAULT_DRIVER_INSTALL_DIR, DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_PRIORITY_CLASS, HostPathType, VALIDATIONS_DIR, env, env_field, gpu_toleration,
-    host_path_volume, mount, rule,
+    host_path_volume, mount, rule, rule_named,
 };
 use crate::api::{
     AttributeDeviceClass, DraDeviceType, DraKubeletPluginSpec, GpuClusterSpec,
@@ -273,16 +273,23 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
                     "resourceclaimtemplates",
                     &["get", "list", "watch", "create", "update", "delete"],
                 ),
-                (
-                    "coordination.k8s.io",
-                    "leases",
-                    &["get", "create", "update"],
-                ),
                 ("", "nodes", &["get", "list", "watch", "update"]),
                 ("", "pods", &["get", "list", "watch"]),
             ]),
             facts,
         );
+        // Its leader election (LEADER_ELECTION_LEASE_LOCK_NAMESPACE and _NAME) is in this
+        // namespace on one Lease, so Leases need no ClusterRole: create (not limitable by
+        // name), then read and renew only that one.
+        let leases = [
+            rule(&["coordination.k8s.io"], &["leases"], &["create"]),
+            rule_named(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &[CONTROLLER],
+                &["get", "update"],
+            ),
+        ];
         common::add_role(
             &mut objects,
             op,
@@ -295,7 +302,10 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
                     "computedomaincliques",
                     &["get", "list", "watch", "update"],
                 ),
-            ]),
+            ])
+            .into_iter()
+            .chain(leases)
+            .collect(),
             facts,
         );
         objects

@@ -495,6 +495,17 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
                 &["nodefeaturegroups/status"],
                 &["patch", "update"],
             ),
+        ],
+        facts,
+    );
+    // The master's leader-election Lease lives in its own namespace, so a Role there is enough
+    // (a ClusterRole would let it, and the operator that grants it, write Leases anywhere).
+    common::add_role(
+        &mut objects,
+        Operand::Nfd,
+        NAME,
+        SERVICE_ACCOUNT,
+        vec![
             rule(&["coordination.k8s.io"], &["leases"], &["create"]),
             rule_named(
                 &["coordination.k8s.io"],

@@ -623,26 +623,35 @@ fn validator_stages_run_in_order_driver_toolkit_cuda_plugin() {
 }
 
 #[test]
-fn every_granted_permission_is_held_by_the_operator_cluster_role() {
-    let operator = rbac::operator_cluster_role().rules.unwrap();
+fn every_granted_permission_is_held_by_the_operator_in_the_scope_granted() {
+    // Kubernetes checks a Role's rules against what the operator holds in the Role's
+    // namespace (its Role and ClusterRole), a ClusterRole's against the ClusterRole alone.
+    let cluster = rbac::operator_cluster_role().rules.unwrap();
+    let namespace: Vec<_> = cluster
+        .iter()
+        .cloned()
+        .chain(rbac::operator_role(None).rules.unwrap())
+        .collect();
     for (case, _, state) in cases() {
         for (_, objects) in rendered(&state) {
-            let rules = objects
+            let scoped = objects
                 .roles
                 .iter()
-                .flat_map(|r| r.rules.clone().unwrap())
+                .map(|r| (&namespace, r.rules.clone().unwrap()))
                 .chain(
                     objects
                         .cluster_roles
                         .iter()
-                        .flat_map(|r| r.rules.clone().unwrap()),
+                        .map(|r| (&cluster, r.rules.clone().unwrap())),
                 );
-            for rule in rules {
-                let missing = rbac::missing(&operator, &rule);
-                assert!(
-                    missing.is_empty(),
-                    "{case}: the operator cannot grant {missing:?}"
-                );
+            for (held, rules) in scoped {
+                for rule in rules {
+                    let missing = rbac::missing(held, &rule);
+                    assert!(
+                        missing.is_empty(),
+                        "{case}: the operator cannot grant {missing:?}"
+                    );
+                }
             }
         }
     }

@@ -99,6 +99,7 @@ impl Replicas {
                 },
             )
             .await?;
+        operator::bind_generated_role(admin, &namespace, SECOND_SERVICE_ACCOUNT).await?;
         let mut slots = Vec::new();
         for (name, sa) in [
             ("replica-a", identity.service_account.clone()),
