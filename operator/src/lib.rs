@@ -5,6 +5,7 @@
 //! `docs/config-facts.md`.
 #![forbid(unsafe_code)]
 
+pub mod cleanup;
 pub mod cli;
 pub mod client;
 pub mod controller;
