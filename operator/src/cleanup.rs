@@ -49,9 +49,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error(
-        "node {node} changed {ATTEMPTS} times while being cleaned; run the cleanup again"
-    )]
+    #[error("node {node} changed {ATTEMPTS} times while being cleaned; run the cleanup again")]
     NodeBusy { node: String },
     #[error("PriorityClass {name}: {source}")]
     PriorityClass {
@@ -137,7 +135,10 @@ async fn nvidia_drivers_exist(client: &Client) -> Result<bool, Error> {
     }
 }
 
-async fn clean_nodes(client: &Client, options: Options) -> Result<Vec<(String, NodeCleanup)>, Error> {
+async fn clean_nodes(
+    client: &Client,
+    options: Options,
+) -> Result<Vec<(String, NodeCleanup)>, Error> {
     let api: Api<Node> = Api::all(client.clone());
     let nodes = list_all(&api, &ListParams::default(), "nodes").await?;
     let results: Vec<Result<Option<(String, NodeCleanup)>, Error>> =
@@ -251,7 +252,9 @@ async fn clean_priority_classes(client: &Client) -> Result<(Vec<String>, Vec<Str
         .filter(|name| {
             pods.iter().any(|pod| {
                 teardown::pod_holds_priority_class(
-                    pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()),
+                    pod.spec
+                        .as_ref()
+                        .and_then(|s| s.priority_class_name.as_deref()),
                     pod.status.as_ref().and_then(|s| s.phase.as_deref()),
                     name,
                 )
@@ -266,7 +269,12 @@ async fn clean_priority_classes(client: &Client) -> Result<(Vec<String>, Vec<Str
             source,
         };
         if held.contains(&name) {
-            if pc.meta().owner_references.as_ref().is_some_and(|o| !o.is_empty()) {
+            if pc
+                .meta()
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| !o.is_empty())
+            {
                 let patch = json!({"metadata": {"ownerReferences": null}});
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await

@@ -120,7 +120,12 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
         .flatten()
         .any(|m| m.contains_key(name))
     };
-    out.capacity = record.memory.iter().filter(|m| has_resource(m)).cloned().collect();
+    out.capacity = record
+        .memory
+        .iter()
+        .filter(|m| has_resource(m))
+        .cloned()
+        .collect();
 
     out.annotations = NODE_ANNOTATIONS
         .iter()
@@ -310,7 +315,10 @@ mod tests {
                 (GPU_PRESENT, "true"),
                 ("nvidia.com/gpu.deploy.driver", "true"),
                 // A user's or another tool's value.
-                ("nvidia.com/gpu.deploy.device-plugin", "paused-for-mig-change"),
+                (
+                    "nvidia.com/gpu.deploy.device-plugin",
+                    "paused-for-mig-change",
+                ),
                 ("nvidia.com/gpu.deploy.operands", "false"),
                 ("nvidia.com/mig.config", "all-disabled"),
             ],
@@ -370,7 +378,10 @@ mod tests {
         let cleanup = plan(&mid, Options::default());
         assert!(cleanup.uncordon);
         assert_eq!(cleanup.labels, [STATE_LABEL]);
-        assert_eq!(cleanup.annotations, ["nvidia.com/gpu-driver-upgrade-enabled"]);
+        assert_eq!(
+            cleanup.annotations,
+            ["nvidia.com/gpu-driver-upgrade-enabled"]
+        );
         assert_eq!(
             cleanup.object_patch(None).unwrap()["spec"]["unschedulable"],
             false
@@ -403,10 +414,26 @@ mod tests {
 
     #[test]
     fn a_priority_class_is_held_by_pods_that_have_not_finished() {
-        assert!(pod_holds_priority_class(Some("gpu"), Some("Running"), "gpu"));
-        assert!(pod_holds_priority_class(Some("gpu"), Some("Pending"), "gpu"));
-        assert!(!pod_holds_priority_class(Some("gpu"), Some("Succeeded"), "gpu"));
-        assert!(!pod_holds_priority_class(Some("other"), Some("Running"), "gpu"));
+        assert!(pod_holds_priority_class(
+            Some("gpu"),
+            Some("Running"),
+            "gpu"
+        ));
+        assert!(pod_holds_priority_class(
+            Some("gpu"),
+            Some("Pending"),
+            "gpu"
+        ));
+        assert!(!pod_holds_priority_class(
+            Some("gpu"),
+            Some("Succeeded"),
+            "gpu"
+        ));
+        assert!(!pod_holds_priority_class(
+            Some("other"),
+            Some("Running"),
+            "gpu"
+        ));
         assert!(!pod_holds_priority_class(None, None, "gpu"));
     }
 }

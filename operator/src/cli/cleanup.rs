@@ -66,10 +66,7 @@ async fn nvidia_operator(client: &Client) -> anyhow::Result<Option<String>> {
 /// Cleans the cluster and lets every deleted policy go; returns the report to print.
 pub async fn clean(client: &Client) -> anyhow::Result<String> {
     let all = policies(client).await?;
-    if let Some(live) = all
-        .iter()
-        .find(|p| p.metadata.deletion_timestamp.is_none())
-    {
+    if let Some(live) = all.iter().find(|p| p.metadata.deletion_timestamp.is_none()) {
         anyhow::bail!(
             "ClusterPolicy {name} is not being deleted, and the nodes are managed for it: delete it first (kubectl delete clusterpolicy {name} --wait=false), then run gpu-operator cleanup",
             name = live.name_any()

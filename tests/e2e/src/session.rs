@@ -158,7 +158,9 @@ pub async fn finish_teardowns(admin: &Client) {
         .unwrap()
         .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_some() && gpu_operator::cleanup::has_finalizer(p))
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_some() && gpu_operator::cleanup::has_finalizer(p)
+        })
         .map(|p| p.name_any())
         .collect();
     if held.is_empty() {

@@ -254,7 +254,10 @@ async fn delete_and_collect(s: &Setup, name: &str, propagation: DeleteParams) ->
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     // A few more seconds for anything a late pass might still send.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    operand_writes(&audit::described_writes(&log.of_user_since(mark, &user).unwrap()), name)
+    operand_writes(
+        &audit::described_writes(&log.of_user_since(mark, &user).unwrap()),
+        name,
+    )
 }
 
 /// Of `writes`, those a teardown may not make: anything but cleaning nodes (`patch nodes`)
@@ -270,7 +273,7 @@ fn operand_writes(writes: &[String], policy: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn deleting_a_ready_policy_in_the_foreground_or_background_gets_no_operand_writes_and_leaves_nothing()
-{
+ {
     let Some(s) = session::start(json!({}), &[]).await else {
         return;
     };

@@ -19,6 +19,7 @@ use e2e::session::{self, Setup, TIMEOUT, policies};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::node_pools::RECORD_ANNOTATION;
+use gpu_operator::nodes::DEPLOY_KEYS;
 use gpu_operator::teardown::FINALIZER;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -77,7 +78,7 @@ fn operator_marks(node: &Node, cordoned_by_others: &[String]) -> Vec<String> {
     let name = node.name_any();
     let mut left = Vec::new();
     for (key, value) in node.labels() {
-        let deploy = key.starts_with("nvidia.com/gpu.deploy.") && value == "true";
+        let deploy = DEPLOY_KEYS.contains(&key.as_str()) && value == "true";
         let present = key == "nvidia.com/gpu.present" && value == "true";
         if deploy || present || POOL_LABELS.contains(&key.as_str()) || key == UPGRADE_STATE {
             left.push(format!("label {key}={value}"));
@@ -105,7 +106,10 @@ fn operator_marks(node: &Node, cordoned_by_others: &[String]) -> Vec<String> {
 }
 
 /// Every node with something of the operator's left, and what.
-async fn dirty_nodes(admin: &Client, cordoned_by_others: &[String]) -> BTreeMap<String, Vec<String>> {
+async fn dirty_nodes(
+    admin: &Client,
+    cordoned_by_others: &[String],
+) -> BTreeMap<String, Vec<String>> {
     Api::<Node>::all(admin.clone())
         .list(&ListParams::default())
         .await
@@ -151,7 +155,7 @@ async fn delete_and_await_gone(s: &Setup) {
 
 #[tokio::test]
 async fn deleting_the_policy_takes_pool_taints_labels_and_memory_off_the_nodes_and_keeps_priority_classes_pods_use()
-{
+ {
     let spec = json!({
         "nodePools": {
             "enabled": true,
@@ -216,9 +220,12 @@ async fn deleting_the_policy_takes_pool_taints_labels_and_memory_off_the_nodes_a
     let pod = json!({"metadata": {"name": "job"},
         "spec": {"priorityClassName": HELD_CLASS,
                  "containers": [{"name": "c", "image": "busybox"}]}});
-    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap())
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
     wait::until(TIMEOUT, "workload running", || {
         let pods = pods.clone();
         async move {
@@ -273,7 +280,10 @@ async fn deleting_the_policy_takes_pool_taints_labels_and_memory_off_the_nodes_a
         "teardown: PriorityClass deleted",
         "teardown: finalizer removed",
     ] {
-        assert!(log.contains(said), "the operator did not log {said:?}:\n{log}");
+        assert!(
+            log.contains(said),
+            "the operator did not log {said:?}:\n{log}"
+        );
     }
 
     Api::<Namespace>::all(admin.clone())
@@ -289,7 +299,7 @@ async fn deleting_the_policy_takes_pool_taints_labels_and_memory_off_the_nodes_a
 
 #[tokio::test]
 async fn deleting_the_policy_mid_driver_upgrade_lifts_only_the_upgrades_cordon_and_clears_its_labels()
-{
+ {
     let spec = json!({"driver": {"upgradePolicy": {
         "autoUpgrade": true, "maxParallelUpgrades": 1, "maxUnavailable": 2
     }}});
@@ -299,33 +309,45 @@ async fn deleting_the_policy_mid_driver_upgrade_lifts_only_the_upgrades_cordon_a
     let admin = s.admin.clone();
     s.await_state(State::Ready, "policy ready").await;
     let check_admin = admin.clone();
-    wait::until(Duration::from_secs(240), "every GPU node upgrade-done", || {
-        let admin = check_admin.clone();
-        async move {
-            let states: Vec<String> = gpu_nodes(&admin)
-                .await
-                .iter()
-                .map(|n| n.labels().get(UPGRADE_STATE).cloned().unwrap_or_default())
-                .collect();
-            Ok(if states.iter().all(|s| s == "upgrade-done") {
-                Ok(())
-            } else {
-                Err(format!("{states:?}"))
-            })
-        }
-    })
+    wait::until(
+        Duration::from_secs(240),
+        "every GPU node upgrade-done",
+        || {
+            let admin = check_admin.clone();
+            async move {
+                let states: Vec<String> = gpu_nodes(&admin)
+                    .await
+                    .iter()
+                    .map(|n| n.labels().get(UPGRADE_STATE).cloned().unwrap_or_default())
+                    .collect();
+                Ok(if states.iter().all(|s| s == "upgrade-done") {
+                    Ok(())
+                } else {
+                    Err(format!("{states:?}"))
+                })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
 
     // The first node by name upgrades first; its new validator never gets ready, so it stays
     // cordoned by the upgrade. The last one its owner cordoned before.
-    let names: Vec<String> = gpu_nodes(&admin).await.iter().map(|n| n.name_any()).collect();
+    let names: Vec<String> = gpu_nodes(&admin)
+        .await
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
     let upgrading = names.first().unwrap().clone();
     let owners = names.last().unwrap().clone();
     let node_api = Api::<Node>::all(admin.clone());
     let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
     node_api
-        .patch(&owners, &PatchParams::default(), &Patch::Merge(cordon(true)))
+        .patch(
+            &owners,
+            &PatchParams::default(),
+            &Patch::Merge(cordon(true)),
+        )
         .await
         .unwrap();
     let chaos = CrashLoop::start(&admin, &upgrading, "nvidia-operator-validator")
@@ -336,19 +358,23 @@ async fn deleting_the_policy_mid_driver_upgrade_lifts_only_the_upgrades_cordon_a
     }}}))
     .await;
     let (api, node) = (node_api.clone(), upgrading.clone());
-    wait::until(Duration::from_secs(240), "the upgrading node cordoned", || {
-        let (api, node) = (api.clone(), node.clone());
-        async move {
-            let n = api.get(&node).await?;
-            let state = n.labels().get(UPGRADE_STATE).cloned().unwrap_or_default();
-            let between = !["", "upgrade-required", "upgrade-done"].contains(&state.as_str());
-            Ok(if between && cordoned(&n) {
-                Ok(())
-            } else {
-                Err(format!("state {state:?}, cordoned {}", cordoned(&n)))
-            })
-        }
-    })
+    wait::until(
+        Duration::from_secs(240),
+        "the upgrading node cordoned",
+        || {
+            let (api, node) = (api.clone(), node.clone());
+            async move {
+                let n = api.get(&node).await?;
+                let state = n.labels().get(UPGRADE_STATE).cloned().unwrap_or_default();
+                let between = !["", "upgrade-required", "upgrade-done"].contains(&state.as_str());
+                Ok(if between && cordoned(&n) {
+                    Ok(())
+                } else {
+                    Err(format!("state {state:?}, cordoned {}", cordoned(&n)))
+                })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
 
@@ -370,7 +396,11 @@ async fn deleting_the_policy_mid_driver_upgrade_lifts_only_the_upgrades_cordon_a
     );
 
     node_api
-        .patch(&owners, &PatchParams::default(), &Patch::Merge(cordon(false)))
+        .patch(
+            &owners,
+            &PatchParams::default(),
+            &Patch::Merge(cordon(false)),
+        )
         .await
         .unwrap();
     chaos.recover().await.unwrap();
@@ -411,9 +441,14 @@ async fn helm_uninstall_keeps_the_driver_running_and_gpu_operator_cleanup_finish
         .unwrap();
     let mut operator = Operator::start_as_pod(&identity, &format!("{RELEASE}-e2e")).unwrap();
     let policy = "cluster-policy";
-    session::await_policy_state(&admin, policy, State::Ready, "policy ready after helm install")
-        .await
-        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    session::await_policy_state(
+        &admin,
+        policy,
+        State::Ready,
+        "policy ready after helm install",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     let gpu_count = nodes::gpu_node_names(&admin).await.unwrap().len();
     let drivers = running_driver_pods(&admin, &namespace).await;
     assert_eq!(drivers.len(), gpu_count, "{drivers:?}");

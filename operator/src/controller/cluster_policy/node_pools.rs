@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
 use crate::controller::owner::LabelAttempts;
@@ -170,10 +170,7 @@ pub async fn reconcile_priority_classes(
     }
     for pc in plan.create.iter().chain(&plan.recreate) {
         match api
-            .create(
-                &PostParams::default(),
-                &priority_class_object(pc, None),
-            )
+            .create(&PostParams::default(), &priority_class_object(pc, None))
             .await
         {
             Ok(_) => tracing::info!(priority_class = %pc.name, "node pool: PriorityClass created"),
@@ -193,9 +190,18 @@ pub async fn reconcile_priority_classes(
     // (a foreground deletion would, before the teardown can look for pods that use them). The
     // teardown deletes those no pod holds. Owner references of earlier releases come off.
     for live in ours.iter().filter(|pc| {
-        pc.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty())
-            && !plan.delete.iter().any(|name| Some(name) == pc.metadata.name.as_ref())
-            && !plan.recreate.iter().any(|r| Some(&r.name) == pc.metadata.name.as_ref())
+        pc.metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| !o.is_empty())
+            && !plan
+                .delete
+                .iter()
+                .any(|name| Some(name) == pc.metadata.name.as_ref())
+            && !plan
+                .recreate
+                .iter()
+                .any(|r| Some(&r.name) == pc.metadata.name.as_ref())
     }) {
         let patch = serde_json::json!({"metadata": {"ownerReferences": null}});
         let name = live.metadata.name.clone().unwrap_or_default();
