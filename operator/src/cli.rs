@@ -4,6 +4,8 @@
 //! Each subcommand is one variant of [`Command`] with its own `Args` struct and one arm in
 //! [`Cli::run`]; adding `run`, `render` or `rbac` touches nothing else.
 
+/// `gpu-operator cleanup`: finishes the teardown of a deleted ClusterPolicy without the operator.
+pub mod cleanup;
 /// `gpu-operator doctor` (and `kubectl gpu doctor`): read-only diagnosis of GPU pods and nodes.
 pub mod doctor;
 
@@ -54,6 +56,12 @@ pub enum Command {
     /// name, that pod's checklist, each fault with the command that fixes it. Reads only; exits
     /// non-zero when it finds a fault. Also `kubectl gpu doctor` through a `kubectl-gpu` link.
     Doctor(doctor::DoctorArgs),
+    /// Finish the teardown of a deleted ClusterPolicy when no operator runs: take what the
+    /// operator put on the nodes off them (its taints and labels, the GPU memory resource, the
+    /// driver upgrade's labels and cordons), delete the node-pool PriorityClasses no pod uses,
+    /// and remove the finalizer that holds ClusterPolicies in Terminating. Refuses while a
+    /// ClusterPolicy that is not being deleted exists, or NVIDIA's operator is live.
+    Cleanup(cleanup::CleanupArgs),
 }
 
 /// Arguments of `gpu-operator run`.
@@ -376,6 +384,7 @@ impl Cli {
                 Ok(())
             }
             Command::Doctor(args) => doctor::run(&args, out),
+            Command::Cleanup(args) => cleanup::run(&args, out),
         }
     }
 }
@@ -419,7 +428,7 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_owned())
             .collect();
-        assert_eq!(names, ["run", "crd", "render", "rbac", "doctor"]);
+        assert_eq!(names, ["run", "crd", "render", "rbac", "doctor", "cleanup"]);
     }
 
     #[test]

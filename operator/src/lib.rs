@@ -5,6 +5,7 @@
 //! `docs/config-facts.md`.
 #![forbid(unsafe_code)]
 
+pub mod cleanup;
 pub mod cli;
 pub mod client;
 pub mod controller;
@@ -17,5 +18,5 @@ pub mod run;
 
 // The pure stages, under the paths the runtime's modules and the tests name them by.
 pub use gpu_operator_engine::{
-    api, facts, json_diff, model, node_pools, nodes, operands, render, sharing, validate,
+    api, facts, json_diff, model, node_pools, nodes, operands, render, sharing, teardown, validate,
 };

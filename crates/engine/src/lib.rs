@@ -10,7 +10,8 @@
 //! - [`nodes`] and [`node_pools`]: which labels, taints and pools GPU nodes should carry;
 //! - [`plan`]: which rendered objects need a write (the zero-write rule);
 //! - [`status`]: the policy's status from what was applied and observed;
-//! - [`upgrade`]: the driver upgrade state machine of one node.
+//! - [`upgrade`]: the driver upgrade state machine of one node;
+//! - [`teardown`]: what comes off a node when its policy is deleted.
 #![forbid(unsafe_code)]
 
 pub use gpu_operator_api as api;
@@ -27,5 +28,6 @@ mod plan_tests;
 pub mod render;
 pub mod sharing;
 pub mod status;
+pub mod teardown;
 pub mod upgrade;
 pub mod validate;

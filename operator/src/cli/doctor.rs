@@ -673,18 +673,23 @@ pub fn findings_text(findings: &[Finding]) -> String {
     out
 }
 
-async fn client(args: &DoctorArgs) -> anyhow::Result<Client> {
+/// A client from `kubeconfig` and `context` (default: KUBECONFIG, ~/.kube/config, or the
+/// in-cluster account), as every subcommand that talks to a cluster takes them.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<Client> {
     let options = kube::config::KubeConfigOptions {
-        context: args.context.clone(),
+        context: context.map(str::to_owned),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
+    let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
         }
-        None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+        None if context.is_some() => kube::Config::from_kubeconfig(&options).await?,
         None => kube::Config::infer().await?,
     };
     Ok(Client::try_from(config)?)
@@ -748,7 +753,7 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let (text, findings) = runtime.block_on(async {
-        let client = client(args).await?;
+        let client = client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
         let snapshot = snapshot(&client, args).await?;
         Ok::<_, anyhow::Error>(match &args.pod {
             None => {

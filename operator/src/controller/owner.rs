@@ -105,6 +105,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("teardown of a deleted ClusterPolicy: {0}")]
+    Teardown(#[from] crate::cleanup::Error),
 }
 
 impl Error {
@@ -119,6 +121,7 @@ impl Error {
             Error::NfdCrds(_) => "NfdCrdsFailed",
             Error::Upgrade(_) => "UpgradeFailed",
             Error::Namespace { .. } => "NamespaceLabelFailed",
+            Error::Teardown(_) => "TeardownFailed",
         }
     }
 }

@@ -137,6 +137,7 @@ pub async fn remove_leftovers(admin: &Client) {
             .await
             .unwrap();
     }
+    finish_teardowns(admin).await;
     wait::until_none_left(
         &api,
         &ListParams::default(),
@@ -145,6 +146,32 @@ pub async fn remove_leftovers(admin: &Client) {
     )
     .await
     .unwrap();
+}
+
+/// Finishes the teardown of the policies being deleted that a stopped operator left holding
+/// its finalizer, as `gpu-operator cleanup` does (without its refusals: a leftover NVIDIA Lease
+/// of a coexistence test must not stop the cleanup of leftovers).
+pub async fn finish_teardowns(admin: &Client) {
+    let held: Vec<String> = policies(admin)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_some() && gpu_operator::cleanup::has_finalizer(p)
+        })
+        .map(|p| p.name_any())
+        .collect();
+    if held.is_empty() {
+        return;
+    }
+    gpu_operator::cleanup::clean_cluster(admin).await.unwrap();
+    for name in held {
+        gpu_operator::cleanup::remove_finalizer(admin, &name)
+            .await
+            .unwrap();
+    }
 }
 
 /// The field manager of every session's CRD installs. The OLM tests apply the bundle's copies
@@ -324,12 +351,17 @@ impl Setup {
             .unwrap();
     }
 
-    /// Deletes the policy, waits until its operands are garbage-collected, stops the operator.
+    /// Deletes the policy (unless the test did), waits until its operands are
+    /// garbage-collected, stops the operator.
     pub async fn teardown(mut self) {
-        policies(&self.admin)
+        match policies(&self.admin)
             .delete(&self.policy, &DeleteParams::default())
             .await
-            .unwrap();
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("deleting policy {}: {e}", self.policy),
+        }
         let api = self.daemonsets();
         wait::until_none_left(
             &api,

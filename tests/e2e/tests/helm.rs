@@ -733,6 +733,7 @@ async fn remove_leftovers(admin: &Client) {
     for p in api.list(&ListParams::default()).await.unwrap().items {
         let _ = api.delete(&p.name_any(), &DeleteParams::default()).await;
     }
+    session::finish_teardowns(admin).await;
     wait_until_gone(api, ListParams::default(), "leftover policies gone").await;
     let managed = ListParams::default().labels(MANAGED_BY_OPERATOR);
     wait_until_gone(
@@ -1109,8 +1110,13 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
         );
     }
 
-    // Uninstall: the policy goes, the garbage collector takes every operand with it.
+    // Teardown as docs/install.md gives it: the policy deleted while the operator runs (the
+    // garbage collector takes every operand with it), then the release uninstalled.
     let started = Instant::now();
+    policies(&admin)
+        .delete(POLICY, &DeleteParams::default())
+        .await
+        .unwrap();
     helm_ok(&strings(&[
         "uninstall",
         RELEASE,
@@ -1120,7 +1126,7 @@ async fn helm_install_upgrade_and_uninstall_with_the_operator_on_the_charts_rbac
     ]));
     await_no_operands(&admin, &namespace).await;
     println!(
-        "no operand left {:?} after helm uninstall",
+        "no operand left {:?} after the policy's deletion and helm uninstall",
         started.elapsed()
     );
     assert!(
@@ -1171,6 +1177,12 @@ async fn a_crd_change_reaches_the_cluster_on_helm_upgrade_and_nvidias_crd_is_lef
         &namespace,
         "--wait",
     ]));
+    // The chart keeps the policy (clusterPolicy.keepOnUninstall); the operator is stopped, so
+    // its teardown is finished as `gpu-operator cleanup` does.
+    let _ = policies(&admin)
+        .delete(POLICY, &DeleteParams::default())
+        .await;
+    session::finish_teardowns(&admin).await;
     await_no_operands(&admin, &namespace).await;
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())

@@ -291,6 +291,21 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
     nfd.ensure_running().unwrap();
 
     drop(nfd);
+    // The documented teardown: the policy deleted while the operator runs (the chart keeps it
+    // on uninstall), then the release.
+    let policies = session::policies(&admin);
+    policies
+        .delete(POLICY, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until_none_left(
+        &policies,
+        &ListParams::default(),
+        session::TIMEOUT,
+        "policy torn down",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     helm_ok(&strings(&[
         "uninstall",
         RELEASE,

@@ -11,10 +11,12 @@
 //!   the others proceed (decision 8). Resolve errors prune nothing.
 //! - No timer while steady: a pass requeues only while something is not ready, or when a node's
 //!   vanished GPU label reaches its grace period.
-//! - A policy being deleted gets no writes at all, not even status (decision 17): garbage
+//! - A policy being deleted gets no operand, label or status writes (decision 17): garbage
 //!   collection removes its operands, and re-applying them meanwhile would start and kill driver
 //!   pods on every GPU node. A pass that started before the deletion request checks before each
-//!   stage that writes ([`still_in_force`]).
+//!   stage that writes ([`still_in_force`]). What the operator put on the nodes is taken off
+//!   under the finalizer the policy in force carries ([`teardown`]), unless another policy
+//!   takes over; `gpu-operator cleanup` does the same when no operator runs.
 //! - A user's change that arrives after the apply stage stops the pass there
 //!   (scheduler::Preemption): what follows (observe, upgrade, status) is redone by the next pass.
 
@@ -164,6 +166,9 @@ async fn reconcile_one(
             .observe_status(ReconciliationStatus::PolicyUnavailable, 0.0);
         return Ok(Ran::Done(None));
     };
+    if is_deleting(policy) && crate::cleanup::has_finalizer(policy) {
+        teardown(policy, deps).await?;
+    }
     if is_deleting(&active) {
         // Its operands are being collected; the next policy takes over once it is gone.
         deps.metrics
@@ -234,6 +239,10 @@ async fn reconcile(
         last_upgrade,
         rendered,
     } = memory;
+    // Before anything lands on a node: the finalizer that lets a teardown take it off again.
+    if !crate::cleanup::has_finalizer(policy) && deps.nvidia.holder().is_none() {
+        crate::cleanup::add_finalizer(&deps.client, &policy.name_any()).await?;
+    }
     let mut watch = Stopwatch::start();
     let nodes = deps.stores.nodes.snapshot();
     watch.lap("snapshot");
@@ -320,6 +329,37 @@ async fn reconcile(
         Some(done) => done,
         None => Ok(Ran::Preempted),
     }
+}
+
+/// A deleted policy that carries our finalizer: the nodes and PriorityClasses are cleaned
+/// (crate::cleanup), then the finalizer goes. Not while another policy takes over (it manages
+/// the nodes next and would put back what came off), nor while NVIDIA's operator is live (it
+/// writes the same keys, decision 14): then only the finalizer goes.
+async fn teardown(policy: &ClusterPolicy, deps: &Deps) -> Result<(), Error> {
+    let name = policy.name_any();
+    let successor = deps
+        .policies
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .find(|p| !is_deleting(p) && p.name_any() != name)
+        .map(|p| p.name_any());
+    if let Some(next) = successor {
+        tracing::info!(policy = %name, successor = %next, "teardown: another ClusterPolicy takes over the nodes; they are left as they are");
+    } else if let Some(holder) = deps.nvidia.holder() {
+        tracing::warn!(policy = %name, nvidia_operator = %holder, "teardown: NVIDIA's operator is live and writes the same node keys; nodes left as they are");
+    } else {
+        let report = crate::cleanup::clean_cluster(&deps.client).await?;
+        tracing::info!(
+            policy = %name,
+            nodes = report.nodes.len(),
+            priority_classes_deleted = ?report.priority_classes_deleted,
+            priority_classes_kept = ?report.priority_classes_kept,
+            "teardown: the operator's marks are off the nodes"
+        );
+    }
+    crate::cleanup::remove_finalizer(&deps.client, &name).await?;
+    Ok(())
 }
 
 fn is_deleting(policy: &ClusterPolicy) -> bool {

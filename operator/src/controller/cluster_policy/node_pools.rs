@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Resource};
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
 use crate::controller::owner::LabelAttempts;
@@ -137,7 +137,8 @@ pub async fn reconcile_nodes(
 pub type PriorityClassesDone = Option<Vec<PoolPriorityClass>>;
 
 /// Creates, recreates, updates and deletes the operator's PriorityClasses so that they are
-/// what `policy`'s `nodePools.priorityClasses` lists. A name taken by a PriorityClass someone
+/// what `policy`'s `nodePools.priorityClasses` lists. They carry our managed-by label and no
+/// owner reference (see below). A name taken by a PriorityClass someone
 /// else created is reported and left alone.
 pub async fn reconcile_priority_classes(
     client: &Client,
@@ -156,7 +157,6 @@ pub async fn reconcile_priority_classes(
         .await?
         .items;
     let plan = priority_class_plan(&ours, &want);
-    let owner = policy.controller_owner_ref(&());
     for name in plan
         .delete
         .iter()
@@ -170,10 +170,7 @@ pub async fn reconcile_priority_classes(
     }
     for pc in plan.create.iter().chain(&plan.recreate) {
         match api
-            .create(
-                &PostParams::default(),
-                &priority_class_object(pc, owner.clone()),
-            )
+            .create(&PostParams::default(), &priority_class_object(pc, None))
             .await
         {
             Ok(_) => tracing::info!(priority_class = %pc.name, "node pool: PriorityClass created"),
@@ -187,6 +184,28 @@ pub async fn reconcile_priority_classes(
     for pc in &plan.update {
         let patch = serde_json::json!({ "description": pc.description });
         api.patch(&pc.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    // Workloads name these classes: garbage collection must not take them with the policy
+    // (a foreground deletion would, before the teardown can look for pods that use them). The
+    // teardown deletes those no pod holds. Owner references of earlier releases come off.
+    for live in ours.iter().filter(|pc| {
+        pc.metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| !o.is_empty())
+            && !plan
+                .delete
+                .iter()
+                .any(|name| Some(name) == pc.metadata.name.as_ref())
+            && !plan
+                .recreate
+                .iter()
+                .any(|r| Some(&r.name) == pc.metadata.name.as_ref())
+    }) {
+        let patch = serde_json::json!({"metadata": {"ownerReferences": null}});
+        let name = live.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
     *done = Some(want);
