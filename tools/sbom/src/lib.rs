@@ -2,7 +2,12 @@
 //! compiled into the binary, as Cargo resolved it for the image's target, with its licence, its
 //! package URL and the SHA-256 that Cargo.lock pins.
 //!
-//! Pure functions over `cargo metadata` output and Cargo.lock's text; `main.rs` runs Cargo.
+//! Which packages are linked, and who pulls in whom, comes from `cargo tree -p <package>`: it
+//! resolves features for that package alone, as `cargo build -p` does, whereas `cargo metadata`
+//! unifies the features of every workspace member (a test-only feature of a shared dependency
+//! would add crates the binary never links). Licences and repositories come from
+//! `cargo metadata`, checksums from Cargo.lock. Pure functions over their output; `main.rs` and
+//! [`from_workspace`] run Cargo.
 //! The output is deterministic (sorted, no timestamp, no random serial number), so two image
 //! builds of one tree carry the same SBOM byte for byte (scripts/image-check.sh compares them).
 
@@ -107,6 +112,45 @@ pub fn linked_packages(metadata: &Value, root: &str) -> anyhow::Result<BTreeSet<
     Ok(seen)
 }
 
+/// A package as `cargo tree` names it.
+pub type NameVersion = (String, String);
+
+/// Who pulls in whom: (dependent, dependency).
+pub type Edges = BTreeSet<(NameVersion, NameVersion)>;
+
+/// The packages and edges of `cargo tree --prefix depth -f '{p}'` output: every line is
+/// `<depth><name> v<version>[ (path)][ (*)]`, a child below its parent at depth + 1.
+pub fn parse_tree(text: &str) -> anyhow::Result<(BTreeSet<NameVersion>, Edges)> {
+    let mut packages = BTreeSet::new();
+    let mut edges = BTreeSet::new();
+    let mut parents: Vec<NameVersion> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let digits = line.chars().take_while(char::is_ascii_digit).count();
+        let depth: usize = line[..digits]
+            .parse()
+            .with_context(|| format!("cargo tree line without a depth: {line}"))?;
+        let mut words = line[digits..].split_whitespace();
+        let (Some(name), Some(version)) =
+            (words.next(), words.next().and_then(|v| v.strip_prefix('v')))
+        else {
+            bail!("cargo tree line without name and version: {line}");
+        };
+        let package = (name.to_owned(), version.to_owned());
+        parents.truncate(depth);
+        if let Some(parent) = parents.last() {
+            edges.insert((parent.clone(), package.clone()));
+        } else if depth != 0 {
+            bail!("cargo tree line deeper than its parent: {line}");
+        }
+        packages.insert(package.clone());
+        parents.push(package);
+    }
+    if packages.is_empty() {
+        bail!("cargo tree printed no package");
+    }
+    Ok((packages, edges))
+}
+
 /// A licence field as an SPDX expression: crates.io still holds the pre-SPDX `MIT/Apache-2.0`
 /// form, which means `MIT OR Apache-2.0`.
 pub fn spdx_expression(license: &str) -> String {
@@ -144,82 +188,58 @@ fn component(package: &Value, locked: Option<&Locked>, kind: &str) -> Value {
     component
 }
 
-/// The CycloneDX document for `root`'s binary: `metadata.component` is the binary itself, the
-/// components are every other linked package, and `dependencies` records who pulls in whom.
-pub fn bom(metadata: &Value, lock: &[Locked], root: &str) -> anyhow::Result<Value> {
-    let linked = linked_packages(metadata, root)?;
-    let packages: BTreeMap<&str, &Value> = metadata["packages"]
+/// The CycloneDX document for `root`'s binary from its `cargo tree` (packages and edges),
+/// `metadata` (licences, repositories) and `lock` (checksums): `metadata.component` is the
+/// binary itself, the components are every other linked package, and `dependencies` records
+/// who pulls in whom.
+pub fn bom(tree: &str, metadata: &Value, lock: &[Locked], root: &str) -> anyhow::Result<Value> {
+    let (linked, edges) = parse_tree(tree)?;
+    let packages: BTreeMap<(&str, &str), &Value> = metadata["packages"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|p| Some((p["id"].as_str()?, p)))
+        .filter_map(|p| Some(((p["name"].as_str()?, p["version"].as_str()?), p)))
         .collect();
     let locked: BTreeMap<(&str, &str), &Locked> = lock
         .iter()
         .map(|l| ((l.name.as_str(), l.version.as_str()), l))
         .collect();
-    let reference = |id: &str| -> anyhow::Result<String> {
-        let p = packages
-            .get(id)
-            .with_context(|| format!("{id} has no package entry"))?;
-        Ok(purl(
-            p["name"].as_str().unwrap_or_default(),
-            p["version"].as_str().unwrap_or_default(),
-        ))
-    };
 
     let mut root_component = Value::Null;
     let mut components = Vec::new();
-    for id in &linked {
-        let package = packages[id.as_str()];
-        let key = (
-            package["name"].as_str().unwrap_or_default(),
-            package["version"].as_str().unwrap_or_default(),
-        );
-        let entry = locked.get(&key).copied();
-        if entry.is_none() {
-            bail!(
-                "{}@{} is linked but not in Cargo.lock: run cargo with --locked",
-                key.0,
-                key.1
-            );
-        }
-        if package["name"] == root && package["source"].is_null() {
-            root_component = component(package, entry, "application");
+    for (name, version) in &linked {
+        let key = (name.as_str(), version.as_str());
+        let package = packages
+            .get(&key)
+            .with_context(|| format!("{name}@{version} is linked but cargo metadata lacks it"))?;
+        let Some(entry) = locked.get(&key).copied() else {
+            bail!("{name}@{version} is linked but not in Cargo.lock: run cargo with --locked");
+        };
+        if name == root && package["source"].is_null() {
+            root_component = component(package, Some(entry), "application");
         } else {
-            components.push(component(package, entry, "library"));
+            components.push(component(package, Some(entry), "library"));
         }
+    }
+    if root_component.is_null() {
+        bail!("{root} is not the root of the tree");
     }
     components.sort_by(|a, b| a["bom-ref"].as_str().cmp(&b["bom-ref"].as_str()));
 
-    let mut dependencies = Vec::new();
-    for node in metadata["resolve"]["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let Some(id) = node["id"].as_str().filter(|id| linked.contains(*id)) else {
-            continue;
-        };
-        let mut depends_on: Vec<String> = node["deps"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|d| {
-                d["dep_kinds"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|k| k["kind"].is_null())
-            })
-            .filter_map(|d| d["pkg"].as_str())
-            .map(reference)
-            .collect::<anyhow::Result<_>>()?;
-        depends_on.sort();
-        depends_on.dedup();
-        dependencies.push(json!({ "ref": reference(id)?, "dependsOn": depends_on }));
+    let mut depends_on: BTreeMap<String, BTreeSet<String>> = linked
+        .iter()
+        .map(|(n, v)| (purl(n, v), BTreeSet::new()))
+        .collect();
+    for ((from_name, from_version), (to_name, to_version)) in &edges {
+        depends_on
+            .entry(purl(from_name, from_version))
+            .or_default()
+            .insert(purl(to_name, to_version));
     }
-    dependencies.sort_by(|a, b| a["ref"].as_str().cmp(&b["ref"].as_str()));
+    let dependencies: Vec<Value> = depends_on
+        .into_iter()
+        .map(|(from, to)| json!({ "ref": from, "dependsOn": to }))
+        .collect();
 
     Ok(json!({
         "bomFormat": "CycloneDX",
@@ -267,10 +287,32 @@ pub fn from_workspace(
         );
     }
     let metadata: Value = serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let tree = cargo_tree(root, target, package)?;
     let lock_path = root.join("Cargo.lock");
     let lock = std::fs::read_to_string(&lock_path)
         .with_context(|| format!("reading {}", lock_path.display()))?;
-    bom(&metadata, &parse_lock(&lock)?, package)
+    bom(&tree, &metadata, &parse_lock(&lock)?, package)
+}
+
+/// `cargo tree` of `package`'s normal dependencies for `target`, with depths.
+pub fn cargo_tree(root: &std::path::Path, target: &str, package: &str) -> anyhow::Result<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "tree", "--locked", "-p", package, "-e", "normal", "--target", target,
+        ])
+        .args(["--prefix", "depth", "-f", "{p}"])
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .output()
+        .context("running cargo tree")?;
+    if !out.status.success() {
+        bail!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).context("cargo tree printed no UTF-8")
 }
 
 #[cfg(test)]
@@ -295,6 +337,18 @@ mod tests {
 
     fn dep(pkg: &str, kind: Option<&str>) -> Value {
         json!({ "pkg": pkg, "dep_kinds": [{ "kind": kind, "target": null }] })
+    }
+
+    #[test]
+    fn tree_lines_give_packages_and_who_pulls_them_in() {
+        let tree = "0root v1.0.0 (/src)\n1a v0.1.0\n2c v3.0.0\n1b v0.2.0\n2c v3.0.0 (*)\n";
+        let (packages, edges) = parse_tree(tree).unwrap();
+        assert_eq!(packages.len(), 4);
+        let nv = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        assert!(edges.contains(&(nv("b", "0.2.0"), nv("c", "3.0.0"))));
+        assert!(edges.contains(&(nv("root", "1.0.0"), nv("a", "0.1.0"))));
+        assert!(!edges.contains(&(nv("a", "0.1.0"), nv("b", "0.2.0"))));
+        assert!(parse_tree("2deep v1.0.0\n").is_err());
     }
 
     #[test]
