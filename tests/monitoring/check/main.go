@@ -4,6 +4,7 @@
 //   - rules FILE...: each file (Prometheus rule groups, the spec of a PrometheusRule) is parsed
 //     by github.com/prometheus/prometheus/model/rulefmt, which rejects unknown fields and parses
 //     every PromQL expression and annotation template, as `promtool check rules` does.
+//
 //   - dashboard FILE...: each file is decoded strictly into the dashboard types of
 //     github.com/grafana/grafana-foundation-sdk/go (Grafana's schema: unknown fields, wrong
 //     types and missing required fields are errors); panel options and Prometheus queries are

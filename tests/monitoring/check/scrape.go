@@ -53,7 +53,7 @@ func scrapeConfig(file string, expect []string) []string {
 		for _, address := range staticAddresses(job) {
 			targets++
 			target := url.URL{Scheme: job.Scheme, Host: address, Path: job.MetricsPath}
-			result, err := scrapeTarget(client, target.String(), time.Duration(job.ScrapeTimeout))
+			result, err := scrapeTarget(client, target.String(), time.Duration(job.ScrapeTimeout), job.ScrapeFallbackProtocol.HeaderMediaType())
 			if err == nil {
 				err = result.missing(expect)
 			}
@@ -96,7 +96,8 @@ type scraped struct {
 
 // scrapeTarget GETs target with client and parses a 200 answer; any other status is an error
 // naming the status and the start of the body (the operator says there why it refused).
-func scrapeTarget(client *http.Client, target string, timeout time.Duration) (scraped, error) {
+// fallback is the job's fallback_scrape_protocol for an answer without a usable Content-Type.
+func scrapeTarget(client *http.Client, target string, timeout time.Duration, fallback string) (scraped, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
@@ -117,13 +118,14 @@ func scrapeTarget(client *http.Client, target string, timeout time.Duration) (sc
 	if resp.StatusCode != http.StatusOK {
 		return scraped{status: resp.StatusCode}, fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, body)
 	}
-	return parseExposition(body, resp.Header.Get("Content-Type"), resp.StatusCode)
+	return parseExposition(body, resp.Header.Get("Content-Type"), fallback, resp.StatusCode)
 }
 
 // parseExposition counts the samples of body and collects their metric names; a body
 // Prometheus' parser rejects is an error.
-func parseExposition(body []byte, contentType string, status int) (scraped, error) {
-	parser, err := textparse.New(body, contentType, labels.NewSymbolTable(), textparse.ParserOptions{})
+func parseExposition(body []byte, contentType, fallback string, status int) (scraped, error) {
+	options := textparse.ParserOptions{FallbackContentType: fallback}
+	parser, err := textparse.New(body, contentType, labels.NewSymbolTable(), options)
 	if parser == nil {
 		return scraped{}, fmt.Errorf("no Prometheus parser for Content-Type %q: %v", contentType, err)
 	}
