@@ -377,6 +377,8 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
             "Prometheus could not scrape with the reader's token:\n{out}"
         );
         assert!(out.contains("HTTP 200"), "{out}");
+        // Shown with --nocapture: the status, sample count and families Prometheus read.
+        eprintln!("{out}");
         let (ok, out) = prometheus_scrape(&check, &dir, endpoint, &target, "stranger", &stranger);
         assert!(
             !ok,
