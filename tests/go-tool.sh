@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # go-tool.sh MODULE BINARY CACHE_ROOT WHAT: builds the Go program in folder MODULE (its go.mod
 # pins every dependency) as BINARY into CACHE_ROOT/<digest>/, the digest taken from the Go
-# version and the module's go.mod, go.sum and main.go, and reuses that build when present.
+# version and the module's go.mod, go.sum and .go files, and reuses that build when present.
 # WHAT names the tool in the log. Prints the binary's path as its last line. The test checkers
 # (tests/olm/build.sh, tests/monitoring/build.sh) call it; the harness tools have build.sh.
 set -euo pipefail
@@ -10,7 +10,7 @@ module=$1 name=$2 cache_root=$3 what=$4
 log() { echo "$(basename "$module")/$name: $*" >&2; }
 
 command -v go >/dev/null 2>&1 || { log "go is not installed (needed to build $what)"; exit 1; }
-digest=$( { go env GOVERSION; cat "$module/go.mod" "$module/go.sum" "$module/main.go"; } | sha256sum | cut -c1-12)
+digest=$( { go env GOVERSION; cat "$module/go.mod" "$module/go.sum" "$module"/*.go; } | sha256sum | cut -c1-12)
 dest="$cache_root/$digest"
 binary="$dest/$name"
 

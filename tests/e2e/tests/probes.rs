@@ -5,6 +5,8 @@
 //! ServiceMonitor scrapes it, only a token allowed `get /metrics`, while the probes stay open.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::cluster::{service_account_token, unique_name};
@@ -14,7 +16,7 @@ use gpu_operator::api::State;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The status code and body of GET `path` on the operator's probe port (plain HTTP, no
 /// token, as the kubelet asks); `None` while nothing listens.
@@ -152,6 +154,110 @@ fn rendered<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Va
         .unwrap_or_else(|| panic!("the chart rendered no {kind}"))
 }
 
+/// The scrape job prometheus-operator generates for the ServiceMonitor endpoint `endpoint`
+/// (`generateServiceMonitorConfig` and `addTLStoYaml` in its pkg/prometheus/promcfg.go), with
+/// the target it would discover replaced by the static `target` and the token file Prometheus'
+/// pod mounts by `token_file`. prometheus-operator writes `bearerTokenFile` as
+/// `bearer_token_file`, which Prometheus' config loader turns into this `authorization`
+/// (prometheus/common's HTTPClientConfig.Validate). Fields the chart does not render (Secret
+/// references, OAuth2, proxies) are refused rather than dropped, so a new one is noticed here.
+fn prometheus_scrape_job(endpoint: &Value, target: &str, token_file: &Path) -> Value {
+    let known = [
+        "port",
+        "path",
+        "scheme",
+        "bearerTokenFile",
+        "tlsConfig",
+        "interval",
+        "scrapeTimeout",
+        "honorLabels",
+    ];
+    for key in endpoint.as_object().unwrap().keys() {
+        assert!(
+            known.contains(&key.as_str()),
+            "the ServiceMonitor endpoint's {key} has no translation to a scrape job here: add one"
+        );
+    }
+    let mut job = json!({
+        "job_name": "serviceMonitor/gpu-operator/gpu-operator/0",
+        "honor_labels": endpoint["honorLabels"].as_bool().unwrap_or(false),
+        "static_configs": [{"targets": [target]}],
+    });
+    let copies = [
+        ("path", "metrics_path"),
+        ("scheme", "scheme"),
+        ("interval", "scrape_interval"),
+        ("scrapeTimeout", "scrape_timeout"),
+    ];
+    for (from, to) in copies {
+        if let Some(value) = endpoint.get(from) {
+            job[to] = value.clone();
+        }
+    }
+    if let Some(tls) = endpoint.get("tlsConfig") {
+        job["tls_config"] = prometheus_tls_config(tls);
+    }
+    if endpoint.get("bearerTokenFile").is_some() {
+        job["authorization"] = json!({"type": "Bearer", "credentials_file": token_file});
+    }
+    json!({"scrape_configs": [job]})
+}
+
+/// A ServiceMonitor `tlsConfig` in Prometheus' `tls_config` names (prometheus-operator's
+/// `addTLStoYaml`); its Secret and ConfigMap references become files in Prometheus' pod, which
+/// a local scrape cannot have, so they are refused.
+fn prometheus_tls_config(tls: &Value) -> Value {
+    let names = [
+        ("insecureSkipVerify", "insecure_skip_verify"),
+        ("serverName", "server_name"),
+        ("caFile", "ca_file"),
+        ("certFile", "cert_file"),
+        ("keyFile", "key_file"),
+    ];
+    let mut out = serde_json::Map::new();
+    for (key, value) in tls.as_object().unwrap() {
+        let (_, name) = names
+            .iter()
+            .find(|(from, _)| from == key)
+            .unwrap_or_else(|| panic!("tlsConfig.{key} has no translation to tls_config here"));
+        out.insert((*name).to_owned(), value.clone());
+    }
+    Value::Object(out)
+}
+
+/// Writes `token` and the scrape configuration for `endpoint` into `dir` and runs
+/// `monitoring-check scrape` on it, expecting the operator's metric families; (passed, its
+/// stdout and stderr).
+fn prometheus_scrape(
+    check: &Path,
+    dir: &Path,
+    endpoint: &Value,
+    target: &str,
+    who: &str,
+    token: &str,
+) -> (bool, String) {
+    let token_file = dir.join(format!("{who}.token"));
+    std::fs::write(&token_file, token).unwrap();
+    let config = prometheus_scrape_job(endpoint, target, &token_file);
+    let config_file = dir.join(format!("{who}-prometheus.yaml"));
+    std::fs::write(&config_file, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    let mut expect = gpu_operator::metrics::NVIDIA_METRICS.to_vec();
+    expect.push("gpu_operator_reconciles_total");
+    let out = Command::new(check)
+        .arg("-expect")
+        .arg(expect.join(","))
+        .arg("scrape")
+        .arg(&config_file)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 #[tokio::test]
 async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_open() {
     if tools::harness_tool("helm").is_none() {
@@ -259,6 +365,28 @@ async fn metrics_answer_only_a_token_allowed_to_get_them_and_the_probes_stay_ope
         operator.log_text()
     );
     assert!(body.contains("gpu_operator_reconciles_total"), "{body}");
+    // Prometheus' own scrape code, configured as prometheus-operator configures it from the
+    // chart's ServiceMonitor: the scraper's token is read, the stranger's refused.
+    if let Some(check) = tools::checker("tests/monitoring/build.sh") {
+        let dir = std::env::temp_dir().join(unique_name("prometheus-scrape"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = format!("127.0.0.1:{port}");
+        let (ok, out) = prometheus_scrape(&check, &dir, endpoint, &target, "scraper", &scraper);
+        assert!(
+            ok,
+            "Prometheus could not scrape with the reader's token:\n{out}"
+        );
+        assert!(out.contains("HTTP 200"), "{out}");
+        // Shown with --nocapture: the status, sample count and families Prometheus read.
+        eprintln!("{out}");
+        let (ok, out) = prometheus_scrape(&check, &dir, endpoint, &target, "stranger", &stranger);
+        assert!(
+            !ok,
+            "Prometheus scraped with a token lacking the role:\n{out}"
+        );
+        assert!(out.contains("HTTP 403"), "{out}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
     // Plain HTTP gets nothing from the TLS port.
     assert_ne!(
         code(scrape::get(Scheme::Http, port, "/metrics", None).await),

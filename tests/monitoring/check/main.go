@@ -4,10 +4,16 @@
 //   - rules FILE...: each file (Prometheus rule groups, the spec of a PrometheusRule) is parsed
 //     by github.com/prometheus/prometheus/model/rulefmt, which rejects unknown fields and parses
 //     every PromQL expression and annotation template, as `promtool check rules` does.
+//
 //   - dashboard FILE...: each file is decoded strictly into the dashboard types of
 //     github.com/grafana/grafana-foundation-sdk/go (Grafana's schema: unknown fields, wrong
 //     types and missing required fields are errors); panel options and Prometheus queries are
 //     decoded strictly too, so only the panel types registered below are accepted.
+//
+//   - scrape CONFIG: loads a Prometheus configuration and scrapes each static target of each
+//     job once, as Prometheus would (scrape.go); it prints per target the HTTP status, the
+//     sample count and the expected families found, and fails on a status other than 200, a
+//     body Prometheus cannot parse, or a name -expect lists that the target lacks.
 //
 // With -metrics FILE (one metric name a line, # comments), every metric name a rule
 // expression or a dashboard query selects must be listed there, so a misspelt name fails.
@@ -44,11 +50,27 @@ var promql = parser.NewParser(parser.Options{})
 
 func main() {
 	metricsFile := flag.String("metrics", "", "file of known metric names; every selected metric must be in it")
+	expect := flag.String("expect", "", "scrape: comma-separated metric names every target must expose")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: monitoring-check [-metrics FILE] rules|dashboard FILE...")
+		fmt.Fprintln(os.Stderr, "usage: monitoring-check [-metrics FILE] rules|dashboard FILE...\n"+
+			"       monitoring-check [-expect NAME,...] scrape CONFIG")
 	}
 	flag.Parse()
 	args := flag.Args()
+	if len(args) == 2 && args[0] == "scrape" {
+		var names []string
+		if *expect != "" {
+			names = strings.Split(*expect, ",")
+		}
+		problems := scrapeConfig(args[1], names)
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, p)
+		}
+		if len(problems) > 0 {
+			os.Exit(1)
+		}
+		return
+	}
 	if len(args) < 2 || (args[0] != "rules" && args[0] != "dashboard") {
 		flag.Usage()
 		os.Exit(2)
