@@ -22,8 +22,9 @@ use serde_json::json;
 const NVIDIA_LEASE: &str = "53822513.nvidia.com";
 /// How fast a policy edit must still reach its DaemonSet beside a decoy Lease.
 const EDIT_BOUND: Duration = Duration::from_secs(2);
-/// One of the operand ConfigMaps the default policy renders (the device plugin's).
-const OPERAND_CONFIG_MAP: &str = "nvidia-device-plugin-entrypoint";
+/// One of the operand ConfigMaps the default policy renders under a fixed name (the driver's
+/// startup probe; entrypoints are named by their content, so no one can guess them ahead).
+const OPERAND_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
 const ADOPT: &str = "nvidia.com/gpu-operator.adopt";
 
 async fn create_namespace(admin: &Client, name: &str) {
@@ -372,7 +373,7 @@ async fn objects_we_did_not_create_are_left_alone_until_adopted() {
             &PostParams::default(),
             &serde_json::from_value(json!({
                 "metadata": {"name": OPERAND_CONFIG_MAP},
-                "data": {"entrypoint.sh": "#!/bin/sh\n# someone else's\n"}
+                "data": {"startup-probe.sh": "#!/bin/sh\n# someone else's\n"}
             }))
             .unwrap(),
         )
