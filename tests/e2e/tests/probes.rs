@@ -24,9 +24,10 @@ async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     scrape::get(Scheme::Http, port, path, None).await
 }
 
-/// The operator's generated ClusterRole named `name`, without `list` and `watch` on
-/// DaemonSets when `hold_caches`: start-up (discovery, CRD and Lease checks) works, but the
-/// DaemonSet cache can never fill.
+/// The operator's generated ClusterRole named `name`, without `list` and `watch` on Nodes when
+/// `hold_caches`: start-up (discovery, CRD and Lease checks) works, but the node cache can never
+/// fill. Nodes, because they are cluster-scoped: the operator's Role in its namespace (applied
+/// beside this ClusterRole, as the chart does) cannot grant them back, as it does DaemonSets.
 fn operator_role(name: &str, hold_caches: bool) -> ClusterRole {
     let mut role = e2e::operator::generated_role(name);
     if hold_caches {
@@ -34,14 +35,13 @@ fn operator_role(name: &str, hold_caches: bool) -> ClusterRole {
         let mut held = Vec::new();
         for rule in rules.iter_mut() {
             let resources = rule.resources.get_or_insert_with(Vec::new);
-            if resources.iter().any(|r| r == "daemonsets") {
-                // The rule may name other kinds (Deployments, which start-up lists): only
-                // DaemonSets lose list and watch.
-                resources.retain(|r| r != "daemonsets");
-                let mut daemonsets = rule.clone();
-                daemonsets.resources = Some(vec!["daemonsets".to_owned()]);
-                daemonsets.verbs.retain(|v| v != "list" && v != "watch");
-                held.push(daemonsets);
+            if resources.iter().any(|r| r == "nodes") {
+                // The rule may name other kinds: only Nodes lose list and watch.
+                resources.retain(|r| r != "nodes");
+                let mut nodes = rule.clone();
+                nodes.resources = Some(vec!["nodes".to_owned()]);
+                nodes.verbs.retain(|v| v != "list" && v != "watch");
+                held.push(nodes);
             }
         }
         rules.retain(|r| r.resources.as_ref().is_none_or(|names| !names.is_empty()));
@@ -86,7 +86,7 @@ async fn readyz_is_503_until_the_caches_fill_and_the_first_pass_ends_then_200() 
         assert_eq!(
             get(port, "/readyz").await.map(|(code, _)| code),
             Some(503),
-            "ready before its DaemonSet cache could fill:\n{}",
+            "ready before its node cache could fill:\n{}",
             operator.log_text()
         );
         assert_eq!(get(port, "/healthz").await.map(|(code, _)| code), Some(200));
