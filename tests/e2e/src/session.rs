@@ -302,6 +302,20 @@ impl Setup {
         Api::namespaced(self.admin.clone(), &self.identity.namespace)
     }
 
+    /// The value of env var `name` in the live template of DaemonSet `daemonset` (any
+    /// container); `None` while the DaemonSet or the variable is absent.
+    pub async fn template_env(&self, daemonset: &str, name: &str) -> Option<String> {
+        let ds = self.daemonsets().get_opt(daemonset).await.ok()??;
+        ds.spec?
+            .template
+            .spec?
+            .containers
+            .into_iter()
+            .flat_map(|c| c.env.unwrap_or_default())
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    }
+
     pub async fn await_state(&self, want: State, what: &str) -> ClusterPolicy {
         await_policy_state(&self.admin, &self.policy, want, what)
             .await

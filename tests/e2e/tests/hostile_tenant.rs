@@ -10,7 +10,7 @@ use e2e::cluster::unique_name;
 use e2e::session::{self, Setup, TIMEOUT, ready_message};
 use e2e::wait;
 use gpu_operator::api::State;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -42,23 +42,6 @@ async fn delete_namespace(admin: &Client, name: &str) {
         .delete(name, &DeleteParams::default())
         .await
         .unwrap();
-}
-
-/// The value of env var `name` in the dcgm-exporter DaemonSet's template.
-async fn dcgm_exporter_env(s: &Setup, name: &str) -> Option<String> {
-    let ds: DaemonSet = s
-        .daemonsets()
-        .get_opt("nvidia-dcgm-exporter")
-        .await
-        .ok()??;
-    ds.spec?
-        .template
-        .spec?
-        .containers
-        .into_iter()
-        .flat_map(|c| c.env.unwrap_or_default())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value)
 }
 
 #[tokio::test]
@@ -146,7 +129,7 @@ async fn a_decoy_nvidia_lease_in_a_tenant_namespace_changes_nothing() {
         EDIT_BOUND,
         "policy edit applied beside the decoy Lease",
         || async {
-            let value = dcgm_exporter_env(&s, "E2E_TENANT").await;
+            let value = s.template_env("nvidia-dcgm-exporter", "E2E_TENANT").await;
             Ok(if value.as_deref() == Some("1") {
                 Ok(started.elapsed())
             } else {

@@ -18,7 +18,6 @@ use e2e::session::*;
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::nodes::GPU_PRESENT;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
@@ -42,23 +41,6 @@ async fn tick(s: &Setup, n: u32) {
     .await;
 }
 
-/// The E2E_TICK value the live dcgm-exporter DaemonSet carries.
-async fn live_tick(s: &Setup) -> Option<String> {
-    let ds: DaemonSet = s
-        .daemonsets()
-        .get_opt("nvidia-dcgm-exporter")
-        .await
-        .ok()??;
-    ds.spec?
-        .template
-        .spec?
-        .containers
-        .into_iter()
-        .flat_map(|c| c.env.unwrap_or_default())
-        .find(|e| e.name == "E2E_TICK")
-        .and_then(|e| e.value)
-}
-
 /// How long a change took: until its object was written, and until the policy was ready.
 #[derive(Debug)]
 struct Converged {
@@ -75,7 +57,7 @@ async fn await_operator_converged(s: &Setup, n: u32, what: &str) -> Duration {
     let started = Instant::now();
     let want = n.to_string();
     wait::until(CONVERGENCE_BOUND, what, || async {
-        let tick = live_tick(s).await;
+        let tick = s.template_env("nvidia-dcgm-exporter", "E2E_TICK").await;
         let policy = policies(&s.admin).get(&s.policy).await?;
         let ready = ready_condition(&policy);
         let current = ready.and_then(|c| c.observed_generation) >= policy.metadata.generation;
@@ -107,7 +89,7 @@ async fn await_converged(s: &Setup, n: u32, what: &str) -> Converged {
     let started = Instant::now();
     let want = n.to_string();
     wait::until(CONVERGENCE_BOUND, what, || async {
-        let tick = live_tick(s).await;
+        let tick = s.template_env("nvidia-dcgm-exporter", "E2E_TICK").await;
         Ok(if tick.as_deref() == Some(want.as_str()) {
             Ok(())
         } else {
@@ -491,7 +473,10 @@ async fn nvidias_lease_appearing_after_start_up_stops_our_writes_within_a_lease_
         message.contains("NVIDIA's GPU Operator is running"),
         "{message}"
     );
-    assert_ne!(live_tick(&s).await, Some(n.to_string()));
+    assert_ne!(
+        s.template_env("nvidia-dcgm-exporter", "E2E_TICK").await,
+        Some(n.to_string())
+    );
 
     // NVIDIA's operator goes: ours applies the latest change.
     leases
