@@ -188,8 +188,16 @@ pub async fn run(
         watcher::Config::default(),
     );
     // A policy's spec is the user's to change: its changes go first (stores::Wake).
-    let mut triggers =
-        futures::stream::select(triggers, policy_changes.map(|()| Wake::Now)).boxed();
+    let store_less = stores::store_less_changes(
+        &watch_client,
+        &settings.namespace,
+        discovered.optional_kinds(),
+    );
+    let mut triggers = futures::stream::select(
+        futures::stream::select(triggers, store_less),
+        policy_changes.map(|()| Wake::Now),
+    )
+    .boxed();
     let gpu_clusters = watch_if_served::<GPUCluster>(&client, &watch_client, &mut triggers).await;
     // NVIDIADrivers are watched through the request client, as they always were.
     let nvidia_drivers = watch_if_served::<NVIDIADriver>(&client, &client, &mut triggers).await;

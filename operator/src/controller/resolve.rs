@@ -60,7 +60,7 @@ impl Discovered {
         ]
         .into_iter()
         .flatten()
-        .chain(admission_policy_kinds())
+        .chain(crate::operands::common::admission_api_resources())
         .collect()
     }
 
@@ -81,22 +81,6 @@ impl Discovered {
         }
         problems
     }
-}
-
-/// ValidatingAdmissionPolicy and its binding (served from Kubernetes 1.30, below the minimum).
-fn admission_policy_kinds() -> impl Iterator<Item = kube::api::ApiResource> {
-    [
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    ]
-    .into_iter()
-    .map(|kind| {
-        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            kind,
-        ))
-    })
 }
 
 /// How status starts to say that NVIDIA's operator is live.

@@ -20,7 +20,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -401,6 +401,52 @@ where
         })
         .boxed();
     (reader, stream)
+}
+
+/// Wakes a pass when an object of ours of a store-less kind (`resources`: admission policies,
+/// ServiceMonitors, SCCs) changes or goes. The reconcile reads those one by one and keeps no
+/// cache of them, so without this a deleted confinement policy stayed deleted until something
+/// else woke the reconcile. Metadata only, nothing kept but what [`wakes_on`] compares; a
+/// namespaced kind is watched in `namespace` only.
+pub fn store_less_changes(
+    client: &Client,
+    namespace: &str,
+    resources: Vec<ApiResource>,
+) -> BoxStream<'static, Wake> {
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}"));
+    let streams = resources.into_iter().map(|resource| {
+        let api: Api<PartialObjectMeta<DynamicObject>> =
+            match crate::render::rbac::scope(&resource.group, &resource.plural) {
+                Some(crate::render::rbac::Scope::Cluster) => {
+                    Api::all_with(client.clone(), &resource)
+                }
+                _ => Api::namespaced_with(client.clone(), namespace, &resource),
+            };
+        let mut seen = BTreeMap::new();
+        watcher::watcher(api, config.clone())
+            .default_backoff()
+            .filter_map(move |event| {
+                let wake = match &event {
+                    Ok(event) => {
+                        wakes_on(&mut seen, event, |o: &PartialObjectMeta<DynamicObject>| {
+                            (
+                                o.metadata.generation,
+                                o.metadata.labels.clone(),
+                                o.metadata.annotations.clone(),
+                                o.metadata.deletion_timestamp.is_some(),
+                            )
+                        })
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watch failed; retrying with backoff");
+                        false
+                    }
+                };
+                async move { wake.then_some(Wake::Soon) }
+            })
+            .boxed()
+    });
+    futures::stream::select_all(streams).boxed()
 }
 
 /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]): their changes are churn.

@@ -16,11 +16,16 @@ use e2e::cluster::{own_extra_claim, pod_bound_client, unique_name};
 use e2e::nodes::{self, GpuModel};
 use e2e::session::{self, Setup, TIMEOUT, ephemeral_gpu_node};
 use e2e::wait;
+use gpu_operator::api::State;
+use gpu_operator::controller::APPLIED_HASH_ANNOTATION;
 use gpu_operator::operands::common::NODE_NAME_CLAIM;
 use gpu_operator::operands::{driver, mig_manager, validator};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 /// A pod of `service_account` pinned to `node`, as the operand's DaemonSet would place it;
@@ -116,14 +121,7 @@ fn assert_denied_by<T: std::fmt::Debug>(result: kube::Result<T>, policy: &str, w
 
 /// Waits until the policy's confinement policies are bound (they are applied last).
 async fn await_policies(setup: &Setup, names: &[&str]) {
-    let admin = &setup.admin;
-    let gvk = kube::api::GroupVersionKind::gvk(
-        "admissionregistration.k8s.io",
-        "v1",
-        "ValidatingAdmissionPolicyBinding",
-    );
-    let bindings: Api<kube::api::DynamicObject> =
-        Api::all_with(admin.clone(), &kube::api::ApiResource::from_gvk(&gvk));
+    let bindings = admission_api(&setup.admin, "ValidatingAdmissionPolicyBinding");
     for name in names {
         wait::until(TIMEOUT, &format!("binding {name}"), || {
             let bindings = bindings.clone();
@@ -360,6 +358,78 @@ async fn operand_tokens_bound_to_a_pod_write_only_on_their_own_node() {
     }
     setup.teardown().await;
     nodes::delete(&admin, &[node_a, node_b]).await.unwrap();
+}
+
+/// An admission-registration API of `kind` (a policy or its binding).
+fn admission_api(admin: &Client, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    Api::all_with(admin.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// The confinement policies are cached nowhere by the operator, yet they are what keeps a
+/// driver token off other nodes: deleting a binding or editing a policy at steady state (a
+/// converged, ready policy; nothing else wakes the reconcile) must be undone by the operator.
+#[tokio::test]
+async fn a_deleted_binding_or_edited_confinement_policy_is_restored_at_steady_state() {
+    let Some(setup) = session::start(json!({}), &[]).await else {
+        return;
+    };
+    await_policies(&setup, &[driver::CONFINEMENT_POLICY]).await;
+    setup
+        .await_state(State::Ready, "ready before the tampering")
+        .await;
+    let policies = admission_api(&setup.admin, "ValidatingAdmissionPolicy");
+    let bindings = admission_api(&setup.admin, "ValidatingAdmissionPolicyBinding");
+    let name = driver::CONFINEMENT_POLICY;
+    let rendered = policies.get(name).await.unwrap();
+    let rendered_hash = rendered.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
+
+    bindings
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    policies
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {APPLIED_HASH_ANNOTATION: "tampered"}},
+                "spec": {"validations": [{"expression": "true"}]},
+            })),
+        )
+        .await
+        .unwrap();
+
+    wait::until(
+        Duration::from_secs(60),
+        "binding and policy restored",
+        || {
+            let (policies, bindings) = (policies.clone(), bindings.clone());
+            let rendered = rendered.clone();
+            let rendered_hash = rendered_hash.clone();
+            async move {
+                let binding = bindings.get_opt(name).await?;
+                let policy = policies.get(name).await?;
+                let hash = policy.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
+                Ok(
+                    if binding.is_some()
+                        && hash == rendered_hash
+                        && policy.data["spec"] == rendered.data["spec"]
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "binding present: {}, policy hash {hash:?}",
+                            binding.is_some()
+                        ))
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
+    setup.teardown().await;
 }
 
 /// The ConfigMap mig-manager's DaemonSet mounts at `/bin/entrypoint.sh`.

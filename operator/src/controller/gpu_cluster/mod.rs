@@ -47,21 +47,12 @@ pub struct Memory {
 
 /// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
 pub fn optional_kinds() -> Vec<ApiResource> {
-    [
-        ("resource.k8s.io", "v1", "DeviceClass"),
-        (
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicy",
-        ),
-        (
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicyBinding",
-        ),
-    ]
-    .into_iter()
-    .map(|(g, v, k)| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k)))
+    std::iter::once(ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "resource.k8s.io",
+        "v1",
+        "DeviceClass",
+    )))
+    .chain(crate::operands::common::admission_api_resources())
     .collect()
 }
 

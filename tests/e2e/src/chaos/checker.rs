@@ -191,6 +191,7 @@ pub async fn live_objects(
             ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
         })
         .collect();
+    resources.extend(gpu_operator::operands::common::admission_api_resources());
     if service_monitor {
         resources.push(gpu_operator::operands::dcgm_exporter::service_monitor_api_resource());
     }

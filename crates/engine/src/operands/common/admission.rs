@@ -6,7 +6,7 @@
 //! ResourceSlices. A token without that claim (one not bound to a scheduled pod) may write
 //! nothing these policies guard.
 
-use kube_core::{DynamicObject, TypeMeta};
+use kube_core::{ApiResource, DynamicObject, GroupVersionKind, TypeMeta};
 use serde_json::{Value, json};
 
 use super::*;
@@ -137,6 +137,25 @@ pub fn cel_list<S: AsRef<str>>(items: &[S]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// The API group and version of the policies and bindings rendered here.
+const ADMISSION_API: (&str, &str) = ("admissionregistration.k8s.io", "v1");
+
+/// The API resources of the objects rendered here (ValidatingAdmissionPolicy and its binding,
+/// served from Kubernetes 1.30, below our minimum): what pruning and the convergence checks list.
+pub fn admission_api_resources() -> [ApiResource; 2] {
+    [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    .map(|kind| {
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            ADMISSION_API.0,
+            ADMISSION_API.1,
+            kind,
+        ))
+    })
+}
+
 fn dynamic(
     kind: &str,
     metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -144,7 +163,7 @@ fn dynamic(
 ) -> DynamicObject {
     DynamicObject {
         types: Some(TypeMeta {
-            api_version: "admissionregistration.k8s.io/v1".to_owned(),
+            api_version: format!("{}/{}", ADMISSION_API.0, ADMISSION_API.1),
             kind: kind.to_owned(),
         }),
         metadata,
