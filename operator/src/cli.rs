@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// the operator renew only the default one: another name needs a Role of its own.
     #[arg(long, default_value = crate::render::rbac::LEADER_LEASE)]
     pub lease_name: String,
+    /// Namespace of the leader-election Lease (default: the operator namespace), as NVIDIA's
+    /// `--leader-elect-namespace`. The operator then needs the leader-election Role there (the
+    /// chart's `operator.leaseNamespace` places it).
+    #[arg(long, alias = "leader-elect-namespace", env = "LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
     /// Seconds a leader's Lease stays valid without renewal (a standby takes over after it).
     #[arg(long, default_value_t = 15)]
     pub lease_duration_seconds: u64,
@@ -284,6 +289,8 @@ pub fn rbac_yaml(namespace: Option<&str>) -> anyhow::Result<String> {
             .context("serialising the ClusterRole")?,
         serde_yaml_ng::to_string(&rbac::operator_role(namespace))
             .context("serialising the Role")?,
+        serde_yaml_ng::to_string(&rbac::leader_election_role(namespace))
+            .context("serialising the leader-election Role")?,
     ];
     if let Some(namespace) = namespace {
         documents.push(
@@ -293,6 +300,10 @@ pub fn rbac_yaml(namespace: Option<&str>) -> anyhow::Result<String> {
         documents.push(
             serde_yaml_ng::to_string(&rbac::operator_role_binding(namespace))
                 .context("serialising the RoleBinding")?,
+        );
+        documents.push(
+            serde_yaml_ng::to_string(&rbac::leader_election_role_binding(namespace, namespace))
+                .context("serialising the leader-election RoleBinding")?,
         );
     }
     Ok(documents.join("---\n"))
@@ -332,6 +343,7 @@ impl Cli {
                     health_addr: args.health_addr,
                     leader_elect: args.leader_elect,
                     lease_name: args.lease_name,
+                    lease_namespace: args.lease_namespace.filter(|n| !n.is_empty()),
                     lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds),
                     identity: args.identity,
                     gpu_label_grace: std::time::Duration::from_secs(args.gpu_label_grace_seconds),

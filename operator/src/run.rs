@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub health_addr: SocketAddr,
     pub leader_elect: bool,
     pub lease_name: String,
+    /// Namespace of the Lease; `None`: the operator namespace.
+    pub lease_namespace: Option<String>,
     pub lease_duration: Duration,
     pub identity: Option<String>,
     pub gpu_label_grace: Duration,
@@ -93,7 +95,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
     let lease = LeaseSettings {
         name: options.lease_name.clone(),
-        namespace: namespace.clone(),
+        namespace: options
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| namespace.clone()),
         identity: identity.clone(),
         duration: options.lease_duration.max(Duration::from_secs(2)),
     };
@@ -186,12 +191,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let lease_namespace = lease.namespace.clone();
     let mut elector = Elector::new(clients.lease.clone(), lease, gate);
     loop {
         // A standby is ready (a rolling update waits for it while the old leader holds the
         // Lease).
         health.set_ready(true);
-        tracing::info!(%identity, lease = %options.lease_name, "waiting to become leader");
+        tracing::info!(%identity, lease = %options.lease_name, %lease_namespace, "waiting to become leader");
         tokio::select! {
             () = elector.acquire() => {},
             () = stopped() => break,

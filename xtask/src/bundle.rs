@@ -1279,10 +1279,18 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                         service_account_name: OPERATOR,
                         rules: olm_cluster_rules(),
                     }],
-                    permissions: vec![Permissions {
-                        service_account_name: OPERATOR,
-                        rules: rbac::operator_role(None).rules.unwrap_or_default(),
-                    }],
+                    // OLM makes one Role per entry, in the install namespace: the Lease
+                    // stays there.
+                    permissions: vec![
+                        Permissions {
+                            service_account_name: OPERATOR,
+                            rules: rbac::operator_role(None).rules.unwrap_or_default(),
+                        },
+                        Permissions {
+                            service_account_name: OPERATOR,
+                            rules: rbac::leader_election_role(None).rules.unwrap_or_default(),
+                        },
+                    ],
                     deployments: vec![DeploymentEntry {
                         name: OPERATOR,
                         label,
@@ -1717,6 +1725,11 @@ mod tests {
         assert_eq!(
             csv.pointer("/spec/install/spec/permissions/0/serviceAccountName"),
             Some(&json!(OPERATOR))
+        );
+        let leader = serde_json::to_value(rbac::leader_election_role(None).rules).unwrap();
+        assert_eq!(
+            csv.pointer("/spec/install/spec/permissions/1/rules"),
+            Some(&leader)
         );
         assert_eq!(csv["spec"]["minKubeVersion"], "1.33.0");
         let related: Vec<&str> = csv["spec"]["relatedImages"]

@@ -50,18 +50,18 @@ fn the_bundles_crd_is_the_generated_one() {
 }
 
 /// The document of `kind` that `gpu-operator rbac` prints.
-fn rbac_document(kind: &str) -> Value {
+fn rbac_document(kind: &str, name: &str) -> Value {
     let output = run(&["rbac"]);
     output
         .split("---\n")
         .map(|doc| serde_yaml_ng::from_str::<Value>(doc).unwrap())
-        .find(|doc| doc["kind"] == kind)
-        .unwrap_or_else(|| panic!("`gpu-operator rbac` printed no {kind}"))
+        .find(|doc| doc["kind"] == kind && doc["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("`gpu-operator rbac` printed no {kind} {name}"))
 }
 
 #[test]
 fn the_csv_grants_exactly_the_generated_cluster_role_less_writing_crds_and_the_role() {
-    let role = rbac_document("ClusterRole");
+    let role = rbac_document("ClusterRole", "gpu-operator");
     // Under OLM the bundle's CRDs are installed by OLM: the operator only reads CRDs.
     let mut role_rules: Vec<Value> = role["rules"].as_array().unwrap().clone();
     for rule in &mut role_rules {
@@ -90,14 +90,20 @@ fn the_csv_grants_exactly_the_generated_cluster_role_less_writing_crds_and_the_r
         permissions[0]["rules"] == Value::Array(role_rules),
         "the CSV's clusterPermissions differ from `gpu-operator rbac` less writing CRDs: {FIX}"
     );
-    // The operator namespace's Role is the CSV's `permissions`, which OLM grants there.
+    // The operator namespace's Role and the leader-election Role are the CSV's
+    // `permissions`, which OLM grants in the install namespace (where the Lease then lives).
     let namespaced = &csv["spec"]["install"]["spec"]["permissions"];
-    assert_eq!(namespaced.as_array().map(Vec::len), Some(1));
-    assert_eq!(namespaced[0]["serviceAccountName"], "gpu-operator");
-    assert!(
-        namespaced[0]["rules"] == rbac_document("Role")["rules"],
-        "the CSV's permissions differ from the Role of `gpu-operator rbac`: {FIX}"
-    );
+    assert_eq!(namespaced.as_array().map(Vec::len), Some(2));
+    for (i, role) in ["gpu-operator", "gpu-operator-leader-election"]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(namespaced[i]["serviceAccountName"], "gpu-operator");
+        assert!(
+            namespaced[i]["rules"] == rbac_document("Role", role)["rules"],
+            "the CSV's permissions differ from the Role {role} of `gpu-operator rbac`: {FIX}"
+        );
+    }
     let pod = &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "gpu-operator");
 }

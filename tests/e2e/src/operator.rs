@@ -186,6 +186,33 @@ pub async fn apply_generated_role(admin: &Client, namespace: &str) -> Result<()>
         )
         .await
         .with_context(|| format!("creating the operator's RoleBinding in {namespace}"))?;
+    apply_leader_election_role(admin, namespace, namespace).await
+}
+
+/// Creates the operator's leader-election Role in `lease_namespace` and binds it to
+/// ServiceAccount gpu-operator of `namespace`, as the chart does where its Lease lives.
+pub async fn apply_leader_election_role(
+    admin: &Client,
+    lease_namespace: &str,
+    namespace: &str,
+) -> Result<()> {
+    use gpu_operator::render::rbac;
+    Api::<Role>::namespaced(admin.clone(), lease_namespace)
+        .create(
+            &PostParams::default(),
+            &rbac::leader_election_role(Some(lease_namespace)),
+        )
+        .await
+        .with_context(|| format!("creating the leader-election Role in {lease_namespace}"))?;
+    Api::<RoleBinding>::namespaced(admin.clone(), lease_namespace)
+        .create(
+            &PostParams::default(),
+            &rbac::leader_election_role_binding(lease_namespace, namespace),
+        )
+        .await
+        .with_context(|| {
+            format!("creating the leader-election RoleBinding in {lease_namespace}")
+        })?;
     Ok(())
 }
 
@@ -206,6 +233,17 @@ pub async fn bind_generated_role(
         .create(&PostParams::default(), &binding)
         .await
         .with_context(|| format!("binding the operator's Role to {namespace}/{service_account}"))?;
+    let mut binding = rbac::leader_election_role_binding(namespace, namespace);
+    binding.metadata.name = Some(format!("{}-{service_account}", rbac::LEADER_ELECTION_ROLE));
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.name = service_account.to_owned();
+    }
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .with_context(|| {
+            format!("binding the leader-election Role to {namespace}/{service_account}")
+        })?;
     Ok(())
 }
 

@@ -649,3 +649,69 @@ async fn a_node_deleted_during_the_grace_leaves_the_reconcile_loop_idle() {
     );
     s.teardown().await;
 }
+
+/// `--lease-namespace` (NVIDIA's `--leader-elect-namespace`): the leader Lease lives in that
+/// namespace, created and renewed through the leader-election Role bound there alone (the
+/// operator's Role in its own namespace grants no renewal of it), and the leader leads.
+#[tokio::test]
+async fn the_leader_lease_lives_in_the_lease_namespace_through_the_role_bound_there() {
+    use gpu_operator::render::rbac::LEADER_LEASE;
+    let Some(prepared) = builder().prepare().await else {
+        return;
+    };
+    let admin = prepared.admin.clone();
+    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
+    let lease_namespace = unique_name("gpu-operator-leases");
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(lease_namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .unwrap();
+    e2e::operator::apply_leader_election_role(&admin, &lease_namespace, &identity.namespace)
+        .await
+        .unwrap();
+    let operator = Operator::start(&identity, &["--lease-namespace", &lease_namespace]).unwrap();
+    let policy = unique_name("cluster-policy");
+    create_policy(&admin, &policy, json!({})).await;
+    let s = Setup {
+        admin: admin.clone(),
+        identity,
+        operator,
+        policy,
+    };
+    s.await_state(State::Ready, "policy ready with the Lease elsewhere")
+        .await;
+    let lease = Api::<Lease>::namespaced(admin.clone(), &lease_namespace)
+        .get(LEADER_LEASE)
+        .await
+        .unwrap();
+    assert!(
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .is_some_and(|h| !h.is_empty()),
+        "the Lease in {lease_namespace} has a holder"
+    );
+    assert!(
+        Api::<Lease>::namespaced(admin.clone(), &s.identity.namespace)
+            .get_opt(LEADER_LEASE)
+            .await
+            .unwrap()
+            .is_none(),
+        "no leader Lease in the operator namespace"
+    );
+    s.teardown().await;
+    namespaces
+        .delete(&lease_namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}

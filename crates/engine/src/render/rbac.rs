@@ -34,6 +34,8 @@ pub const OPERATOR_ROLE: &str = "gpu-operator";
 /// The operator's leader-election Lease in its namespace (`gpu-operator run --lease-name`): the
 /// only Lease the operator may read or renew, as kube-controller-manager's is.
 pub const LEADER_LEASE: &str = "gpu-operator-leader";
+/// The Role (and its binding) holding [`leader_election_rules`], in the Lease's namespace.
+pub const LEADER_ELECTION_ROLE: &str = "gpu-operator-leader-election";
 
 /// What the operator does to the objects it applies and prunes: server-side apply is a `patch`
 /// (and a `create` when the object is new), pruning a `delete`, the caches `list` and `watch`.
@@ -453,8 +455,14 @@ fn controller_namespace_rules() -> Vec<PolicyRule> {
         // PSA labels on the operator's namespace: a request for a Namespace object is
         // authorised in that namespace, so a Role there covers its own namespace only.
         rule(&[""], &["namespaces"], &["get", "patch"]),
-        // Leader election, as kube-controller-manager's: create the Lease (`create` cannot be
-        // scoped to a name), then read and renew only ours.
+    ]
+}
+
+/// Leader election, as kube-controller-manager's: create the Lease (`create` cannot be scoped
+/// to a name), then read and renew only ours. A Role of its own ([`leader_election_role`]), so
+/// that the Lease may live in another namespace (`gpu-operator run --lease-namespace`).
+fn leader_election_rules() -> Vec<PolicyRule> {
+    vec![
         rule(&["coordination.k8s.io"], &["leases"], &["create"]),
         rule_named(
             &["coordination.k8s.io"],
@@ -742,11 +750,30 @@ pub fn operator_role(namespace: Option<&str>) -> Role {
     }
 }
 
-fn role_ref(kind: &str) -> RoleRef {
+/// The operator's Role `gpu-operator-leader-election` in the Lease's namespace (`namespace`,
+/// or set by whoever installs it): creating the leader Lease, then reading and renewing only it.
+pub fn leader_election_role(namespace: Option<&str>) -> Role {
+    Role {
+        metadata: metadata(LEADER_ELECTION_ROLE, namespace),
+        rules: Some(leader_election_rules()),
+    }
+}
+
+/// Binds the leader-election Role in `lease_namespace` to ServiceAccount `gpu-operator` in
+/// `namespace`.
+pub fn leader_election_role_binding(lease_namespace: &str, namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: metadata(LEADER_ELECTION_ROLE, Some(lease_namespace)),
+        role_ref: role_ref("Role", LEADER_ELECTION_ROLE),
+        subjects: Some(operator_subject(namespace)),
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
     RoleRef {
         api_group: Some("rbac.authorization.k8s.io".to_owned()),
         kind: kind.to_owned(),
-        name: OPERATOR_ROLE.to_owned(),
+        name: name.to_owned(),
     }
 }
 
@@ -763,7 +790,7 @@ fn operator_subject(namespace: &str) -> Vec<Subject> {
 pub fn operator_cluster_role_binding(namespace: &str) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: metadata(OPERATOR_ROLE, None),
-        role_ref: role_ref("ClusterRole"),
+        role_ref: role_ref("ClusterRole", OPERATOR_ROLE),
         subjects: Some(operator_subject(namespace)),
     }
 }
@@ -772,7 +799,7 @@ pub fn operator_cluster_role_binding(namespace: &str) -> ClusterRoleBinding {
 pub fn operator_role_binding(namespace: &str) -> RoleBinding {
     RoleBinding {
         metadata: metadata(OPERATOR_ROLE, Some(namespace)),
-        role_ref: role_ref("Role"),
+        role_ref: role_ref("Role", OPERATOR_ROLE),
         subjects: Some(operator_subject(namespace)),
     }
 }
@@ -1109,6 +1136,7 @@ mod tests {
         let rules: Vec<PolicyRule> = controller_cluster_rules()
             .into_iter()
             .chain(controller_namespace_rules())
+            .chain(leader_election_rules())
             .chain(operand_rules().cluster)
             .chain(operand_rules().namespaced)
             .collect();
@@ -1139,21 +1167,28 @@ mod tests {
     }
 
     #[test]
-    fn leases_are_written_only_in_the_operator_namespace_and_renewed_by_name() {
+    fn leases_are_written_only_by_the_leader_election_role_and_renewed_by_name() {
         let cluster = operator_cluster_role().rules.unwrap();
         let role = operator_role(None).rules.unwrap();
+        let leader = leader_election_role(None).rules.unwrap();
         for verb in ["create", "update", "patch", "delete"] {
             assert!(!allows(
                 &cluster,
                 &grant("coordination.k8s.io", "leases", verb, None)
             ));
-            assert!(!allows(
-                &cluster,
-                &grant("coordination.k8s.io", "leases", verb, Some(LEADER_LEASE))
-            ));
+        }
+        // The namespace Role creates Leases only to grant NFD's and the DRA controller's
+        // Roles that; it neither reads nor renews the operator's own.
+        for verb in ["get", "update", "patch", "delete"] {
+            for rules in [&cluster, &role] {
+                assert!(!allows(
+                    rules,
+                    &grant("coordination.k8s.io", "leases", verb, Some(LEADER_LEASE))
+                ));
+            }
         }
         let lease = |verb: &str, name: Option<&str>| {
-            allows(&role, &grant("coordination.k8s.io", "leases", verb, name))
+            allows(&leader, &grant("coordination.k8s.io", "leases", verb, name))
         };
         assert!(lease("create", None));
         assert!(lease("update", Some(LEADER_LEASE)));
@@ -1161,6 +1196,7 @@ mod tests {
         assert!(!lease("update", None));
         assert!(!lease("get", None));
         assert!(!lease("update", Some("kube-scheduler")));
+        assert!(!lease("delete", Some(LEADER_LEASE)));
     }
 
     #[test]
