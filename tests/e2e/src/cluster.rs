@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{
     BoundObjectReference, SelfSubjectReview, TokenRequest, TokenRequestSpec,
 };
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -243,6 +243,22 @@ pub fn pinned_version(key: &str) -> Result<String> {
         .find(|(k, _)| k.trim() == key)
         .map(|(_, v)| v.trim().to_string())
         .with_context(|| format!("{key} is not set in {}", path.display()))
+}
+
+/// Creates namespace `name` (unlabelled; the test deletes it).
+pub async fn create_namespace(admin: &Client, name: &str) -> Result<()> {
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..kube::api::ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
 }
 
 /// A name unique to this test run, for namespaces and objects tests create.

@@ -23,17 +23,7 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 
 async fn namespace(client: &Client, prefix: &str) -> String {
     let name = unique_name(prefix);
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    e2e::cluster::create_namespace(client, &name).await.unwrap();
     name
 }
 

@@ -662,18 +662,7 @@ async fn the_leader_lease_lives_in_the_lease_namespace_through_the_role_bound_th
     let admin = prepared.admin.clone();
     let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let lease_namespace = unique_name("gpu-operator-leases");
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(lease_namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
+    e2e::cluster::create_namespace(&admin, &lease_namespace)
         .await
         .unwrap();
     e2e::operator::apply_leader_election_role(&admin, &lease_namespace, &identity.namespace)
@@ -710,7 +699,7 @@ async fn the_leader_lease_lives_in_the_lease_namespace_through_the_role_bound_th
         "no leader Lease in the operator namespace"
     );
     s.teardown().await;
-    namespaces
+    Api::<Namespace>::all(admin)
         .delete(&lease_namespace, &DeleteParams::default())
         .await
         .unwrap();
