@@ -563,7 +563,9 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
         }
         // Nothing the driver installs changes: the pod is replaced in place, GPU pods keep
         // running and the node stays schedulable.
-        S::UpgradeRequired if start && !node.skip && driver.revision == DriverRevision::RestartOnly => {
+        S::UpgradeRequired
+            if start && !node.skip && driver.revision == DriverRevision::RestartOnly =>
+        {
             Step::to(S::PodRestartRequired)
         }
         S::UpgradeRequired if start && !node.skip => Step::to(S::CordonRequired),

@@ -446,13 +446,48 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
         metadata_only: ["relabelled".to_owned()].into(),
     };
     let cases = [
-        (Some("new"), Some("d1"), R::Current, "its revision is current"),
-        (Some("new"), None, R::Current, "current, with or without a digest"),
-        (Some("relabelled"), Some("d0"), R::OlderMetadata, "only labels/annotations differ"),
-        (Some("old"), Some("d1"), R::RestartOnly, "same digest: restart in place"),
-        (Some("old"), Some("d0"), R::Outdated, "another digest: full upgrade"),
-        (Some("old"), None, R::Outdated, "the running pod has no digest"),
-        (None, Some("d1"), R::RestartOnly, "no revision label, same digest"),
+        (
+            Some("new"),
+            Some("d1"),
+            R::Current,
+            "its revision is current",
+        ),
+        (
+            Some("new"),
+            None,
+            R::Current,
+            "current, with or without a digest",
+        ),
+        (
+            Some("relabelled"),
+            Some("d0"),
+            R::OlderMetadata,
+            "only labels/annotations differ",
+        ),
+        (
+            Some("old"),
+            Some("d1"),
+            R::RestartOnly,
+            "same digest: restart in place",
+        ),
+        (
+            Some("old"),
+            Some("d0"),
+            R::Outdated,
+            "another digest: full upgrade",
+        ),
+        (
+            Some("old"),
+            None,
+            R::Outdated,
+            "the running pod has no digest",
+        ),
+        (
+            None,
+            Some("d1"),
+            R::RestartOnly,
+            "no revision label, same digest",
+        ),
     ];
     for (revision, digest, want, why) in cases {
         assert_eq!(classify(revision, digest, &desired), want, "{why}");
