@@ -16,11 +16,21 @@ export E2E_REQUIRE_CLUSTER=1
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
 
 # Build the tests and the operator binary they run before the harness starts, so compile time
-# is not spent with it running.
-(cd "$root" && cargo build -p gpu-operator --quiet && cargo test -p e2e --tests --no-run --quiet)
+# is not spent with it running. The tests run a copy of the binary (GPU_OPERATOR_BIN), so a
+# build from another checkout that shares the target directory cannot swap it mid-run.
+operator_bin=$(mktemp -t gpu-operator-e2e-bin.XXXXXX)
+built=$(cd "$root" && cargo build -p gpu-operator --quiet --message-format=json |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu-operator" and m.get("executable"):
+        print(m["executable"])')
+cp "$built" "$operator_bin"
+export GPU_OPERATOR_BIN=${GPU_OPERATOR_BIN:-$operator_bin}
+(cd "$root" && cargo test -p e2e --tests --no-run --quiet)
 
 "$cluster/up.sh" >/dev/null
-trap '"$cluster/down.sh"' EXIT
+trap '"$cluster/down.sh"; rm -f "$operator_bin"' EXIT
 # shellcheck source=/dev/null
 source "$HARNESS_DIR/env"
 export HARNESS_PORT_BASE
