@@ -6,7 +6,10 @@
 //! Order: upgrade-required -> cordon-required -> wait-for-jobs-required -> pod-deletion-required
 //! -> drain-required -> pod-restart-required -> validation-required -> uncordon-required ->
 //! upgrade-done, or upgrade-failed from any step that can fail. One step per node per pass: every
-//! step after an action waits for the cluster to show its outcome.
+//! step after an action waits for the cluster to show its outcome. A driver pod whose config
+//! digest is unchanged ([`DriverRevision::RestartOnly`]) goes from upgrade-required straight to
+//! pod-restart-required (no cordon, no evictions); one that differs from its template in labels
+//! or annotations only is current (decision 20).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
