@@ -863,7 +863,7 @@ mod cache_tests {
         let classified = |current: &BTreeMap<String, DesiredDriver>| {
             cached_facts(
                 &[gpu_node("gpu-1", Some("upgrade-done"))],
-                &[pod.clone()],
+                std::slice::from_ref(&pod),
                 current,
                 true,
             )[0]
