@@ -98,10 +98,13 @@ pub fn updates_on_delete(ds: &DaemonSet) -> bool {
 /// operand (`None` for operands without a deploy label, or while node label writes of ours have
 /// not reached the cache, when the count would blame the DaemonSet for our own lag).
 /// `explain`: the difference has lasted long enough to name its likely causes.
+/// `older_metadata`: of the old pods, those the driver upgrade found to differ in labels or
+/// annotations only (decision 20): not an upgrade pending, they get them at their next restart.
 fn daemonset_readiness(
     ds: &DaemonSet,
     labelled: Option<i32>,
     explain: bool,
+    older_metadata: i32,
 ) -> (ComponentCounts, Readiness) {
     let status = ds.status.clone().unwrap_or_default();
     let counts = ComponentCounts {
@@ -157,8 +160,18 @@ fn daemonset_readiness(
     } else {
         problems.join("; ")
     };
-    if on_delete && old_pods > 0 {
-        message.push_str(&format!("; upgrade pending on {old_pods} nodes"));
+    let older_metadata = older_metadata.clamp(0, old_pods);
+    if on_delete && old_pods > older_metadata {
+        message.push_str(&format!(
+            "; upgrade pending on {} nodes",
+            old_pods - older_metadata
+        ));
+    }
+    if on_delete && older_metadata > 0 {
+        message.push_str(&format!(
+            "; {older_metadata} pods run with older labels or annotations, which they get at \
+             their next restart"
+        ));
     }
     (
         counts,
@@ -388,8 +401,17 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         None => labelled,
                     };
                     let observed = if is_daemonset {
+                        let older_metadata = inputs
+                            .driver_upgrade
+                            .and_then(|u| u.older_metadata.get(&name))
+                            .map_or(0, |n| i32::try_from(*n).unwrap_or(i32::MAX));
                         inputs.daemon_sets.get(&name).map(|ds| {
-                            daemonset_readiness(ds, labelled, inputs.explained.contains(&name))
+                            daemonset_readiness(
+                                ds,
+                                labelled,
+                                inputs.explained.contains(&name),
+                                older_metadata,
+                            )
                         })
                     } else {
                         inputs.deployments.get(&name).map(deployment_readiness)
@@ -723,25 +745,36 @@ mod tests {
     #[test]
     fn rolling_update_daemonset_is_ready_only_when_updated_and_available_match_desired() {
         assert!(
-            daemonset_readiness(&ds("RollingUpdate", 3, 3, 3), Some(3), false)
+            daemonset_readiness(&ds("RollingUpdate", 3, 3, 3), Some(3), false, 0)
                 .1
                 .ready
         );
         assert!(
-            !daemonset_readiness(&ds("RollingUpdate", 3, 2, 3), Some(3), false)
+            !daemonset_readiness(&ds("RollingUpdate", 3, 2, 3), Some(3), false, 0)
                 .1
                 .ready
         );
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 3, 2), Some(3), false);
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 3, 2), Some(3), false, 0);
         assert!(!r.ready);
         assert_eq!(r.message, "1 of 3 pods not available");
     }
 
     #[test]
     fn on_delete_driver_with_old_pods_is_ready_with_upgrade_pending() {
-        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3), false);
+        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 1, 3), Some(3), false, 0);
         assert!(r.ready);
         assert_eq!(r.message, "3/3 pods ready; upgrade pending on 2 nodes");
+    }
+
+    #[test]
+    fn driver_pods_differing_in_metadata_only_are_no_pending_upgrade_and_status_says_so() {
+        let (_, r) = daemonset_readiness(&ds("OnDelete", 3, 0, 3), Some(3), false, 2);
+        assert!(r.ready);
+        assert_eq!(
+            r.message,
+            "3/3 pods ready; upgrade pending on 1 nodes; 2 pods run with older labels or \
+             annotations, which they get at their next restart"
+        );
     }
 
     #[test]
@@ -749,7 +782,7 @@ mod tests {
         // The DaemonSet controller has made 3,510 of 4,608 pods of the first template.
         let mut d = ds("RollingUpdate", 4608, 3510, 3000);
         d.status.as_mut().unwrap().current_number_scheduled = 3510;
-        let (_, r) = daemonset_readiness(&d, None, false);
+        let (_, r) = daemonset_readiness(&d, None, false, 0);
         assert!(!r.ready);
         assert_eq!(
             r.message,
@@ -757,22 +790,22 @@ mod tests {
         );
         let mut d = ds("OnDelete", 4608, 3510, 3510);
         d.status.as_mut().unwrap().current_number_scheduled = 3510;
-        let (_, r) = daemonset_readiness(&d, None, false);
+        let (_, r) = daemonset_readiness(&d, None, false, 0);
         assert!(!r.message.contains("upgrade pending"), "{}", r.message);
         // Once old pods exist, both say so.
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 1, 3), None, false);
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 3, 1, 3), None, false, 0);
         assert_eq!(r.message, "rolling out: 1 of 3 pods updated");
     }
 
     #[test]
     fn fewer_pods_than_labelled_nodes_is_reported_and_explained_once_it_persists() {
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), false);
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), false, 0);
         assert!(!r.ready);
         assert_eq!(
             r.message,
             "3 nodes labelled for it but the DaemonSet wants 2 pods"
         );
-        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), true);
+        let (_, r) = daemonset_readiness(&ds("RollingUpdate", 2, 2, 2), Some(3), true, 0);
         assert!(
             r.message
                 .ends_with("(a taint it does not tolerate, or pod creation failing)")
@@ -783,7 +816,7 @@ mod tests {
     fn unobserved_generation_is_not_ready() {
         let mut d = ds("RollingUpdate", 3, 3, 3);
         d.metadata.generation = Some(3);
-        assert!(!daemonset_readiness(&d, None, false).1.ready);
+        assert!(!daemonset_readiness(&d, None, false, 0).1.ready);
     }
 
     #[test]

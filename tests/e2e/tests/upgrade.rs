@@ -714,3 +714,235 @@ async fn ubuntu_22_04_and_24_04_gpu_nodes_get_one_driver_daemonset_each_and_an_u
     extra.push(odd);
     teardown(s, &extra).await;
 }
+
+/// Watches the GPU nodes and records every one seen cordoned (a watch sees each change, so a
+/// brief cordon is not missed between samples).
+fn record_cordons(admin: Client) -> (Arc<Mutex<BTreeSet<String>>>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let api = Api::<Node>::all(admin);
+        let config = watcher::Config::default().labels("nvidia.com/gpu.present=true");
+        let mut stream = watcher(api, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(item) = stream.next().await {
+            let Ok(node) = item else { continue };
+            if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+                record.lock().unwrap().insert(node.name_any());
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// The driver DaemonSet's component message in the policy's status.
+async fn driver_message(s: &Setup) -> String {
+    session::policies(&s.admin)
+        .get(&s.policy)
+        .await
+        .unwrap()
+        .status
+        .and_then(|st| st.components)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.daemon_set.as_deref() == Some(DRIVER))
+        .and_then(|c| c.message)
+        .unwrap_or_default()
+}
+
+fn uids(pods: &BTreeMap<String, Pod>) -> BTreeMap<String, String> {
+    pods.iter()
+        .map(|(node, p)| (node.clone(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
+fn manager_image(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "k8s-driver-manager"))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn relabelling_keeps_driver_pods_a_new_driver_manager_restarts_them_in_place_and_a_new_driver_drains()
+ {
+    let spec = json!({"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 3, "maxUnavailable": "100%",
+        "podDeletion": {"force": true, "timeoutSeconds": 60}
+    }}});
+    let Some(s) = start_on_generated_rbac(spec).await else {
+        return;
+    };
+    let admin = s.admin.clone();
+    let ns = s.identity.namespace.clone();
+    let user = s.identity.username();
+    s.await_state(State::Ready, "policy ready").await;
+    let before = driver_pods(&admin, &ns).await;
+    let all: BTreeSet<String> = before.keys().cloned().collect();
+    assert!(all.len() >= 2, "{all:?}");
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done",
+    )
+    .await;
+
+    // A GPU job on one node: restarts in place leave it running, a new driver evicts it.
+    let ml = unique_name("ml");
+    ensure_namespace(&admin, &ml).await;
+    let gpu_node = all.iter().next().unwrap().clone();
+    let jobs = Api::<Pod>::namespaced(admin.clone(), &ml);
+    let job = jobs
+        .create(
+            &PostParams::default(),
+            &workload(&ml, "gpu-job", &gpu_node, true, false, "gpu-job"),
+        )
+        .await
+        .unwrap();
+    let (cordoned, watch) = record_cordons(admin.clone());
+    let audit = AuditLog::from_env().unwrap();
+
+    // 1. Pod metadata only: nothing restarted, no node touched, and status says so.
+    let mark = audit.mark().unwrap();
+    s.patch_policy(json!({"spec": {"daemonsets": {
+        "labels": {"example.com/team": "ml"}, "annotations": {"example.com/owner": "platform"}
+    }}}))
+    .await;
+    let count = all.len();
+    let s_ref = &s;
+    wait::until(
+        ROLLOUT,
+        "status names the pods with older metadata",
+        || async move {
+            let message = driver_message(s_ref).await;
+            Ok(
+                if message.contains(&format!(
+                    "{count} pods run with older labels or annotations"
+                )) {
+                    Ok(())
+                } else {
+                    Err(message)
+                },
+            )
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    assert!(
+        !driver_message(&s).await.contains("upgrade pending"),
+        "no upgrade is pending"
+    );
+    let after = driver_pods(&admin, &ns).await;
+    assert_eq!(uids(&after), uids(&before), "no driver pod restarted");
+    let writes = audit.mutating_since(mark, &user).unwrap();
+    let touched: Vec<String> = writes
+        .iter()
+        .filter(|e| {
+            e.resource() == "nodes" || e.resource() == "pods" || e.resource() == "pods/eviction"
+        })
+        .map(|e| format!("{} {} {:?}", e.verb, e.resource(), e.name()))
+        .collect();
+    assert!(touched.is_empty(), "node or pod writes: {touched:?}");
+    assert!(cordoned.lock().unwrap().is_empty());
+
+    // 2. Another driver manager (what an operator upgrade brings): every driver pod replaced
+    //    in place, no node cordoned, no GPU pod evicted.
+    let mark = audit.mark().unwrap();
+    s.patch_policy(json!({"spec": {"driver": {"manager": {
+        "repository": "nvcr.io/nvidia/cloud-native", "image": "k8s-driver-manager", "version": "v0.99.0"
+    }}}}))
+    .await;
+    let (admin_ref, ns_ref, before_ref) = (&admin, &ns, &before);
+    wait::until(
+        ROLLOUT,
+        "every driver pod restarted with the new manager",
+        || async move {
+            let pods = driver_pods(admin_ref, ns_ref).await;
+            let states = node_states(admin_ref).await;
+            let waiting: Vec<String> = before_ref
+                .iter()
+                .filter(|(node, old)| {
+                    !pods.get(*node).is_some_and(|p| {
+                        p.uid() != old.uid()
+                            && manager_image(p).ends_with(":v0.99.0")
+                            && p.status
+                                .as_ref()
+                                .and_then(|st| st.conditions.as_ref())
+                                .is_some_and(|cs| {
+                                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                })
+                    }) || states.get(*node).map(|(st, _)| st.as_str()) != Some("upgrade-done")
+                })
+                .map(|(node, _)| node.clone())
+                .collect();
+            Ok(if waiting.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("waiting: {waiting:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let events = audit.of_user_since(mark, &user).unwrap();
+    for (node, old) in &before {
+        assert!(
+            events.iter().any(|e| e.verb == "delete"
+                && e.resource() == "pods"
+                && e.name() == Some(old.name_any().as_str())),
+            "{node}: the operator did not delete its driver pod"
+        );
+    }
+    assert!(
+        !events.iter().any(|e| e.resource() == "pods/eviction"),
+        "no pod evicted"
+    );
+    assert_eq!(
+        jobs.get("gpu-job").await.unwrap().uid(),
+        job.uid(),
+        "the GPU job kept running"
+    );
+    assert!(
+        cordoned.lock().unwrap().is_empty(),
+        "cordoned: {:?}",
+        cordoned.lock().unwrap()
+    );
+
+    // 3. A new driver version still cordons every node and evicts the GPU job.
+    s.patch_policy(bump()).await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.01",
+        "every node on the new driver",
+    )
+    .await;
+    watch.abort();
+    assert_eq!(
+        *cordoned.lock().unwrap(),
+        all,
+        "every node cordoned for the new driver"
+    );
+    assert!(
+        jobs.get_opt("gpu-job").await.unwrap().is_none(),
+        "the GPU job was evicted"
+    );
+    let states = node_states(&admin).await;
+    assert!(
+        states.values().all(|(_, c)| !c),
+        "uncordoned after: {states:?}"
+    );
+    teardown(s, &[]).await;
+    let _ = Api::<Namespace>::all(admin.clone())
+        .delete(&ml, &DeleteParams::default())
+        .await;
+}

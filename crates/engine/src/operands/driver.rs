@@ -1006,9 +1006,97 @@ fn objects(facts: &ClusterFacts, daemon_set: DaemonSet) -> OperandObjects {
     objects
 }
 
-/// Sets `DRIVER_CONFIG_DIGEST` on the manager and driver containers: a hash of what decides
-/// the installed driver (containers' images, commands, env and mounts, and the volumes). The
-/// manager skips unloading the driver when the node's installed digest is the same.
+/// The env var carrying the driver config digest (NVIDIA's name), on the manager and driver
+/// containers.
+pub const CONFIG_DIGEST_ENV: &str = "DRIVER_CONFIG_DIGEST";
+
+/// The driver config digest of a rendered driver pod: a hash of what decides the installed
+/// driver, following NVIDIA's `DriverInstallState`. Every container but the manager counts with
+/// its image, command, args, env set to plain values (the digest itself excluded; downward-API
+/// values such as the node name are the same everywhere) and the Secrets it takes env from and
+/// its mounts; the pod's volumes count by name and source (ConfigMap, Secret, host path). So
+/// the driver version, kernel module type, RDMA and its sidecar, proxies, licensing, repo, cert
+/// and kernel-module configs move it. The manager (its image included: an operator upgrade
+/// that ships a new manager must not reinstall every driver), labels, annotations, tolerations,
+/// priority class, resources and probes do not.
+pub fn config_digest(pod: &PodSpec) -> String {
+    let containers: Vec<serde_json::Value> = pod
+        .containers
+        .iter()
+        .map(|c| {
+            let mut env: Vec<(&str, &str)> = c
+                .env
+                .iter()
+                .flatten()
+                .filter(|e| e.value_from.is_none() && e.name != CONFIG_DIGEST_ENV)
+                .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+                .collect();
+            env.sort();
+            let mut secrets: Vec<&str> = c
+                .env_from
+                .iter()
+                .flatten()
+                .filter_map(|e| Some(e.secret_ref.as_ref()?.name.as_str()))
+                .collect();
+            secrets.sort();
+            let mut mounts: Vec<(&str, &str, &str, bool)> = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| {
+                    (
+                        m.name.as_str(),
+                        m.mount_path.as_str(),
+                        m.sub_path.as_deref().unwrap_or_default(),
+                        m.read_only.unwrap_or(false),
+                    )
+                })
+                .collect();
+            mounts.sort();
+            serde_json::json!({
+                "name": c.name, "image": c.image, "command": c.command, "args": c.args,
+                "env": env, "secretEnv": secrets, "mounts": mounts,
+            })
+        })
+        .collect();
+    let mut volumes: Vec<(&str, &str, &str, &str)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| {
+            (
+                v.name.as_str(),
+                v.config_map.as_ref().map_or("", |c| c.name.as_str()),
+                v.secret
+                    .as_ref()
+                    .and_then(|s| s.secret_name.as_deref())
+                    .unwrap_or_default(),
+                v.host_path.as_ref().map_or("", |h| h.path.as_str()),
+            )
+        })
+        .collect();
+    volumes.sort();
+    let input = serde_json::json!({"containers": containers, "volumes": volumes});
+    common::sha256_hex(input.to_string().as_bytes())[..16].to_owned()
+}
+
+/// The driver config digest a driver pod (or template) carries, if any: the first container
+/// with the env var set, init containers first (as NVIDIA reads it).
+pub fn carried_config_digest(pod: &PodSpec) -> Option<&str> {
+    pod.init_containers
+        .iter()
+        .flatten()
+        .chain(pod.containers.iter())
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == CONFIG_DIGEST_ENV)
+        .and_then(|e| e.value.as_deref())
+        .filter(|v| !v.is_empty())
+}
+
+/// Sets [`CONFIG_DIGEST_ENV`] on the manager and driver containers (where NVIDIA sets it): the
+/// manager skips unloading the driver when the node's installed digest is the same, and the
+/// upgrade restarts a pod in place, without cordon or drain, when only its digest-neutral
+/// settings changed (docs/driver-upgrades.md).
 fn add_config_digest(daemon_set: &mut DaemonSet) {
     let Some(pod) = daemon_set
         .spec
@@ -1017,26 +1105,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
     else {
         return;
     };
-    let relevant: Vec<serde_json::Value> = pod
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(pod.containers.iter())
-        .map(|c| {
-            serde_json::json!({
-                "name": c.name,
-                "image": c.image,
-                "command": c.command,
-                "args": c.args,
-                "env": c.env,
-                "envFrom": c.env_from,
-                "volumeMounts": c.volume_mounts,
-            })
-        })
-        .collect();
-    let input = serde_json::json!({"containers": relevant, "volumes": pod.volumes});
-    let digest = common::sha256_hex(input.to_string().as_bytes());
-    let digest = &digest[..16];
+    let digest = config_digest(pod);
     for c in pod
         .init_containers
         .iter_mut()
@@ -1046,7 +1115,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
         if c.name == MANAGER_CONTAINER || c.name == MAIN_CONTAINER {
             set_env(
                 c.env.get_or_insert_with(Vec::new),
-                env("DRIVER_CONFIG_DIGEST", digest),
+                env(CONFIG_DIGEST_ENV, &digest),
             );
         }
     }

@@ -336,3 +336,73 @@ fn nodes_of_an_unknown_os_get_no_driver_daemonset_and_are_reported() {
         "{reported}"
     );
 }
+
+/// The driver config digest of the policy `spec` renders (the same on the manager and the
+/// driver container).
+fn config_digest(spec: &str) -> String {
+    let mut facts = facts();
+    for name in ["repos", "other-repos", "certs", "modules"] {
+        let data = BTreeMap::from([("a.conf".to_owned(), "x".to_owned())]);
+        facts.driver_config_maps.insert(
+            name.to_owned(),
+            ConfigMapData {
+                name: name.to_owned(),
+                data,
+            },
+        );
+    }
+    let p = pod(&daemon_set(spec, &facts, Operand::Driver));
+    let on_manager = env(&container(&p, "k8s-driver-manager"), "DRIVER_CONFIG_DIGEST");
+    assert_eq!(
+        on_manager,
+        env(&container(&p, "nvidia-driver-ctr"), "DRIVER_CONFIG_DIGEST")
+    );
+    assert_eq!(
+        crate::operands::driver::carried_config_digest(&p),
+        on_manager.as_deref()
+    );
+    on_manager.unwrap()
+}
+
+#[test]
+fn every_install_relevant_driver_setting_moves_the_config_digest() {
+    let base = config_digest("{driver: {}}");
+    for spec in [
+        "{driver: {repository: nvcr.io/nvidia, image: driver, version: '580.1'}}",
+        "{driver: {kernelModuleType: open}}",
+        "{driver: {env: [{name: X, value: '1'}]}}",
+        "{driver: {env: [{name: HTTPS_PROXY, value: 'http://proxy:3128'}]}}",
+        "{driver: {secretEnv: driver-secrets}}",
+        "{driver: {licensingConfig: {configMapName: licensing, nlsEnabled: true}}}",
+        "{driver: {licensingConfig: {secretName: licensing, nlsEnabled: true}}}",
+        "{driver: {repoConfig: {configMapName: repos}}}",
+        "{driver: {certConfig: {name: certs}}}",
+        "{driver: {kernelModuleConfig: {name: modules}}}",
+        "{driver: {rdma: {enabled: true}}}",
+        "{driver: {rdma: {enabled: true, useHostMofed: true}}}",
+    ] {
+        assert_ne!(config_digest(spec), base, "{spec} must move the digest");
+    }
+    assert_ne!(
+        config_digest("{driver: {repoConfig: {configMapName: repos}}}"),
+        config_digest("{driver: {repoConfig: {configMapName: other-repos}}}"),
+        "another ConfigMap name"
+    );
+}
+
+#[test]
+fn the_driver_manager_metadata_and_scheduling_leave_the_config_digest_alone() {
+    let base = config_digest("{driver: {}}");
+    for spec in [
+        // An operator upgrade that ships another manager restarts drivers in place only.
+        "{driver: {manager: {repository: nvcr.io/nvidia/cloud-native, image: k8s-driver-manager, version: v9.9.9}}}",
+        "{driver: {manager: {env: [{name: ENABLE_AUTO_DRAIN, value: 'true'}]}}}",
+        "{driver: {}, daemonsets: {labels: {team: ml}, annotations: {owner: platform}}}",
+        "{driver: {}, daemonsets: {tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]}}",
+        "{driver: {}, daemonsets: {priorityClassName: other}}",
+        "{driver: {resources: {limits: {memory: 4Gi}}}}",
+        "{driver: {startupProbe: {initialDelaySeconds: 5, failureThreshold: 3}}}",
+    ] {
+        assert_eq!(config_digest(spec), base, "{spec} must not move the digest");
+    }
+}

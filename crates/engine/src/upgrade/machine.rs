@@ -6,9 +6,12 @@
 //! Order: upgrade-required -> cordon-required -> wait-for-jobs-required -> pod-deletion-required
 //! -> drain-required -> pod-restart-required -> validation-required -> uncordon-required ->
 //! upgrade-done, or upgrade-failed from any step that can fail. One step per node per pass: every
-//! step after an action waits for the cluster to show its outcome.
+//! step after an action waits for the cluster to show its outcome. A driver pod whose config
+//! digest is unchanged ([`DriverRevision::RestartOnly`]) goes from upgrade-required straight to
+//! pod-restart-required (no cordon, no evictions); one that differs from its template in labels
+//! or annotations only is current (decision 20).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -241,17 +244,86 @@ impl PodFacts {
     }
 }
 
+/// How a node's driver pod compares with what its DaemonSet runs now (decision 20: a driver
+/// pod is current when what it runs matches, not when its template revision does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DriverRevision {
+    /// On the DaemonSet's current revision.
+    #[default]
+    Current,
+    /// On an older revision whose template differs from the current one in pod labels or
+    /// annotations only: left running, it gets them at its next restart.
+    OlderMetadata,
+    /// On an older revision with the same driver config digest (say, only the driver manager
+    /// changed): restarted in place, without cordon, drain or evictions.
+    RestartOnly,
+    /// What the driver installs changed (or a digest is missing): the full upgrade.
+    Outdated,
+}
+
+/// What one driver DaemonSet runs now, for [`classify`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredDriver {
+    /// The DaemonSet's name (status counts per DaemonSet).
+    pub daemon_set: String,
+    /// Its current revision hash (`controller-revision-hash`).
+    pub revision: String,
+    /// The driver config digest its template carries.
+    pub digest: Option<String>,
+    /// Older revisions whose template differs from the current one in pod metadata only.
+    pub metadata_only: BTreeSet<String>,
+}
+
+/// Classifies a driver pod by its revision hash and the driver config digest it carries. A
+/// missing digest on either side never counts as equal (NVIDIA: the full flow).
+pub fn classify(
+    pod_revision: Option<&str>,
+    pod_digest: Option<&str>,
+    desired: &DesiredDriver,
+) -> DriverRevision {
+    match pod_revision {
+        Some(r) if r == desired.revision => DriverRevision::Current,
+        Some(r) if desired.metadata_only.contains(r) => DriverRevision::OlderMetadata,
+        _ => match (pod_digest, desired.digest.as_deref()) {
+            (Some(running), Some(wanted)) if running == wanted => DriverRevision::RestartOnly,
+            _ => DriverRevision::Outdated,
+        },
+    }
+}
+
+/// Whether two DaemonSet ControllerRevisions' `data` (the pod template, as the DaemonSet
+/// controller stores it) differ in the template's metadata only: same pod spec. Data without a
+/// template never counts as metadata-only.
+pub fn differs_only_in_metadata(old: &serde_json::Value, new: &serde_json::Value) -> bool {
+    let spec = |data: &serde_json::Value| data.pointer("/spec/template/spec").cloned();
+    match (spec(old), spec(new)) {
+        (Some(old), Some(new)) => old == new,
+        _ => false,
+    }
+}
+
 /// The node's driver pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DriverPod {
     pub name: String,
-    /// On the DaemonSet's current revision.
-    pub current: bool,
+    /// The DaemonSet owning it.
+    pub daemon_set: String,
+    pub revision: DriverRevision,
     pub ready: bool,
     /// Crash-looping or failed (its container keeps exiting).
     pub failing: bool,
     /// Creation time, Unix seconds.
     pub created: i64,
+}
+
+impl DriverPod {
+    /// Runs what its DaemonSet renders now (its labels or annotations may be older).
+    pub fn current(&self) -> bool {
+        matches!(
+            self.revision,
+            DriverRevision::Current | DriverRevision::OlderMetadata
+        )
+    }
 }
 
 /// The node's validator pod.
@@ -313,7 +385,7 @@ impl NodeFacts {
 
     /// The driver pod is current and Ready.
     fn driver_ready(&self) -> bool {
-        self.driver.as_ref().is_some_and(|d| d.current && d.ready)
+        self.driver.as_ref().is_some_and(|d| d.current() && d.ready)
     }
 }
 
@@ -469,7 +541,7 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
     match node.state() {
         S::Unknown | S::Done => {
             let requested = node.annotations.contains_key(REQUESTED_ANNOTATION);
-            if driver.current && !requested {
+            if driver.current() && !requested {
                 return if node.state() == S::Unknown {
                     Step::to(S::Done)
                 } else {
@@ -491,6 +563,13 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
                 ));
             }
             step
+        }
+        // Nothing the driver installs changes: the pod is replaced in place, GPU pods keep
+        // running and the node stays schedulable.
+        S::UpgradeRequired
+            if start && !node.skip && driver.revision == DriverRevision::RestartOnly =>
+        {
+            Step::to(S::PodRestartRequired)
         }
         S::UpgradeRequired if start && !node.skip => Step::to(S::CordonRequired),
         S::UpgradeRequired => Step::stay(),
@@ -548,7 +627,7 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
             }
         }
         S::PodRestartRequired => {
-            if !driver.current {
+            if !driver.current() {
                 Step::stay().with(Action::DeleteDriverPod(driver.name.clone()))
             } else if driver.ready {
                 moving(node, S::ValidationRequired, now)
@@ -658,6 +737,9 @@ pub struct Summary {
     pub available: usize,
     /// (node, reason) of each failed node.
     pub failed: Vec<(String, String)>,
+    /// Per driver DaemonSet, its pods left running with older labels or annotations (status
+    /// says so beside that DaemonSet's counts).
+    pub older_metadata: BTreeMap<String, usize>,
 }
 
 impl Summary {
@@ -670,6 +752,16 @@ impl Summary {
         };
         let steps: BTreeMap<&str, &Step> = steps.iter().map(|(n, s)| (n.as_str(), s)).collect();
         for node in nodes {
+            if let Some(d) = node
+                .driver
+                .as_ref()
+                .filter(|d| d.revision == DriverRevision::OlderMetadata)
+            {
+                *summary
+                    .older_metadata
+                    .entry(d.daemon_set.clone())
+                    .or_default() += 1;
+            }
             let step = steps.get(node.name.as_str()).copied();
             let state = step.and_then(|s| s.next).unwrap_or(node.state());
             match state {

@@ -18,9 +18,19 @@ fn policy(yaml: &str, nodes: usize) -> Policy {
 }
 
 fn driver(current: bool, ready: bool) -> Option<DriverPod> {
+    let revision = if current {
+        DriverRevision::Current
+    } else {
+        DriverRevision::Outdated
+    };
+    driver_on(revision, ready)
+}
+
+fn driver_on(revision: DriverRevision, ready: bool) -> Option<DriverPod> {
     Some(DriverPod {
         name: "nvidia-driver-daemonset-x".into(),
-        current,
+        daemon_set: "nvidia-driver-daemonset".into(),
+        revision,
         ready,
         failing: false,
         created: NOW - 10,
@@ -424,4 +434,163 @@ fn the_summary_line_counts_nodes_and_names_failures() {
         "1 of 4 nodes upgraded, 1 in progress, 1 waiting, 1 failed: gpu-7: drain timed out"
     );
     assert!(summary.active());
+}
+
+#[test]
+fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_by_digest() {
+    use DriverRevision as R;
+    let desired = DesiredDriver {
+        daemon_set: "nvidia-driver-daemonset".into(),
+        revision: "new".into(),
+        digest: Some("d1".into()),
+        metadata_only: ["relabelled".to_owned()].into(),
+    };
+    let cases = [
+        (
+            Some("new"),
+            Some("d1"),
+            R::Current,
+            "its revision is current",
+        ),
+        (
+            Some("new"),
+            None,
+            R::Current,
+            "current, with or without a digest",
+        ),
+        (
+            Some("relabelled"),
+            Some("d0"),
+            R::OlderMetadata,
+            "only labels/annotations differ",
+        ),
+        (
+            Some("old"),
+            Some("d1"),
+            R::RestartOnly,
+            "same digest: restart in place",
+        ),
+        (
+            Some("old"),
+            Some("d0"),
+            R::Outdated,
+            "another digest: full upgrade",
+        ),
+        (
+            Some("old"),
+            None,
+            R::Outdated,
+            "the running pod has no digest",
+        ),
+        (
+            None,
+            Some("d1"),
+            R::RestartOnly,
+            "no revision label, same digest",
+        ),
+    ];
+    for (revision, digest, want, why) in cases {
+        assert_eq!(classify(revision, digest, &desired), want, "{why}");
+    }
+    let no_digest = DesiredDriver {
+        digest: None,
+        ..desired
+    };
+    assert_eq!(
+        classify(Some("old"), Some("d1"), &no_digest),
+        R::Outdated,
+        "the template has no digest"
+    );
+}
+
+#[test]
+fn revisions_differ_only_in_metadata_when_their_pod_specs_are_equal() {
+    let data = |labels: serde_json::Value, image: &str| {
+        serde_json::json!({"spec": {"template": {"$patch": "replace",
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "nvidia-driver-ctr", "image": image}]}}}})
+    };
+    let old = data(serde_json::json!({"app": "d"}), "driver:1");
+    assert!(differs_only_in_metadata(
+        &old,
+        &data(serde_json::json!({"app": "d", "team": "ml"}), "driver:1")
+    ));
+    assert!(!differs_only_in_metadata(
+        &old,
+        &data(serde_json::json!({"app": "d"}), "driver:2")
+    ));
+    assert!(!differs_only_in_metadata(&old, &serde_json::json!({})));
+}
+
+#[test]
+fn a_restart_only_node_skips_cordon_and_evictions_and_its_pod_is_replaced_in_place() {
+    let p = policy("{drain: {enable: true}}", 1);
+    let mut n = node("gpu-1", UpgradeState::Done);
+    n.driver = driver_on(DriverRevision::RestartOnly, true);
+    n.gpu_pods = vec![pod("trainer")];
+    assert_eq!(
+        step(&n, &p, false, NOW).next,
+        Some(UpgradeState::UpgradeRequired)
+    );
+    n.state = Some(UpgradeState::UpgradeRequired);
+    let s = step(&n, &p, true, NOW);
+    assert_eq!(s.next, Some(UpgradeState::PodRestartRequired));
+    assert!(s.actions.is_empty(), "no cordon: {:?}", s.actions);
+    n.state = Some(UpgradeState::PodRestartRequired);
+    assert_eq!(
+        step(&n, &p, false, NOW).actions,
+        [Action::DeleteDriverPod("nvidia-driver-daemonset-x".into())]
+    );
+    // Recreated on the current revision and Ready: validated, then done without an uncordon.
+    n.driver = driver(true, true);
+    assert_eq!(
+        step(&n, &p, false, NOW).next,
+        Some(UpgradeState::ValidationRequired)
+    );
+    n.state = Some(UpgradeState::UncordonRequired);
+    let s = step(&n, &p, false, NOW);
+    assert_eq!(s.next, Some(UpgradeState::Done));
+    assert!(!s.actions.contains(&Action::Uncordon));
+}
+
+#[test]
+fn restart_only_nodes_start_within_max_parallel_upgrades() {
+    let p = policy("{maxParallelUpgrades: 2, maxUnavailable: 100%}", 4);
+    let nodes: Vec<NodeFacts> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|name| {
+            let mut n = node(name, UpgradeState::UpgradeRequired);
+            n.driver = driver_on(DriverRevision::RestartOnly, true);
+            n
+        })
+        .collect();
+    let started: Vec<String> = plan(&nodes, &p, NOW)
+        .into_iter()
+        .filter(|(_, s)| s.next == Some(UpgradeState::PodRestartRequired))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(started, ["a", "b"]);
+}
+
+#[test]
+fn a_pod_with_older_metadata_only_is_left_running_and_counted_in_the_summary() {
+    let p = policy("{}", 2);
+    let mut a = node("a", UpgradeState::Done);
+    a.driver = driver_on(DriverRevision::OlderMetadata, true);
+    let mut b = node("b", UpgradeState::Unknown);
+    b.driver = driver_on(DriverRevision::OlderMetadata, true);
+    assert_eq!(step(&a, &p, true, NOW), Step::default(), "no action");
+    assert_eq!(
+        step(&b, &p, true, NOW).next,
+        Some(UpgradeState::Done),
+        "a node seen first is done"
+    );
+    let nodes = [a, b];
+    let summary = Summary::of(&nodes, &plan(&nodes, &p, NOW), &p);
+    assert_eq!(
+        summary.older_metadata.get("nvidia-driver-daemonset"),
+        Some(&2)
+    );
+    assert_eq!(summary.line(), "2 of 2 nodes upgraded");
+    assert!(!summary.active());
 }

@@ -26,8 +26,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
-    Action, DriverPod, NodeFacts, PodFacts, Policy, STATE_LABEL, Step, Summary, UpgradeState,
-    ValidatorPod,
+    Action, DesiredDriver, DriverPod, NodeFacts, PodFacts, Policy, STATE_LABEL, Step, Summary,
+    UpgradeState, ValidatorPod,
 };
 use crate::api::{ClusterPolicySpec, Component};
 use crate::metrics::UpgradeCounts;
@@ -126,6 +126,8 @@ pub struct UpgradePod {
     pub node: Option<String>,
     /// For a driver pod: the uid of the DaemonSet owning it, and its revision hash.
     pub driver: Option<(String, Option<String>)>,
+    /// For a driver pod: the driver config digest it runs with.
+    pub digest: Option<String>,
     pub deleting: bool,
     pub ready: bool,
     pub failing: bool,
@@ -149,6 +151,12 @@ impl UpgradePod {
             driver: owner
                 .filter(|_| is_driver)
                 .map(|uid| (uid, pod.labels().get(REVISION_HASH_LABEL).cloned())),
+            digest: pod
+                .spec
+                .as_ref()
+                .filter(|_| is_driver)
+                .and_then(driver::carried_config_digest)
+                .map(str::to_owned),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             ready: pod_ready(pod),
             failing: pod_failing(pod),
@@ -158,13 +166,17 @@ impl UpgradePod {
 }
 
 /// The node's driver pod, if one of the driver DaemonSets owns it.
-fn driver_pod(pods: &[&UpgradePod], current: &BTreeMap<String, String>) -> Option<DriverPod> {
+fn driver_pod(
+    pods: &[&UpgradePod],
+    current: &BTreeMap<String, DesiredDriver>,
+) -> Option<DriverPod> {
     pods.iter().find_map(|p| {
         let (owner, hash) = p.driver.as_ref()?;
-        let current_hash = current.get(owner)?;
+        let desired = current.get(owner)?;
         Some(DriverPod {
             name: p.name.clone(),
-            current: hash.as_ref() == Some(current_hash),
+            daemon_set: desired.daemon_set.clone(),
+            revision: machine::classify(hash.as_deref(), p.digest.as_deref(), desired),
             ready: p.ready,
             failing: p.failing,
             created: p.created,
@@ -191,7 +203,7 @@ fn needs_node_status(f: &NodeFacts) -> bool {
     let state = f.state.unwrap_or(UpgradeState::Unknown);
     match state {
         UpgradeState::Unknown | UpgradeState::Done => f.driver.as_ref().is_some_and(|d| {
-            !d.current || f.annotations.contains_key(machine::REQUESTED_ANNOTATION)
+            !d.current() || f.annotations.contains_key(machine::REQUESTED_ANNOTATION)
         }),
         _ => true,
     }
@@ -202,7 +214,7 @@ fn needs_node_status(f: &NodeFacts) -> bool {
 pub fn cached_facts(
     nodes: &[Arc<NodeView>],
     pods: &[Arc<UpgradePod>],
-    current: &BTreeMap<String, String>,
+    current: &BTreeMap<String, DesiredDriver>,
     validator_expected: bool,
 ) -> Vec<NodeFacts> {
     // Each node's pods, found once (not a scan of every pod per node).
@@ -397,13 +409,15 @@ fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Each driver DaemonSet's current revision hash, by the DaemonSet's uid: the hash of its
-/// newest ControllerRevision (what NVIDIA compares the pods' `controller-revision-hash` with).
+/// What each driver DaemonSet runs now, by the DaemonSet's uid: the hash of its newest
+/// ControllerRevision (what NVIDIA compares the pods' `controller-revision-hash` with), the
+/// driver config digest of its template, and its older revisions whose pod template differs
+/// from the newest in labels or annotations only (a revision's `data` holds its whole template).
 async fn current_revisions(
     client: &Client,
     namespace: &str,
     drivers: &[&DaemonSet],
-) -> Result<BTreeMap<String, String>, kube::Error> {
+) -> Result<BTreeMap<String, DesiredDriver>, kube::Error> {
     if drivers.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -414,13 +428,42 @@ async fn current_revisions(
     let mut current = BTreeMap::new();
     for ds in drivers {
         let Some(uid) = ds.uid() else { continue };
-        let newest = revisions
+        let owned: Vec<&ControllerRevision> = revisions
             .iter()
             .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
-            .max_by_key(|r| r.revision);
-        if let Some(hash) = newest.and_then(|r| r.labels().get(REVISION_HASH_LABEL).cloned()) {
-            current.insert(uid, hash);
-        }
+            .collect();
+        let Some(newest) = owned.iter().max_by_key(|r| r.revision) else {
+            continue;
+        };
+        let Some(hash) = newest.labels().get(REVISION_HASH_LABEL).cloned() else {
+            continue;
+        };
+        let data = |r: &ControllerRevision| r.data.as_ref().map(|d| d.0.clone());
+        let newest_data = data(newest);
+        let metadata_only = owned
+            .iter()
+            .filter(|r| r.revision != newest.revision)
+            .filter(|r| match (data(r), newest_data.as_ref()) {
+                (Some(old), Some(new)) => machine::differs_only_in_metadata(&old, new),
+                _ => false,
+            })
+            .filter_map(|r| r.labels().get(REVISION_HASH_LABEL).cloned())
+            .collect();
+        let digest = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(driver::carried_config_digest)
+            .map(str::to_owned);
+        current.insert(
+            uid,
+            DesiredDriver {
+                daemon_set: ds.name_any(),
+                revision: hash,
+                digest,
+                metadata_only,
+            },
+        );
     }
     Ok(current)
 }
@@ -765,9 +808,20 @@ mod cache_tests {
         assert!(!v.ready);
     }
 
+    fn desired(revision: &str) -> BTreeMap<String, DesiredDriver> {
+        BTreeMap::from([(
+            "ds-uid".to_owned(),
+            DesiredDriver {
+                daemon_set: "nvidia-driver-daemonset".to_owned(),
+                revision: revision.to_owned(),
+                ..DesiredDriver::default()
+            },
+        )])
+    }
+
     #[test]
     fn the_first_rollout_is_planned_from_the_caches_without_reading_the_nodes() {
-        let current = BTreeMap::from([("ds-uid".to_owned(), "new".to_owned())]);
+        let current = desired("new");
         let nodes = [
             gpu_node("gpu-1", None),
             gpu_node("gpu-2", Some("upgrade-done")),
@@ -792,8 +846,46 @@ mod cache_tests {
     }
 
     #[test]
+    fn a_cached_driver_pod_with_the_templates_digest_on_an_old_revision_is_restart_only() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "driver-gpu-1", "creationTimestamp": "2026-11-27T08:00:00Z",
+                "labels": {crate::operands::common::COMPONENT_LABEL: driver::COMPONENT,
+                    REVISION_HASH_LABEL: "old"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "ds", "uid": "ds-uid", "controller": true}]},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": driver::MAIN_CONTAINER,
+                "env": [{"name": driver::CONFIG_DIGEST_ENV, "value": "d1"}]}]}
+        }))
+        .unwrap();
+        let pod = Arc::new(UpgradePod::of(&pod));
+        assert_eq!(pod.digest.as_deref(), Some("d1"));
+        let mut current = desired("new");
+        let classified = |current: &BTreeMap<String, DesiredDriver>| {
+            cached_facts(
+                &[gpu_node("gpu-1", Some("upgrade-done"))],
+                std::slice::from_ref(&pod),
+                current,
+                true,
+            )[0]
+            .driver
+            .clone()
+            .unwrap()
+            .revision
+        };
+        assert_eq!(classified(&current), machine::DriverRevision::Outdated);
+        current.get_mut("ds-uid").unwrap().digest = Some("d1".to_owned());
+        assert_eq!(classified(&current), machine::DriverRevision::RestartOnly);
+        current
+            .get_mut("ds-uid")
+            .unwrap()
+            .metadata_only
+            .insert("old".to_owned());
+        assert_eq!(classified(&current), machine::DriverRevision::OlderMetadata);
+    }
+
+    #[test]
     fn an_out_of_date_driver_or_a_node_between_states_needs_the_live_node() {
-        let current = BTreeMap::from([("ds-uid".to_owned(), "new".to_owned())]);
+        let current = desired("new");
         let facts = cached_facts(
             &[gpu_node("gpu-1", Some("upgrade-done"))],
             &[driver_pod("gpu-1", "old")],
