@@ -105,6 +105,14 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "labelling namespace {namespace} resource.kubernetes.io/admin-access=true, which the GPUCluster's admin-access GPU claims (DCGM, exporter, DRA validator) need (the operator's Role needs patch on its namespace): {source}"
+    )]
+    AdminAccess {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("teardown of a deleted ClusterPolicy: {0}")]
     Teardown(#[from] crate::cleanup::Error),
 }
@@ -120,7 +128,7 @@ impl Error {
             Error::Labels { .. } | Error::Select { .. } => "LabelFailed",
             Error::NfdCrds(_) => "NfdCrdsFailed",
             Error::Upgrade(_) => "UpgradeFailed",
-            Error::Namespace { .. } => "NamespaceLabelFailed",
+            Error::Namespace { .. } | Error::AdminAccess { .. } => "NamespaceLabelFailed",
             Error::Teardown(_) => "TeardownFailed",
         }
     }

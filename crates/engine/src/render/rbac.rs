@@ -507,8 +507,8 @@ fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
     out
 }
 
-/// Every operand's objects in the [`scenarios`], and a GPUCluster's DRA driver with compute
-/// domains on.
+/// Every operand's objects in the [`scenarios`], and a GPUCluster's with compute domains, DCGM
+/// and the exporter on.
 fn rendered_operands() -> Vec<crate::model::OperandObjects> {
     let mut out = Vec::new();
     for (spec, facts) in scenarios() {
@@ -519,7 +519,18 @@ fn rendered_operands() -> Vec<crate::model::OperandObjects> {
             }
         }
     }
-    let cluster = crate::operands::dra_driver::ValidatedGpuCluster::default();
+    // Every GPUCluster operand on: DCGM and the exporter are off unless the spec names them.
+    let cluster = crate::operands::dra_driver::ValidatedGpuCluster {
+        spec: crate::api::GpuClusterSpec {
+            dcgm: Some(crate::api::DcgmSpec {
+                enabled: Some(true),
+                ..Default::default()
+            }),
+            dcgm_exporter: Some(crate::api::DcgmExporterSpec::default()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let facts = ClusterFacts {
         namespace: "gpu-operator".to_owned(),
         ..ClusterFacts::default()

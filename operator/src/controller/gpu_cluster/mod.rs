@@ -1,8 +1,10 @@
 //! The GPUCluster pass (IO): its stages, in order.
 //!
 //! resolve -> validate -> render (with the API server's dry run of the attribute DeviceClasses,
-//! [`crate::operands::dra_driver`]) -> apply/prune (with its own ledger and the GPUCluster as
-//! owner) -> label -> status (patched only when it changed) -> requeue.
+//! [`crate::operands::dra_driver`]; DCGM, the exporter and the DRA validator through their own
+//! renderers) -> apply/prune (with its own ledger and the GPUCluster as owner; the namespace
+//! labelled for admin-access claims first) -> label -> status (patched only when it changed) ->
+//! requeue.
 //!
 //! Guarantees and caveats:
 //! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by the
@@ -27,6 +29,7 @@ use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
 
 use super::Deps;
+use super::cluster_policy::namespace;
 use super::observe::{self, Diagnoser};
 use super::owner::{self, Error, LabelAttempts, Owner};
 use super::plan::Ledger;
@@ -47,13 +50,11 @@ pub struct Memory {
 
 /// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
 pub fn optional_kinds() -> Vec<ApiResource> {
-    std::iter::once(ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "resource.k8s.io",
-        "v1",
-        "DeviceClass",
-    )))
-    .chain(crate::operands::common::admission_api_resources())
-    .collect()
+    ["DeviceClass", "ResourceClaimTemplate"]
+        .map(|kind| ApiResource::from_gvk(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind)))
+        .into_iter()
+        .chain(crate::operands::common::admission_api_resources())
+        .collect()
 }
 
 /// Reconciles every GPUCluster (the CRD allows one, named gpu-cluster), beside `policy`, the
@@ -110,6 +111,7 @@ async fn reconcile(
         namespace: deps.settings.namespace.clone(),
         owner: cluster.controller_owner_ref(&()),
         openshift: deps.resolver.discovered.openshift,
+        service_monitor_api: deps.resolver.discovered.service_monitor,
         ..ClusterFacts::default()
     };
     let conflict = validate::conflict(policy, &nodes);
@@ -122,6 +124,14 @@ async fn reconcile(
     {
         return Ok(None);
     }
+    // The admin-access GPU claims of DCGM, the exporter and the validator need the label on the
+    // namespace before their templates are applied.
+    namespace::ensure_admin_access(&deps.client, &deps.settings.namespace)
+        .await
+        .map_err(|source| Error::AdminAccess {
+            namespace: deps.settings.namespace.clone(),
+            source,
+        })?;
     let applied = owner::apply(
         deps,
         &Owner::of(cluster),

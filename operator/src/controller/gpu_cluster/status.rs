@@ -31,7 +31,8 @@ pub async fn report(
     found: Found<'_>,
     now: Time,
 ) -> Result<bool, Error> {
-    let unsupported = dra_driver::not_acted_on(&cluster.spec);
+    let unsupported =
+        dra_driver::not_acted_on(&cluster.spec, deps.resolver.discovered.service_monitor);
     let unsettled = found.applied.unsettled();
     let computed = status::compute(&status::StatusInputs {
         unsupported: &unsupported,
