@@ -37,7 +37,7 @@ use super::observe::Observed;
 use super::plan::Ledger;
 use super::scheduler::Requeue;
 use super::status::StatusInputs;
-use super::{Deps, nfd_crds};
+use super::{Deps, vendored_crds};
 use crate::model::Operand;
 use crate::nodes::{LabelPatch, NodeView};
 use crate::render::DesiredState;
@@ -83,7 +83,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(transparent)]
-    NfdCrds(#[from] nfd_crds::Error),
+    Crds(#[from] vendored_crds::Error),
     #[error("driver upgrades: {0}")]
     Upgrade(#[source] kube::Error),
     /// `purpose` says for what, when not the ClusterPolicy's deploy labels.
@@ -126,7 +126,7 @@ impl Error {
             Error::Status { .. } => "StatusFailed",
             // Selecting a pool's nodes is the first half of its labelling.
             Error::Labels { .. } | Error::Select { .. } => "LabelFailed",
-            Error::NfdCrds(_) => "NfdCrdsFailed",
+            Error::Crds(_) => "CrdsFailed",
             Error::Upgrade(_) => "UpgradeFailed",
             Error::Namespace { .. } | Error::AdminAccess { .. } => "NamespaceLabelFailed",
             Error::Teardown(_) => "TeardownFailed",

@@ -64,6 +64,11 @@ use crate::nodes::NFD_GPU_LABELS;
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
 /// The compute-domain driver's name.
 pub const COMPUTE_DOMAIN_DRIVER: &str = "compute-domain.nvidia.com";
+/// The compute-domain CRDs the operator installs with compute domains (sorted; RBAC names them).
+pub const COMPUTE_DOMAIN_CRDS: [&str; 2] = [
+    "computedomaincliques.resource.nvidia.com",
+    "computedomains.resource.nvidia.com",
+];
 /// Kubelet-plugin DaemonSet name and `app` label (NVIDIA's).
 pub const KUBELET_PLUGIN: &str = "nvidia-dra-driver-kubelet-plugin";
 /// Its ServiceAccount.

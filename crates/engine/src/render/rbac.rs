@@ -407,6 +407,14 @@ fn controller_cluster_rules() -> Vec<PolicyRule> {
             &crate::operands::nfd::CRD_NAMES,
             &["get", "patch"],
         ),
+        // The DRA driver's ComputeDomain CRDs, installed and upgraded whenever a GPUCluster
+        // deploys compute domains.
+        rule_named(
+            &["apiextensions.k8s.io"],
+            &["customresourcedefinitions"],
+            &crate::operands::dra_driver::COMPUTE_DOMAIN_CRDS,
+            &["get", "patch"],
+        ),
         // OpenShift detection and its cluster proxy.
         rule(
             &["config.openshift.io"],
@@ -445,6 +453,8 @@ fn controller_namespace_rules() -> Vec<PolicyRule> {
             &APPLY,
         ),
         rule(&["monitoring.coreos.com"], &["servicemonitors"], &APPLY),
+        // A GPUCluster's admin-access GPU claims (DCGM, the exporter, the DRA validator).
+        rule(&["resource.k8s.io"], &["resourceclaimtemplates"], &APPLY),
         // Which pods run an old driver revision ("upgrade pending").
         rule(&["apps"], &["controllerrevisions"], &READ),
         // Diagnostics of unavailable operand pods, on demand; driver upgrades delete the old
