@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 
 use gpu_operator::api::image::ImageKind;
 use gpu_operator::api::{self, MIN_KUBERNETES_VERSION};
-use gpu_operator::controller::nfd_crds;
+use gpu_operator::controller::vendored_crds;
 use gpu_operator::crd_upgrade::{CRD_NAME, OPERATOR_VERSION};
 use gpu_operator::render::rbac;
 
@@ -62,7 +62,7 @@ pub const CRD_FILE: &str = "manifests/nvidia.com_clusterpolicies.yaml";
 pub const GPU_CLUSTER_CRD_FILE: &str = "manifests/nvidia.com_gpuclusters.yaml";
 /// The NVIDIADriver CRD (docs/nvidiadriver.md), owned by the CSV like the ClusterPolicy's.
 pub const NVIDIA_DRIVER_CRD_FILE: &str = "manifests/nvidia.com_nvidiadrivers.yaml";
-/// NFD's CRDs, one file each (a bundle manifest holds one object), as `nfd_crds::NAMES` orders them.
+/// NFD's CRDs, one file each (a bundle manifest holds one object), as `vendored_crds::NAMES` orders them.
 pub const NFD_CRD_FILES: [&str; 3] = [
     "manifests/nfd.k8s-sigs.io_nodefeaturegroups.yaml",
     "manifests/nfd.k8s-sigs.io_nodefeaturerules.yaml",
@@ -532,15 +532,15 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
 fn nfd_definitions()
 -> Result<Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>, BundleError>
 {
-    let crds = nfd_crds::definitions().map_err(|e| BundleError::NfdCrds(e.to_string()))?;
+    let crds = vendored_crds::definitions().map_err(|e| BundleError::NfdCrds(e.to_string()))?;
     let names: Vec<String> = crds
         .iter()
         .map(|c| c.metadata.name.clone().unwrap_or_default())
         .collect();
-    if names != nfd_crds::NAMES {
+    if names != vendored_crds::NAMES {
         return Err(BundleError::NfdCrds(format!(
             "crds/nfd-api-crds.yaml holds {names:?}, not {:?}",
-            nfd_crds::NAMES
+            vendored_crds::NAMES
         )));
     }
     Ok(crds)

@@ -1,11 +1,11 @@
 //! Every generated file of the repository, what makes it, and the comparison with the committed
-//! copies (IO: reads `crds/nfd-api-crds.yaml`, runs helm for the bundle, reads and writes files
+//! copies (IO: reads the vendored CRDs under `crds/`, runs helm for the bundle, reads and writes files
 //! under the repository root).
 //!
 //! | file | made from |
 //! |---|---|
 //! | `crds/nvidia.com_{clusterpolicies,gpuclusters,nvidiadrivers}.yaml` | the Rust types (`gpu_operator_api::*crd::crd_yaml`, what `gpu-operator crd` prints) |
-//! | `charts/gpu-operator/crds/*` | copies of the three, and of `crds/nfd-api-crds.yaml` (NFD's, vendored as NFD publishes it) |
+//! | `charts/gpu-operator/crds/*` | copies of the three, of `crds/nfd-api-crds.yaml` (NFD's, vendored as NFD publishes it) and of `crds/compute-domain-crds.yaml` (the DRA driver's, vendored as NVIDIA's v26.7 chart ships them) |
 //! | `charts/gpu-operator/templates/clusterrole.yaml`, `role.yaml`, `leader-election-role.yaml` | templated headers and the rules of the ClusterRole and the two Roles `gpu-operator rbac` prints (decision 13: RBAC is generated, never typed twice) |
 //! | `bundle/` | [`crate::bundle`], around the chart's Deployment as helm renders it |
 //!
@@ -27,6 +27,9 @@ pub const GENERATE_COMMAND: &str = "cargo xtask generate";
 
 /// NFD's CRDs as NFD publishes them: an input, copied into the chart.
 pub const NFD_CRDS: &str = "crds/nfd-api-crds.yaml";
+/// The DRA driver's ComputeDomain CRDs as NVIDIA's v26.7 chart ships them: an input, copied
+/// into the chart.
+pub const COMPUTE_DOMAIN_CRDS: &str = "crds/compute-domain-crds.yaml";
 /// The chart's CRD folder (Helm installs what it holds before the templates).
 pub const CHART_CRDS: &str = "charts/gpu-operator/crds";
 /// The chart's ClusterRole template.
@@ -130,10 +133,12 @@ pub fn crds_and_chart(root: &Path) -> anyhow::Result<Generated> {
     }
     let nfd = std::fs::read_to_string(root.join(NFD_CRDS))
         .with_context(|| format!("reading {NFD_CRDS}"))?;
+    let compute_domains = std::fs::read_to_string(root.join(COMPUTE_DOMAIN_CRDS))
+        .with_context(|| format!("reading {COMPUTE_DOMAIN_CRDS}"))?;
     for (path, yaml) in crds
         .iter()
         .map(|(p, y)| (*p, y.as_str()))
-        .chain([(NFD_CRDS, &*nfd)])
+        .chain([(NFD_CRDS, &*nfd), (COMPUTE_DOMAIN_CRDS, &*compute_domains)])
     {
         out.push(format!("{CHART_CRDS}/{}", file_name(path)), yaml);
     }

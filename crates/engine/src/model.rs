@@ -220,6 +220,15 @@ pub enum Operand {
     DraDriver,
     /// A GPUCluster's attribute DeviceClasses (frozen alone when one is invalid).
     DraDeviceClasses,
+    /// A GPUCluster's standalone DCGM host engine (`nvidia-dcgm-dra`), rendered by
+    /// [`crate::operands::dcgm`] with its GPUs claimed through DRA.
+    DcgmDra,
+    /// A GPUCluster's DCGM exporter in DRA mode (`nvidia-dcgm-exporter-dra`), rendered by
+    /// [`crate::operands::dcgm_exporter`].
+    DcgmExporterDra,
+    /// A GPUCluster's DRA validator (`nvidia-dra-validator`), rendered by
+    /// [`crate::operands::validator`].
+    DraValidator,
     /// The driver DaemonSets of one NVIDIADriver pool (never rendered by a ClusterPolicy).
     NvidiaDriver,
 }
@@ -242,7 +251,13 @@ impl Operand {
     ];
 
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).
-    pub const GPU_CLUSTER: [Operand; 2] = [Operand::DraDriver, Operand::DraDeviceClasses];
+    pub const GPU_CLUSTER: [Operand; 5] = [
+        Operand::DraDriver,
+        Operand::DraDeviceClasses,
+        Operand::DcgmDra,
+        Operand::DcgmExporterDra,
+        Operand::DraValidator,
+    ];
 
     /// Everything the engine knows about the operand, from its home module.
     pub const fn descriptor(self) -> &'static Descriptor {

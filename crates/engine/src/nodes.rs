@@ -49,6 +49,10 @@ pub const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
 pub const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 pub const DEPLOY_DCGM: &str = "nvidia.com/gpu.deploy.dcgm";
 pub const DEPLOY_DCGM_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+/// A GPUCluster's DCGM, exporter and validator (NVIDIA's keys; the driver manager pauses them).
+pub const DEPLOY_DCGM_DRA: &str = "nvidia.com/gpu.deploy.dcgm-dra";
+pub const DEPLOY_DCGM_EXPORTER_DRA: &str = "nvidia.com/gpu.deploy.dcgm-exporter-dra";
+pub const DEPLOY_DRA_VALIDATOR: &str = "nvidia.com/gpu.deploy.dra-validator";
 /// Set only on MIG-capable nodes.
 pub const DEPLOY_MIG_MANAGER: &str = "nvidia.com/gpu.deploy.mig-manager";
 pub const DEPLOY_NODE_STATUS_EXPORTER: &str = "nvidia.com/gpu.deploy.node-status-exporter";

@@ -1177,11 +1177,12 @@ mod tests {
         .into_iter()
         .chain(crate::controller::gpu_cluster::optional_kinds());
         for kind in kinds {
-            let want = if kind.plural == "servicemonitors" {
-                Scope::Namespaced
-            } else {
-                Scope::Cluster
-            };
+            let want =
+                if ["servicemonitors", "resourceclaimtemplates"].contains(&kind.plural.as_str()) {
+                    Scope::Namespaced
+                } else {
+                    Scope::Cluster
+                };
             assert_eq!(
                 scope(&kind.group, &kind.plural),
                 Some(want),

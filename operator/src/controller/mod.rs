@@ -26,7 +26,6 @@ mod cluster_policy;
 pub mod coexist;
 pub mod config_maps;
 mod gpu_cluster;
-pub mod nfd_crds;
 mod nvidia_driver;
 mod observe;
 mod owner;
@@ -34,6 +33,7 @@ mod resolve;
 pub mod scheduler;
 pub mod stores;
 pub mod upgrade;
+pub mod vendored_crds;
 
 pub use gpu_operator_engine::{plan, status};
 

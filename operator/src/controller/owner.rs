@@ -37,7 +37,7 @@ use super::observe::Observed;
 use super::plan::Ledger;
 use super::scheduler::Requeue;
 use super::status::StatusInputs;
-use super::{Deps, nfd_crds};
+use super::{Deps, vendored_crds};
 use crate::model::Operand;
 use crate::nodes::{LabelPatch, NodeView};
 use crate::render::DesiredState;
@@ -83,7 +83,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(transparent)]
-    NfdCrds(#[from] nfd_crds::Error),
+    Crds(#[from] vendored_crds::Error),
     #[error("driver upgrades: {0}")]
     Upgrade(#[source] kube::Error),
     /// `purpose` says for what, when not the ClusterPolicy's deploy labels.
@@ -105,6 +105,14 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "labelling namespace {namespace} resource.kubernetes.io/admin-access=true, which the GPUCluster's admin-access GPU claims (DCGM, exporter, DRA validator) need (the operator's Role needs patch on its namespace): {source}"
+    )]
+    AdminAccess {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("teardown of a deleted ClusterPolicy: {0}")]
     Teardown(#[from] crate::cleanup::Error),
 }
@@ -118,9 +126,9 @@ impl Error {
             Error::Status { .. } => "StatusFailed",
             // Selecting a pool's nodes is the first half of its labelling.
             Error::Labels { .. } | Error::Select { .. } => "LabelFailed",
-            Error::NfdCrds(_) => "NfdCrdsFailed",
+            Error::Crds(_) => "CrdsFailed",
             Error::Upgrade(_) => "UpgradeFailed",
-            Error::Namespace { .. } => "NamespaceLabelFailed",
+            Error::Namespace { .. } | Error::AdminAccess { .. } => "NamespaceLabelFailed",
             Error::Teardown(_) => "TeardownFailed",
         }
     }

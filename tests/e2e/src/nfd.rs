@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use gpu_operator::controller::nfd_crds;
+use gpu_operator::controller::vendored_crds;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, Node, Pod, Volume};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -41,7 +41,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// gone, so that what installs them next is seen doing it.
 pub async fn delete_crds(client: &Client) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in nfd_crds::NAMES {
+    for name in vendored_crds::NAMES {
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -52,7 +52,7 @@ pub async fn delete_crds(client: &Client) -> Result<()> {
         let api = api.clone();
         async move {
             let mut left = Vec::new();
-            for name in nfd_crds::NAMES {
+            for name in vendored_crds::NAMES {
                 if api.get_opt(name).await?.is_some() {
                     left.push(name);
                 }

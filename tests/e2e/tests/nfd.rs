@@ -9,7 +9,7 @@ use e2e::session::{self, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::controller::APPLIED_HASH_ANNOTATION;
-use gpu_operator::controller::nfd_crds;
+use gpu_operator::controller::vendored_crds;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -34,7 +34,7 @@ async fn nfds_crds_are_installed_with_nfd_and_kept_when_nfd_is_switched_off() {
         return;
     };
     s.await_state(State::Ready, "ready with NFD deployed").await;
-    for name in nfd_crds::NAMES {
+    for name in vendored_crds::NAMES {
         let crd = e2e::crd::await_established(&s.admin, name).await.unwrap();
         assert!(
             crd.annotations().contains_key(APPLIED_HASH_ANNOTATION),
@@ -56,7 +56,7 @@ async fn nfds_crds_are_installed_with_nfd_and_kept_when_nfd_is_switched_off() {
     .await
     .unwrap();
     s.await_state(State::Ready, "ready without NFD").await;
-    for name in nfd_crds::NAMES {
+    for name in vendored_crds::NAMES {
         assert!(
             crds(&s.admin).get_opt(name).await.unwrap().is_some(),
             "{name} was deleted with NFD: users' NodeFeatureRules would go with it"
@@ -72,7 +72,7 @@ async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_
     };
     e2e::nfd::delete_crds(&admin).await.unwrap();
     // As a user would: NFD's own CRD file, applied by someone else.
-    for mut crd in nfd_crds::definitions().unwrap() {
+    for mut crd in vendored_crds::definitions().unwrap() {
         crd.metadata.annotations = None;
         crds(&admin)
             .patch(
@@ -95,7 +95,7 @@ async fn with_nfds_crds_installed_by_hand_and_no_nfd_running_the_operator_still_
         deployments.get_opt(MASTER).await.unwrap().is_some(),
         "served NFD CRDs were taken for a running NFD"
     );
-    for name in nfd_crds::NAMES {
+    for name in vendored_crds::NAMES {
         let crd = crds(&s.admin).get(name).await.unwrap();
         assert!(
             crd.annotations().contains_key(APPLIED_HASH_ANNOTATION),

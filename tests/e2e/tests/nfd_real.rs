@@ -21,7 +21,7 @@ use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, EPHEMERAL};
 use e2e::wait;
 use gpu_operator::api::State;
-use gpu_operator::controller::nfd_crds;
+use gpu_operator::controller::vendored_crds;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
@@ -111,7 +111,7 @@ async fn helm_install_with_real_nfd_labels_the_gpu_nodes_from_node_features_and_
 
     let namespace = release_namespace(&admin).await;
     helm_release("install", &namespace, &[]);
-    for name in nfd_crds::NAMES {
+    for name in vendored_crds::NAMES {
         e2e::crd::await_established(&admin, name).await.unwrap();
     }
     let identity = OperatorIdentity::existing(&admin, &namespace, "gpu-operator")

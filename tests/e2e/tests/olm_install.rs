@@ -295,7 +295,7 @@ async fn real_olm_installs_the_bundle_and_its_operator_converges_with_the_csvs_p
     // It deployed NFD with NFD's CRDs from the bundle, which it may read but not write.
     let message = session::ready_condition(&ready).unwrap().message.clone();
     assert!(
-        message.contains(gpu_operator::controller::nfd_crds::READ_ONLY_NOTE),
+        message.contains(gpu_operator::controller::vendored_crds::READ_ONLY_NOTE),
         "{message}"
     );
     install.remove(&policy, operator).await;

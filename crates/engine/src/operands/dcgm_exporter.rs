@@ -1,6 +1,10 @@
 //! Render stage, DCGM exporter (pure, no IO): DaemonSet `nvidia-dcgm-exporter` publishing GPU
 //! metrics on :9400, its Service, and a ServiceMonitor where the Prometheus Operator's API is
 //! served (docs/operand-facts.md §12). A custom metrics ConfigMap is hashed into the pod template.
+//! A GPUCluster's exporter is the same operand under NVIDIA's `-dra` names ([`render_dra`]): it
+//! reaches every GPU of its node through a DRA claim with admin access instead of the NVIDIA
+//! runtime, and runs in its DRA mode (`KUBERNETES_ENABLE_DRA`): the kubelet reports DRA-allocated
+//! devices by pool and device name, which the exporter resolves to GPUs through ResourceSlices.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, Probe, Service, ServicePort, ServiceSpec,
@@ -13,7 +17,7 @@ use super::common::{
     self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, config_map_problem, env,
     env_field, env_value, host_path_volume, merge_user_env, mount, rule,
 };
-use super::{dcgm, openshift, validator};
+use super::{dcgm, dra_driver, openshift, validator};
 use crate::api::{ClusterPolicySpec, Component, DcgmExporterSpec, ImageKind};
 use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
@@ -48,6 +52,47 @@ const METRICS_PATH: &str = "/etc/dcgm-exporter/dcgm-metrics.csv";
 const DEFAULT_COLLECTORS: &str = "/etc/dcgm-exporter/dcp-metrics-included.csv";
 const DEFAULT_HPC_DIR: &str = "/var/lib/dcgm-exporter/job-mapping";
 
+/// A GPUCluster's exporter: DaemonSet, Service, ServiceMonitor, `app` label, ServiceAccount,
+/// Role and SCC name (NVIDIA's).
+pub const DRA_NAME: &str = "nvidia-dcgm-exporter-dra";
+/// Its ClusterRole: pods and ResourceSlices, read.
+pub const DRA_READ_ROLE: &str = "nvidia-dcgm-exporter-dra-read-pods";
+/// Its admin-access claim on every GPU of its node.
+pub const DRA_CLAIM_TEMPLATE: &str = "nvidia-dcgm-exporter-admin";
+
+/// A GPUCluster's DCGM exporter (NVIDIA's `state-dcgm-exporter`).
+pub const DRA_DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dcgm-exporter-dra",
+    deploy_label: Some(crate::nodes::DEPLOY_DCGM_EXPORTER_DRA),
+    ..super::dra_driver::NOT_FROM_A_POLICY
+};
+
+/// Which exporter: the ClusterPolicy's, or a GPUCluster's in DRA mode.
+struct Flavor {
+    operand: Operand,
+    name: &'static str,
+    read_role: &'static str,
+    remote_hostengine: &'static str,
+    /// The claim template of a GPUCluster's exporter (GPUs through DRA, not the runtime).
+    dra_claim: Option<&'static str>,
+}
+
+const POLICY_FLAVOR: Flavor = Flavor {
+    operand: Operand::DcgmExporter,
+    name: NAME,
+    read_role: READ_PODS_ROLE,
+    remote_hostengine: dcgm::REMOTE_HOSTENGINE,
+    dra_claim: None,
+};
+
+const DRA_FLAVOR: Flavor = Flavor {
+    operand: Operand::DcgmExporterDra,
+    name: DRA_NAME,
+    read_role: DRA_READ_ROLE,
+    remote_hostengine: dcgm::DRA_REMOTE_HOSTENGINE,
+    dra_claim: Some(DRA_CLAIM_TEMPLATE),
+};
+
 const POD_RESOURCES: &str = "pod-gpu-resources";
 const RUN_NVIDIA: &str = "run-nvidia";
 const METRICS_CONFIG: &str = "metrics-config";
@@ -79,10 +124,25 @@ fn is_true(value: Option<&str>) -> bool {
 }
 
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    render_as(&POLICY_FLAVOR, policy, facts)
+}
+
+/// A GPUCluster's exporter, from the ClusterPolicy-shaped view of the GPUCluster
+/// ([`super::dra_driver::policy_view`]).
+pub fn render_dra(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    render_as(&DRA_FLAVOR, policy, facts)
+}
+
+fn render_as(
+    flavor: &Flavor,
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+) -> Option<OperandObjects> {
     let spec = &policy.spec;
     if !spec.is_enabled(Component::DcgmExporter) {
         return None;
     }
+    let (operand, name, dra) = (flavor.operand, flavor.name, flavor.dra_claim.is_some());
     let default_exporter = DcgmExporterSpec::default();
     let exporter = spec.dcgm_exporter.as_ref().unwrap_or(&default_exporter);
     let metrics_config = exporter
@@ -117,10 +177,14 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         env_field("NODE_NAME", "spec.nodeName"),
     ];
     if spec.is_enabled(Component::Dcgm) {
-        envs.push(env("DCGM_REMOTE_HOSTENGINE_INFO", dcgm::REMOTE_HOSTENGINE));
+        envs.push(env("DCGM_REMOTE_HOSTENGINE_INFO", flavor.remote_hostengine));
     }
     if let Some(dir) = &hpc {
         envs.push(env("DCGM_HPC_JOB_MAPPING_DIR", dir));
+    }
+    if dra {
+        // Without it DRA-allocated GPUs carry no pod, namespace or container label.
+        envs.push(env("KUBERNETES_ENABLE_DRA", "true"));
     }
     // The policy's pod-metadata switches, as NVIDIA's operator passes them; a variable of the
     // same name in env wins.
@@ -151,17 +215,22 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     // has a token, DCGM_EXPORTER_KUBERNETES=true starts its pod informer whatever the pod
     // label switches say (dcgm-exporter internal/pkg/transformation/kubernetes.go,
     // NewPodMapper), so reading pods comes with the token.
-    let needs_token = pod_labels_on || configmap_data;
+    // In DRA mode the ResourceSlice and pod informers always run.
+    let needs_token = pod_labels_on || configmap_data || dra;
 
     let mut mounts = vec![mount(POD_RESOURCES, "/var/lib/kubelet/pod-resources").read_only()];
-    let mut volumes = vec![
-        host_path_volume(
-            POD_RESOURCES,
-            &common::join_path(common::kubelet_root_dir(spec), "pod-resources"),
+    let mut volumes = vec![host_path_volume(
+        POD_RESOURCES,
+        &common::join_path(common::kubelet_root_dir(spec), "pod-resources"),
+        HostPathType::Any,
+    )];
+    if !dra {
+        volumes.push(host_path_volume(
+            RUN_NVIDIA,
+            "/run/nvidia",
             HostPathType::Any,
-        ),
-        host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::Any),
-    ];
+        ));
+    }
     if let Some(name) = metrics_config {
         volumes.push(common::config_map_volume(
             METRICS_CONFIG,
@@ -202,20 +271,25 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             &[],
         )
     };
-    let pod = PodSpec {
-        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
+    let mut pod = PodSpec {
+        service_account_name: Some(name.to_owned()),
         automount_service_account_token: Some(needs_token),
         host_pid: exporter.host_pid.filter(|p| *p),
-        init_containers: Some(vec![validator::wait_for_toolkit(
-            policy,
-            mount(RUN_NVIDIA, "/run/nvidia").host_to_container(),
-        )]),
         containers: vec![main],
         volumes: Some(volumes),
         ..PodSpec::default()
     };
-    let mut ds = OperandDaemonSet::new(Operand::DcgmExporter, NAME, pod, MAIN_CONTAINER);
-    ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
+    match flavor.dra_claim {
+        Some(template) => dra_driver::claim_every_gpu(&mut pod, template),
+        None => {
+            pod.init_containers = Some(vec![validator::wait_for_toolkit(
+                policy,
+                mount(RUN_NVIDIA, "/run/nvidia").host_to_container(),
+            )]);
+        }
+    }
+    let mut ds = OperandDaemonSet::new(operand, name, pod, MAIN_CONTAINER);
+    ds.annotations = openshift::scc_annotation(facts, name);
     for extra in [&exporter.pod_annotations, &exporter.annotations]
         .into_iter()
         .flatten()
@@ -228,15 +302,19 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     ds.image = Some(&exporter.image);
     ds.overrides = Some(&exporter.container);
     ds.host_network = exporter.host_network.unwrap_or(false);
-    ds.gpu_access = GpuAccess::Runtime {
-        nri_container: MAIN_CONTAINER,
+    ds.gpu_access = if dra {
+        GpuAccess::None
+    } else {
+        GpuAccess::Runtime {
+            nri_container: MAIN_CONTAINER,
+        }
     };
     ds.config_hash = metrics_config
         .and(facts.dcgm_metrics.as_ref())
         .map(|cm| common::config_hash(&cm.data));
 
-    let mut service_meta = common::meta(Operand::DcgmExporter, NAME, facts, true);
-    common::add_labels(&mut service_meta, &[(APP_LABEL, NAME)]);
+    let mut service_meta = common::meta(operand, name, facts, true);
+    common::add_labels(&mut service_meta, &[(APP_LABEL, name)]);
     service_meta.annotations = Some(common::string_map(&[("prometheus.io/scrape", "true")]));
     let service_spec = exporter.service.as_ref();
     let service = Service {
@@ -251,7 +329,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             internal_traffic_policy: service_spec
                 .and_then(|s| s.internal_traffic_policy.clone())
                 .filter(|t| !t.is_empty()),
-            selector: Some(common::string_map(&[(APP_LABEL, NAME)])),
+            selector: Some(common::string_map(&[(APP_LABEL, name)])),
             ports: Some(vec![ServicePort {
                 name: Some("gpu-metrics".to_owned()),
                 port: PORT,
@@ -265,25 +343,24 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
 
     let mut objects = OperandObjects::default();
+    // In DRA mode (NVIDIA's dcgm-exporter DRA RBAC) it also reads the ResourceClaims of its
+    // namespace and every ResourceSlice, to map (pool, device) names to GPUs.
+    let read = ["get", "list", "watch"];
     let role_rules = openshift::use_privileged_scc(facts)
         .into_iter()
+        .chain(dra.then(|| rule(&["resource.k8s.io"], &["resourceclaims"], &read)))
         .chain([rule(&[""], &["configmaps"], &["get", "list"])])
         .collect();
-    common::add_identity(
-        &mut objects,
-        Operand::DcgmExporter,
-        SERVICE_ACCOUNT,
-        role_rules,
-        Vec::new(),
-        facts,
-    );
+    common::add_identity(&mut objects, operand, name, role_rules, Vec::new(), facts);
     if needs_token {
         common::add_cluster_role(
             &mut objects,
-            Operand::DcgmExporter,
-            READ_PODS_ROLE,
-            SERVICE_ACCOUNT,
-            vec![rule(&[""], &["pods"], &["get", "list", "watch"])],
+            operand,
+            flavor.read_role,
+            name,
+            std::iter::once(rule(&[""], &["pods"], &read))
+                .chain(dra.then(|| rule(&["resource.k8s.io"], &["resourceslices"], &read)))
+                .collect(),
             facts,
         );
     }
@@ -291,14 +368,27 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     objects
         .daemon_sets
         .push(common::operand_daemon_set(policy, facts, ds));
+    if let Some(template) = flavor.dra_claim {
+        objects.dynamic.push(dra_driver::admin_claim_template(
+            operand,
+            template,
+            dra_driver::ADMIN_CLAIM,
+            None,
+            facts,
+        ));
+    }
     if exporter.service_monitor_enabled() && facts.service_monitor_api {
-        objects.dynamic.push(service_monitor(exporter, facts));
+        objects
+            .dynamic
+            .push(service_monitor(operand, name, exporter, facts));
     }
     objects.dynamic.extend(openshift::scc(
-        Operand::DcgmExporter,
-        SERVICE_ACCOUNT,
+        operand,
+        name,
         openshift::HostAccess {
             ports: true,
+            pid: dra,
+            network: dra,
             ..Default::default()
         },
         facts,
@@ -306,13 +396,18 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     Some(objects)
 }
 
-fn service_monitor(exporter: &DcgmExporterSpec, facts: &ClusterFacts) -> DynamicObject {
+fn service_monitor(
+    operand: Operand,
+    name: &str,
+    exporter: &DcgmExporterSpec,
+    facts: &ClusterFacts,
+) -> DynamicObject {
     let settings = exporter.service_monitor.clone().unwrap_or_default();
-    let mut object = DynamicObject::new(NAME, &service_monitor_api_resource());
-    let mut metadata = common::meta(Operand::DcgmExporter, NAME, facts, true);
+    let mut object = DynamicObject::new(name, &service_monitor_api_resource());
+    let mut metadata = common::meta(operand, name, facts, true);
     let mut labels = settings.additional_labels.clone().unwrap_or_default();
     labels.extend(metadata.labels.take().unwrap_or_default());
-    labels.insert(APP_LABEL.to_owned(), NAME.to_owned());
+    labels.insert(APP_LABEL.to_owned(), name.to_owned());
     metadata.labels = Some(labels);
     object.metadata = metadata;
     let mut endpoint = json!({"port": "gpu-metrics", "path": "/metrics"});
@@ -332,7 +427,7 @@ fn service_monitor(exporter: &DcgmExporterSpec, facts: &ClusterFacts) -> Dynamic
         "spec": {
             "jobLabel": APP_LABEL,
             "namespaceSelector": {"matchNames": [facts.namespace]},
-            "selector": {"matchLabels": {APP_LABEL: NAME}},
+            "selector": {"matchLabels": {APP_LABEL: name}},
             "endpoints": [endpoint],
         }
     });

@@ -26,11 +26,11 @@ use super::common::{
     host_path_volume, mount, rule, rule_named,
 };
 use crate::api::{
-    AttributeDeviceClass, DraDeviceType, DraKubeletPluginSpec, GpuClusterSpec,
+    AttributeDeviceClass, DraDeviceType, DraKubeletPluginSpec, GpuClusterSpec, ImageKind,
     ResourceRequirements as ApiResources,
 };
 use crate::facts::ClusterFacts;
-use crate::model::{Operand, OperandObjects};
+use crate::model::{Operand, OperandObjects, ValidatedPolicy};
 
 /// NVIDIA's DRA driver: rendered for a GPUCluster ([`render`]), never from a ClusterPolicy.
 pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
@@ -45,7 +45,8 @@ pub const CLASSES_DESCRIPTOR: super::Descriptor = super::Descriptor {
     ..NOT_FROM_A_POLICY
 };
 
-const NOT_FROM_A_POLICY: super::Descriptor = super::Descriptor {
+/// A GPUCluster's operand: nothing from a ClusterPolicy.
+pub(crate) const NOT_FROM_A_POLICY: super::Descriptor = super::Descriptor {
     name: "",
     component: None,
     deploy_label: None,
@@ -63,6 +64,11 @@ use crate::nodes::NFD_GPU_LABELS;
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
 /// The compute-domain driver's name.
 pub const COMPUTE_DOMAIN_DRIVER: &str = "compute-domain.nvidia.com";
+/// The compute-domain CRDs the operator installs with compute domains (sorted; RBAC names them).
+pub const COMPUTE_DOMAIN_CRDS: [&str; 2] = [
+    "computedomaincliques.resource.nvidia.com",
+    "computedomains.resource.nvidia.com",
+];
 /// Kubelet-plugin DaemonSet name and `app` label (NVIDIA's).
 pub const KUBELET_PLUGIN: &str = "nvidia-dra-driver-kubelet-plugin";
 /// Its ServiceAccount.
@@ -125,8 +131,10 @@ pub struct ValidatedGpuCluster {
     pub spec: GpuClusterSpec,
     /// The DRA driver image reference.
     pub image: String,
-    /// The validator image of the driver-validation init container.
+    /// The validator image of the driver-validation init container and the DRA validator.
     pub validator_image: String,
+    /// The DCGM and DCGM exporter image references (absent when not deployed or invalid).
+    pub images: BTreeMap<ImageKind, String>,
     /// Operands whose input is invalid (frozen), with the message naming field and fix.
     pub invalid: BTreeMap<Operand, String>,
 }
@@ -161,8 +169,121 @@ pub fn render(
     match operand {
         Operand::DraDriver => Some(render_driver(cluster, facts)),
         Operand::DraDeviceClasses => Some(render_attribute_classes(cluster, facts)),
+        Operand::DcgmDra => super::dcgm::render_dra(&policy_view(cluster), facts),
+        Operand::DcgmExporterDra => super::dcgm_exporter::render_dra(&policy_view(cluster), facts),
+        Operand::DraValidator => Some(super::validator::render_dra(cluster, facts)),
         _ => None,
     }
+}
+
+/// Whether a GPUCluster deploys the standalone DCGM engine: only with `dcgm.enabled: true`
+/// (NVIDIA's GPUCluster default is off, unlike a ClusterPolicy's).
+pub fn dcgm_enabled(spec: &GpuClusterSpec) -> bool {
+    spec.dcgm.as_ref().and_then(|d| d.enabled) == Some(true)
+}
+
+/// Whether a GPUCluster deploys the DCGM exporter: when `dcgmExporter` is present and not
+/// `enabled: false` (NVIDIA's rule; NVIDIA's chart always writes the section).
+pub fn dcgm_exporter_enabled(spec: &GpuClusterSpec) -> bool {
+    spec.dcgm_exporter
+        .as_ref()
+        .is_some_and(|d| d.enabled != Some(false))
+}
+
+/// The ClusterPolicy-shaped view of a GPUCluster that the DCGM and exporter renderers take: its
+/// `dcgm`, `dcgmExporter`, `daemonsets` and kubelet root, each switched on by the GPUCluster's
+/// own defaults ([`dcgm_enabled`], [`dcgm_exporter_enabled`]), with the images validate
+/// resolved.
+pub fn policy_view(cluster: &ValidatedGpuCluster) -> ValidatedPolicy {
+    let spec = &cluster.spec;
+    let dcgm = crate::api::DcgmSpec {
+        enabled: Some(dcgm_enabled(spec)),
+        ..spec.dcgm.clone().unwrap_or_default()
+    };
+    let exporter = crate::api::DcgmExporterSpec {
+        enabled: Some(dcgm_exporter_enabled(spec)),
+        ..spec.dcgm_exporter.clone().unwrap_or_default()
+    };
+    let host_paths = crate::api::HostPathsSpec {
+        kubelet_root_dir: spec
+            .host_paths
+            .as_ref()
+            .and_then(|h| h.kubelet_root_dir.clone()),
+        ..Default::default()
+    };
+    ValidatedPolicy {
+        name: cluster.name.clone(),
+        spec: crate::api::ClusterPolicySpec {
+            dcgm: Some(dcgm),
+            dcgm_exporter: Some(exporter),
+            daemonsets: spec.daemonsets.clone(),
+            host_paths: Some(host_paths),
+            ..Default::default()
+        },
+        images: cluster.images.clone(),
+        ..Default::default()
+    }
+}
+
+/// The name of the pod-level claim on a GPUCluster operand's GPUs (NVIDIA's).
+pub const ADMIN_CLAIM: &str = "admin-gpus";
+
+/// A ResourceClaimTemplate `name` asking the driver's `gpu.nvidia.com` class for GPUs with admin
+/// access (never reserved, never counted against allocatable, blind to who else uses them):
+/// every GPU of the node (`count: None`) or `count` of them. The operator namespace must carry
+/// `resource.kubernetes.io/admin-access=true` for the API server to accept it.
+pub fn admin_claim_template(
+    operand: Operand,
+    name: &str,
+    request: &str,
+    count: Option<i64>,
+    facts: &ClusterFacts,
+) -> DynamicObject {
+    let exactly = match count {
+        None => {
+            json!({"deviceClassName": DRIVER_CLASSES[0].0, "allocationMode": "All", "adminAccess": true})
+        }
+        Some(n) => {
+            json!({"deviceClassName": DRIVER_CLASSES[0].0, "allocationMode": "ExactCount", "count": n, "adminAccess": true})
+        }
+    };
+    dynamic(
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        common::meta(operand, name, facts, true),
+        json!({"spec": {"spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}}}),
+    )
+}
+
+/// Gives `pod` the claim `claim` from `template` and every one of its containers (init
+/// containers included) access to it: NVIDIA's GPUCluster operands reach GPUs this way, not
+/// through the NVIDIA runtime.
+pub fn claim_gpus(pod: &mut PodSpec, claim: &str, template: &str) {
+    pod.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+        name: claim.to_owned(),
+        resource_claim_template_name: Some(template.to_owned()),
+        ..Default::default()
+    }]);
+    for c in pod
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(pod.containers.iter_mut())
+    {
+        c.resources
+            .get_or_insert_default()
+            .claims
+            .get_or_insert_default()
+            .push(k8s_openapi::api::core::v1::ResourceClaim {
+                name: claim.to_owned(),
+                ..Default::default()
+            });
+    }
+}
+
+/// [`claim_gpus`] with the admin claim on every GPU of the node ([`ADMIN_CLAIM`]).
+pub fn claim_every_gpu(pod: &mut PodSpec, template: &str) {
+    claim_gpus(pod, ADMIN_CLAIM, template);
 }
 
 fn labels(component: &str) -> BTreeMap<String, String> {
@@ -1105,21 +1226,25 @@ fn render_attribute_classes(cluster: &ValidatedGpuCluster, facts: &ClusterFacts)
     objects
 }
 
-/// The GPUCluster fields this operator stores but does not act on, as status lines.
-pub fn not_acted_on(spec: &GpuClusterSpec) -> Vec<String> {
+/// The GPUCluster fields this operator stores but does not act on, as status lines: a
+/// GPUCluster's exporter mounts the metrics ConfigMap `dcgmExporter.config.name` names, but
+/// the GPUCluster pass does not watch it, so an edit reaches the pods only when they restart;
+/// a ServiceMonitor asked for where the Prometheus Operator's API is not served is skipped.
+pub fn not_acted_on(spec: &GpuClusterSpec, service_monitor_api: bool) -> Vec<String> {
     let mut out = Vec::new();
-    if spec.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
-        out.push(
-            "spec.dcgm: the standalone DCGM host engine is not deployed for a GPUCluster"
-                .to_owned(),
-        );
-    }
-    if spec
+    let exporter = spec
         .dcgm_exporter
         .as_ref()
-        .is_some_and(|d| d.enabled != Some(false))
+        .filter(|_| dcgm_exporter_enabled(spec));
+    if exporter
+        .and_then(|e| e.config.as_ref())
+        .and_then(|c| c.name.as_deref())
+        .is_some_and(|n| !n.is_empty())
     {
-        out.push("spec.dcgmExporter: the DCGM exporter is not deployed for a GPUCluster; a ClusterPolicy with the device plugin off can deploy it".to_owned());
+        out.push("spec.dcgmExporter.config.name: the metrics ConfigMap is mounted, but an edit of it does not restart the exporter; delete the nvidia-dcgm-exporter-dra pods to apply one".to_owned());
+    }
+    if exporter.is_some_and(|e| e.service_monitor_enabled()) && !service_monitor_api {
+        out.push("spec.dcgmExporter.serviceMonitor: no ServiceMonitor, this cluster does not serve monitoring.coreos.com/v1 (the Prometheus Operator's CRDs); install them and restart the operator, or set it to false".to_owned());
     }
     out
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::common::env_value;
 use super::dra_driver::*;
-use crate::api::GpuClusterSpec;
+use crate::api::{GpuClusterSpec, ImageKind};
 use crate::facts::ClusterFacts;
 use crate::model::{MANAGED_BY_LABEL, OPERAND_LABEL, Operand};
 
@@ -17,6 +17,13 @@ fn cluster(spec: serde_json::Value) -> ValidatedGpuCluster {
         name: "gpu-cluster".into(),
         image: image(&spec, &BTreeMap::new()).unwrap(),
         validator_image: "nvcr.io/nvidia/gpu-operator:v26.7.0".into(),
+        images: BTreeMap::from([
+            (ImageKind::Dcgm, "nvcr.io/nvidia/cloud-native/dcgm:4".into()),
+            (
+                ImageKind::DcgmExporter,
+                "nvcr.io/nvidia/k8s/dcgm-exporter:4".into(),
+            ),
+        ]),
         spec,
         invalid: BTreeMap::new(),
     }
@@ -133,7 +140,11 @@ fn compute_domains_off_renders_no_controller_no_second_container_and_no_cd_class
 
 #[test]
 fn every_dra_object_carries_the_apply_contract_labels() {
-    let c = cluster(json!({"deviceClasses": [{"name": "h100", "productName": "H100"}]}));
+    let c = cluster(json!({
+        "deviceClasses": [{"name": "h100", "productName": "H100"}],
+        "dcgm": {"enabled": true},
+        "dcgmExporter": {}
+    }));
     for operand in Operand::GPU_CLUSTER {
         let objects = render(operand, &c, &facts()).unwrap();
         assert!(!objects.is_empty());
@@ -275,13 +286,261 @@ fn bad_versions_reserved_duplicate_names_and_profiles_on_gpus_are_refused_naming
     );
 }
 
+fn pod_of(objects: &crate::model::OperandObjects) -> &k8s_openapi::api::core::v1::PodSpec {
+    objects.daemon_sets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+}
+
+fn kinds_named(objects: &crate::model::OperandObjects, kind: &str) -> Vec<String> {
+    objects
+        .dynamic
+        .iter()
+        .filter(|o| o.types.as_ref().unwrap().kind == kind)
+        .map(|o| o.metadata.name.clone().unwrap())
+        .collect()
+}
+
+fn has_rule(
+    rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+    group: &str,
+    resource: &str,
+    verbs: &[&str],
+) -> bool {
+    rules.iter().any(|r| {
+        r.api_groups.iter().flatten().any(|g| g == group)
+            && r.resources.iter().flatten().any(|x| x == resource)
+            && verbs.iter().all(|v| r.verbs.iter().any(|x| x == v))
+    })
+}
+
 #[test]
-fn dcgm_sections_are_reported_as_not_acted_on() {
-    let spec: GpuClusterSpec =
-        serde_json::from_value(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}})).unwrap();
-    let lines = not_acted_on(&spec);
+fn gpu_cluster_dcgm_follows_nvidias_defaults_off_unless_enabled_and_exporter_when_present() {
+    let none = cluster(json!({}));
+    assert!(render(Operand::DcgmDra, &none, &facts()).is_none());
+    assert!(render(Operand::DcgmExporterDra, &none, &facts()).is_none());
+    let on = cluster(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}}));
+    assert!(render(Operand::DcgmDra, &on, &facts()).is_some());
+    assert!(render(Operand::DcgmExporterDra, &on, &facts()).is_some());
+    let off = cluster(json!({"dcgm": {}, "dcgmExporter": {"enabled": false}}));
+    assert!(render(Operand::DcgmDra, &off, &facts()).is_none());
+    assert!(render(Operand::DcgmExporterDra, &off, &facts()).is_none());
+}
+
+#[test]
+fn gpu_cluster_exporter_runs_in_dra_mode_with_an_admin_claim_and_resource_api_reads() {
+    let c = cluster(
+        json!({"dcgm": {"enabled": true}, "dcgmExporter": {"env": [{"name": "X", "value": "1"}]}}),
+    );
+    let objects = render(Operand::DcgmExporterDra, &c, &facts()).unwrap();
+    let ds = &objects.daemon_sets[0];
+    assert_eq!(
+        ds.metadata.name.as_deref(),
+        Some("nvidia-dcgm-exporter-dra")
+    );
+    let pod = pod_of(&objects);
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("nvidia-dcgm-exporter-dra")
+    );
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get("nvidia.com/gpu.deploy.dcgm-exporter-dra")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(pod.init_containers.is_none(), "no toolkit wait under DRA");
+    assert!(pod.runtime_class_name.is_none());
+    let main = &pod.containers[0];
+    let env = main.env.as_ref().unwrap();
+    assert_eq!(env_value(env, "KUBERNETES_ENABLE_DRA"), Some("true"));
+    assert_eq!(
+        env_value(env, "DCGM_REMOTE_HOSTENGINE_INFO"),
+        Some("nvidia-dcgm-dra:5555")
+    );
+    assert_eq!(env_value(env, "X"), Some("1"));
+    let claims = pod.resource_claims.as_ref().unwrap();
+    assert_eq!(claims[0].name, ADMIN_CLAIM);
+    assert_eq!(
+        claims[0].resource_claim_template_name.as_deref(),
+        Some("nvidia-dcgm-exporter-admin")
+    );
+    assert_eq!(
+        main.resources.as_ref().unwrap().claims.as_ref().unwrap()[0].name,
+        ADMIN_CLAIM
+    );
+    assert_eq!(
+        kinds_named(&objects, "ResourceClaimTemplate"),
+        ["nvidia-dcgm-exporter-admin"]
+    );
+    let template = objects
+        .dynamic
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "ResourceClaimTemplate")
+        .unwrap();
+    assert_eq!(
+        template.data["spec"]["spec"]["devices"]["requests"][0]["exactly"],
+        json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": true})
+    );
+    let role = objects
+        .roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("nvidia-dcgm-exporter-dra"))
+        .unwrap();
+    assert!(has_rule(
+        role.rules.as_ref().unwrap(),
+        "resource.k8s.io",
+        "resourceclaims",
+        &["get", "list", "watch"]
+    ));
+    let cluster_role = objects
+        .cluster_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("nvidia-dcgm-exporter-dra-read-pods"))
+        .unwrap();
+    assert!(has_rule(
+        cluster_role.rules.as_ref().unwrap(),
+        "resource.k8s.io",
+        "resourceslices",
+        &["get", "list", "watch"]
+    ));
+    assert!(has_rule(
+        cluster_role.rules.as_ref().unwrap(),
+        "",
+        "pods",
+        &["get", "list", "watch"]
+    ));
+    assert_eq!(
+        objects.services[0].metadata.name.as_deref(),
+        Some("nvidia-dcgm-exporter-dra")
+    );
+}
+
+#[test]
+fn gpu_cluster_exporter_without_dcgm_uses_its_embedded_engine() {
+    let c = cluster(json!({"dcgmExporter": {}}));
+    let objects = render(Operand::DcgmExporterDra, &c, &facts()).unwrap();
+    let env = pod_of(&objects).containers[0].env.clone().unwrap();
+    assert_eq!(env_value(&env, "DCGM_REMOTE_HOSTENGINE_INFO"), None);
+}
+
+#[test]
+fn gpu_cluster_dcgm_claims_every_gpu_and_keeps_its_service_node_local() {
+    let c = cluster(
+        json!({"dcgm": {"enabled": true}, "daemonsets": {"priorityClassName": "gpu-critical"}}),
+    );
+    let objects = render(Operand::DcgmDra, &c, &facts()).unwrap();
+    assert_eq!(
+        objects.daemon_sets[0].metadata.name.as_deref(),
+        Some("nvidia-dcgm-dra")
+    );
+    let pod = pod_of(&objects);
+    assert_eq!(pod.priority_class_name.as_deref(), Some("gpu-critical"));
+    assert_eq!(
+        pod.resource_claims.as_ref().unwrap()[0]
+            .resource_claim_template_name
+            .as_deref(),
+        Some("nvidia-dcgm-admin")
+    );
+    assert!(pod.init_containers.is_none());
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("nvcr.io/nvidia/cloud-native/dcgm:4")
+    );
+    let service = &objects.services[0];
+    assert_eq!(service.metadata.name.as_deref(), Some("nvidia-dcgm-dra"));
+    assert_eq!(
+        service
+            .spec
+            .as_ref()
+            .unwrap()
+            .internal_traffic_policy
+            .as_deref(),
+        Some("Local")
+    );
+    assert!(has_rule(
+        objects.roles[0].rules.as_ref().unwrap(),
+        "resource.k8s.io",
+        "resourceclaims",
+        &["get", "list", "watch"]
+    ));
+}
+
+#[test]
+fn dra_validator_claims_one_gpu_and_lists_it_with_nvidia_smi() {
+    let c = cluster(
+        json!({"draDriver": {"imagePullPolicy": "Always", "imagePullSecrets": ["regcred"]}}),
+    );
+    let objects = render(Operand::DraValidator, &c, &facts()).unwrap();
+    let ds = &objects.daemon_sets[0];
+    assert_eq!(ds.metadata.name.as_deref(), Some("nvidia-dra-validator"));
+    let pod = pod_of(&objects);
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get("nvidia.com/gpu.deploy.dra-validator")
+            .map(String::as_str),
+        Some("true")
+    );
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.name, "gpu-validation");
+    assert_eq!(init.args.as_ref().unwrap(), &["nvidia-smi -L"]);
+    assert_eq!(
+        init.image.as_deref(),
+        Some("nvcr.io/nvidia/gpu-operator:v26.7.0")
+    );
+    assert_eq!(init.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(
+        init.resources.as_ref().unwrap().claims.as_ref().unwrap()[0].name,
+        "validation-gpu"
+    );
+    assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    assert_eq!(
+        pod.resource_claims.as_ref().unwrap()[0]
+            .resource_claim_template_name
+            .as_deref(),
+        Some("nvidia-dra-validator-gpu")
+    );
+    let template = objects
+        .dynamic
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "ResourceClaimTemplate")
+        .unwrap();
+    assert_eq!(
+        template.data["spec"]["spec"]["devices"]["requests"][0]["exactly"],
+        json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1, "adminAccess": true})
+    );
+}
+
+#[test]
+fn an_unwatched_metrics_configmap_and_an_unserved_service_monitor_are_reported_not_acted_on() {
+    let spec: GpuClusterSpec = serde_json::from_value(json!({
+        "dcgm": {"enabled": true},
+        "dcgmExporter": {"config": {"name": "metrics"}, "serviceMonitor": {"enabled": true}}
+    }))
+    .unwrap();
+    let lines = not_acted_on(&spec, false);
     assert_eq!(lines.len(), 2, "{lines:?}");
-    assert!(not_acted_on(&GpuClusterSpec::default()).is_empty());
+    assert!(
+        lines[0].starts_with("spec.dcgmExporter.config.name"),
+        "{lines:?}"
+    );
+    assert_eq!(not_acted_on(&spec, true).len(), 1);
+    let deployed: GpuClusterSpec =
+        serde_json::from_value(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}})).unwrap();
+    assert!(
+        not_acted_on(&deployed, false).is_empty(),
+        "DCGM and the exporter are deployed"
+    );
 }
 
 #[test]

@@ -112,6 +112,9 @@ pub const fn descriptor(operand: Operand) -> &'static Descriptor {
         Operand::NodeStatusExporter => &node_status_exporter::DESCRIPTOR,
         Operand::DraDriver => &dra_driver::DESCRIPTOR,
         Operand::DraDeviceClasses => &dra_driver::CLASSES_DESCRIPTOR,
+        Operand::DcgmDra => &dcgm::DRA_DESCRIPTOR,
+        Operand::DcgmExporterDra => &dcgm_exporter::DRA_DESCRIPTOR,
+        Operand::DraValidator => &validator::DRA_DESCRIPTOR,
         Operand::NvidiaDriver => &nvidia_driver::DESCRIPTOR,
     }
 }

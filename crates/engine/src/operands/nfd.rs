@@ -5,7 +5,7 @@
 //! runs.
 //!
 //! NFD's own CRDs (NodeFeature, NodeFeatureRule, NodeFeatureGroup) are not rendered here: they
-//! are never pruned, so the apply stage installs them apart (`controller::nfd_crds`); the chart's
+//! are never pruned, so the apply stage installs them apart (`controller::vendored_crds`); the chart's
 //! `crds/` holds them too.
 
 use std::collections::BTreeMap;

@@ -164,6 +164,111 @@ fn workload_env(
     out
 }
 
+/// A GPUCluster's DRA validator (NVIDIA's `state-dra-validation`).
+pub const DRA_DESCRIPTOR: super::Descriptor = super::Descriptor {
+    name: "dra-validator",
+    deploy_label: Some(crate::nodes::DEPLOY_DRA_VALIDATOR),
+    ..super::dra_driver::NOT_FROM_A_POLICY
+};
+
+/// The DRA validator's DaemonSet, ServiceAccount, `app` label and SCC name (NVIDIA's).
+pub const DRA_NAME: &str = "nvidia-dra-validator";
+/// Its claim template: one GPU of the node with admin access.
+pub const DRA_CLAIM_TEMPLATE: &str = "nvidia-dra-validator-gpu";
+/// Its pod-level claim name and init container (NVIDIA's).
+pub const DRA_CLAIM: &str = "validation-gpu";
+pub const GPU_VALIDATION: &str = "gpu-validation";
+
+/// A GPUCluster's DRA validator, NVIDIA's DRA-native counterpart of this operand: its pod claims
+/// one GPU of its node through the DRA driver (admin access: never reserved, never blocked by
+/// workloads), so it is scheduled only once the driver publishes the node's GPUs; its
+/// `gpu-validation` init container runs `nvidia-smi -L`, which the claim's CDI injection
+/// provides, proving the driver allocated and injected a working GPU; the main container then
+/// holds the pod Ready. Image, pull policy and pull secrets are the validator image and
+/// `draDriver`'s settings, as in NVIDIA's operator; tolerations, priority class, labels and
+/// annotations come from `daemonsets`.
+pub fn render_dra(
+    cluster: &super::dra_driver::ValidatedGpuCluster,
+    facts: &ClusterFacts,
+) -> OperandObjects {
+    let operand = Operand::DraValidator;
+    let dra = cluster.spec.dra_driver.clone().unwrap_or_default();
+    let image = crate::api::ImageSpec {
+        image_pull_policy: dra.image_pull_policy.clone(),
+        image_pull_secrets: dra.image_pull_secrets.clone(),
+        ..Default::default()
+    };
+    let mut policy = super::dra_driver::policy_view(cluster);
+    policy
+        .images
+        .insert(ImageKind::Validator, cluster.validator_image.clone());
+    policy.spec.validator = Some(crate::api::ValidatorSpec {
+        image: image.clone(),
+        ..Default::default()
+    });
+    let check = common::container(
+        GPU_VALIDATION,
+        &cluster.validator_image,
+        &["sh", "-c"],
+        // nvidia-smi comes with the claimed GPU's CDI injection, not with the image.
+        &["nvidia-smi -L"],
+    );
+    let main = common::container(
+        DRA_NAME,
+        &cluster.validator_image,
+        &["sh", "-c"],
+        &["echo all validations are successful; while true; do sleep 86400; done"],
+    );
+    let mut pod = PodSpec {
+        service_account_name: Some(DRA_NAME.to_owned()),
+        init_containers: Some(vec![check]),
+        containers: vec![main],
+        ..PodSpec::default()
+    };
+    super::dra_driver::claim_gpus(&mut pod, DRA_CLAIM, DRA_CLAIM_TEMPLATE);
+    let mut ds = OperandDaemonSet::new(operand, DRA_NAME, pod, DRA_NAME);
+    ds.annotations = openshift::scc_annotation(facts, DRA_NAME);
+    ds.image = Some(&image);
+    ds.gpu_access = GpuAccess::None;
+    let mut objects = OperandObjects::default();
+    common::add_identity(
+        &mut objects,
+        operand,
+        DRA_NAME,
+        openshift::use_privileged_scc(facts).into_iter().collect(),
+        Vec::new(),
+        facts,
+    );
+    let mut daemon_set = common::operand_daemon_set(&policy, facts, ds);
+    // The check is no validator step: it runs as the image's user, as NVIDIA's does.
+    if let Some(c) = daemon_set
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .and_then(|p| p.init_containers.as_mut())
+        .and_then(|c| c.first_mut())
+    {
+        c.security_context = None;
+    }
+    objects.daemon_sets.push(daemon_set);
+    objects
+        .dynamic
+        .push(super::dra_driver::admin_claim_template(
+            operand,
+            DRA_CLAIM_TEMPLATE,
+            DRA_CLAIM,
+            Some(1),
+            facts,
+        ));
+    objects.dynamic.extend(openshift::scc(
+        operand,
+        DRA_NAME,
+        openshift::HostAccess::default(),
+        facts,
+    ));
+    objects
+}
+
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
     let spec = &policy.spec;
     if !spec.is_enabled(Component::Validator) {

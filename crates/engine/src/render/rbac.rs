@@ -409,6 +409,14 @@ fn controller_cluster_rules() -> Vec<PolicyRule> {
             &crate::operands::nfd::CRD_NAMES,
             &["get", "patch"],
         ),
+        // The DRA driver's ComputeDomain CRDs, installed and upgraded whenever a GPUCluster
+        // deploys compute domains.
+        rule_named(
+            &["apiextensions.k8s.io"],
+            &["customresourcedefinitions"],
+            &crate::operands::dra_driver::COMPUTE_DOMAIN_CRDS,
+            &["get", "patch"],
+        ),
         // OpenShift detection and its cluster proxy.
         rule(
             &["config.openshift.io"],
@@ -447,6 +455,8 @@ fn controller_namespace_rules() -> Vec<PolicyRule> {
             &APPLY,
         ),
         rule(&["monitoring.coreos.com"], &["servicemonitors"], &APPLY),
+        // A GPUCluster's admin-access GPU claims (DCGM, the exporter, the DRA validator).
+        rule(&["resource.k8s.io"], &["resourceclaimtemplates"], &APPLY),
         // Which pods run an old driver revision ("upgrade pending").
         rule(&["apps"], &["controllerrevisions"], &READ),
         // Diagnostics of unavailable operand pods, on demand; driver upgrades delete the old
@@ -515,8 +525,8 @@ fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
     out
 }
 
-/// Every operand's objects in the [`scenarios`], and a GPUCluster's DRA driver with compute
-/// domains on.
+/// Every operand's objects in the [`scenarios`], and a GPUCluster's with compute domains, DCGM
+/// and the exporter on.
 fn rendered_operands() -> Vec<crate::model::OperandObjects> {
     let mut out = Vec::new();
     for (spec, facts) in scenarios() {
@@ -527,7 +537,18 @@ fn rendered_operands() -> Vec<crate::model::OperandObjects> {
             }
         }
     }
-    let cluster = crate::operands::dra_driver::ValidatedGpuCluster::default();
+    // Every GPUCluster operand on: DCGM and the exporter are off unless the spec names them.
+    let cluster = crate::operands::dra_driver::ValidatedGpuCluster {
+        spec: crate::api::GpuClusterSpec {
+            dcgm: Some(crate::api::DcgmSpec {
+                enabled: Some(true),
+                ..Default::default()
+            }),
+            dcgm_exporter: Some(crate::api::DcgmExporterSpec::default()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let facts = ClusterFacts {
         namespace: "gpu-operator".to_owned(),
         ..ClusterFacts::default()

@@ -11,7 +11,7 @@ use crate::api::ClusterPolicy;
 use crate::controller::apply::ApplyReport;
 use crate::controller::owner::{self, Error, Owner};
 use crate::controller::plan::Ledger;
-use crate::controller::{Deps, nfd_crds};
+use crate::controller::{Deps, vendored_crds};
 use crate::model::Operand;
 use crate::render::{DesiredState, Outcome};
 
@@ -41,12 +41,12 @@ pub async fn apply(
         .iter()
         .any(|s| s.operand == Operand::Nfd && matches!(s.outcome, Outcome::Rendered(_)));
     if deploys_nfd && !memory.nfd_crds_current {
-        let ensured = nfd_crds::ensure(&deps.client).await?;
+        let ensured = vendored_crds::ensure(&deps.client).await?;
         if !ensured.written.is_empty() {
             tracing::info!(crds = ?ensured.written, "installed NFD's CRDs");
         }
         if !ensured.read_only.is_empty() {
-            tracing::warn!(crds = ?ensured.read_only, "{}", nfd_crds::READ_ONLY_NOTE);
+            tracing::warn!(crds = ?ensured.read_only, "{}", vendored_crds::READ_ONLY_NOTE);
         }
         memory.nfd_crds_read_only = !ensured.read_only.is_empty();
         memory.nfd_crds_current = true;

@@ -23,7 +23,7 @@
 mod apply;
 mod label;
 mod labeller;
-mod namespace;
+pub(crate) mod namespace;
 mod node_pools;
 mod status;
 mod upgrade;

@@ -19,7 +19,7 @@ use crate::controller::owner::{self, Again, Error};
 use crate::controller::resolve::{self, Resolved};
 use crate::controller::scheduler::{self, Requeue};
 use crate::controller::status::{self as compute_status, StatusInputs};
-use crate::controller::{Deps, gpu_cluster, nfd_crds, nvidia_driver, upgrade};
+use crate::controller::{Deps, gpu_cluster, nvidia_driver, upgrade, vendored_crds};
 use crate::metrics::ReconciliationStatus;
 use crate::model::ValidatedPolicy;
 use crate::nodes::NodeView;
@@ -78,7 +78,7 @@ pub fn compute(
         .iter()
         .chain(&resolved.notes)
         .cloned()
-        .chain(nfd_crds_read_only.then(|| nfd_crds::READ_ONLY_NOTE.to_owned()))
+        .chain(nfd_crds_read_only.then(|| vendored_crds::READ_ONLY_NOTE.to_owned()))
         .chain(gpu_cluster::policy_note(
             deps.gpu_clusters.as_ref(),
             policy,

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use kube::Client;
 
 use crate::controller::owner::{self, Error, LabelAttempts};
+use crate::model::Operand;
 use crate::nodes::{DEPLOY_OPERANDS, NodeView};
 use crate::operands::dra_driver::DEPLOY_LABEL;
 
-/// Label stage: GPU nodes get NVIDIA's `nvidia.com/gpu.deploy.dra-driver=true` where no value is
-/// set (a user's `false` is respected), with a merge patch on the node's resource version.
+/// Label stage: GPU nodes get NVIDIA's `nvidia.com/gpu.deploy.dra-driver=true` and the deploy
+/// keys of the GPUCluster's DCGM, exporter and DRA validator where no value is set (a user's
+/// `false` or a driver manager's `paused-*` is respected), with a merge patch on the node's
+/// resource version. Keys are set for every operand, deployed or not (decision 2).
 /// Returns how many patches the cache has not shown yet.
 pub async fn label_nodes(
     client: &Client,
@@ -17,12 +20,15 @@ pub async fn label_nodes(
     nodes: &[Arc<NodeView>],
 ) -> Result<usize, Error> {
     let writes = owner::write_labels(client, nodes, attempts, None, |node| {
-        let wanted = node.has_nfd_gpu()
-            && node.label(DEPLOY_OPERANDS) != Some("false")
-            && node.label(DEPLOY_LABEL).is_none();
-        wanted
-            .then(|| (DEPLOY_LABEL.to_owned(), Some("true".to_owned())))
-            .into_iter()
+        let gpu = node.has_nfd_gpu() && node.label(DEPLOY_OPERANDS) != Some("false");
+        std::iter::once(DEPLOY_LABEL)
+            .chain(
+                Operand::GPU_CLUSTER
+                    .into_iter()
+                    .filter_map(Operand::deploy_label),
+            )
+            .filter(|key| gpu && node.label(key).is_none())
+            .map(|key| (key.to_owned(), Some("true".to_owned())))
             .collect()
     })
     .await;

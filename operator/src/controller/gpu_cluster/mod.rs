@@ -1,8 +1,10 @@
 //! The GPUCluster pass (IO): its stages, in order.
 //!
 //! resolve -> validate -> render (with the API server's dry run of the attribute DeviceClasses,
-//! [`crate::operands::dra_driver`]) -> apply/prune (with its own ledger and the GPUCluster as
-//! owner) -> label -> status (patched only when it changed) -> requeue.
+//! [`crate::operands::dra_driver`]; DCGM, the exporter and the DRA validator through their own
+//! renderers) -> apply/prune (with its own ledger and the GPUCluster as owner; the namespace
+//! labelled for admin-access claims first) -> label -> status (patched only when it changed) ->
+//! requeue.
 //!
 //! Guarantees and caveats:
 //! - Pruning is per operand and owner: this pass prunes only the DRA operands' objects owned by the
@@ -27,10 +29,12 @@ use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
 
 use super::Deps;
+use super::cluster_policy::namespace;
 use super::observe::{self, Diagnoser};
 use super::owner::{self, Error, LabelAttempts, Owner};
 use super::plan::Ledger;
 use super::scheduler::Requeue;
+use super::vendored_crds;
 use crate::api::{ClusterPolicy, GPUCluster};
 use crate::facts::ClusterFacts;
 
@@ -43,17 +47,60 @@ pub struct Memory {
     dry_runs: render::DryRuns,
     /// Node label patches the cache has not shown yet.
     labels: LabelAttempts,
+    /// The compute-domain CRDs are current (looked at once per process, again after a failure
+    /// or after compute domains were switched off).
+    crds_current: bool,
+    /// The status note while they are used as someone else installed them.
+    crds_note: Option<String>,
+}
+
+/// Apply stage, the compute-domain CRDs: installed and upgraded while compute domains are on
+/// ([`vendored_crds::COMPUTE_DOMAINS`]), never deleted. Returns the status line of a failure.
+async fn ensure_compute_domain_crds(
+    deps: &Deps,
+    memory: &mut Memory,
+    cluster: &crate::operands::dra_driver::ValidatedGpuCluster,
+) -> Option<String> {
+    let wanted = cluster
+        .spec
+        .dra_driver
+        .as_ref()
+        .is_none_or(|d| d.compute_domains_enabled())
+        && !cluster
+            .invalid
+            .contains_key(&crate::model::Operand::DraDriver);
+    if !wanted {
+        memory.crds_current = false;
+        memory.crds_note = None;
+        return None;
+    }
+    if memory.crds_current {
+        return None;
+    }
+    match vendored_crds::ensure_set(&deps.client, &vendored_crds::COMPUTE_DOMAINS).await {
+        Ok(ensured) => {
+            if !ensured.written.is_empty() {
+                tracing::info!(crds = ?ensured.written, "installed the compute-domain CRDs");
+            }
+            memory.crds_note = (!ensured.read_only.is_empty())
+                .then(|| vendored_crds::COMPUTE_DOMAINS.read_only_note(&ensured.read_only));
+            memory.crds_current = true;
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the compute-domain CRDs could not be installed");
+            Some(format!("compute domains cannot work: {e}"))
+        }
+    }
 }
 
 /// The store-less kinds a GPUCluster renders, whose leftovers are pruned by listing.
 pub fn optional_kinds() -> Vec<ApiResource> {
-    std::iter::once(ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "resource.k8s.io",
-        "v1",
-        "DeviceClass",
-    )))
-    .chain(crate::operands::common::admission_api_resources())
-    .collect()
+    ["DeviceClass", "ResourceClaimTemplate"]
+        .map(|kind| ApiResource::from_gvk(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind)))
+        .into_iter()
+        .chain(crate::operands::common::admission_api_resources())
+        .collect()
 }
 
 /// Reconciles every GPUCluster (the CRD allows one, named gpu-cluster), beside `policy`, the
@@ -110,6 +157,7 @@ async fn reconcile(
         namespace: deps.settings.namespace.clone(),
         owner: cluster.controller_owner_ref(&()),
         openshift: deps.resolver.discovered.openshift,
+        service_monitor_api: deps.resolver.discovered.service_monitor,
         ..ClusterFacts::default()
     };
     let conflict = validate::conflict(policy, &nodes);
@@ -122,6 +170,15 @@ async fn reconcile(
     {
         return Ok(None);
     }
+    // The admin-access GPU claims of DCGM, the exporter and the validator need the label on the
+    // namespace before their templates are applied.
+    namespace::ensure_admin_access(&deps.client, &deps.settings.namespace)
+        .await
+        .map_err(|source| Error::AdminAccess {
+            namespace: deps.settings.namespace.clone(),
+            source,
+        })?;
+    let crds_failure = ensure_compute_domain_crds(deps, memory, &validated).await;
     let applied = owner::apply(
         deps,
         &Owner::of(cluster),
@@ -139,6 +196,8 @@ async fn reconcile(
         nodes: &nodes,
         applied: &applied,
         labels_in_flight,
+        notes: memory.crds_note.iter().cloned().collect(),
+        failures: crds_failure.into_iter().collect(),
     };
     let ready = status::report(deps, cluster, found, now).await?;
     Ok(status::requeue(

@@ -21,6 +21,10 @@ pub struct Found<'a> {
     pub nodes: &'a [Arc<NodeView>],
     pub applied: &'a ApplyReport,
     pub labels_in_flight: usize,
+    /// Lines of status: the compute-domain CRDs used as installed by someone else...
+    pub notes: Vec<String>,
+    /// ...or not installable (the GPUCluster is then not ready).
+    pub failures: Vec<String>,
 }
 
 /// Status stage: the GPUCluster's status from what the pass found, patched when it changed.
@@ -31,10 +35,13 @@ pub async fn report(
     found: Found<'_>,
     now: Time,
 ) -> Result<bool, Error> {
-    let unsupported = dra_driver::not_acted_on(&cluster.spec);
+    let unsupported =
+        dra_driver::not_acted_on(&cluster.spec, deps.resolver.discovered.service_monitor);
     let unsettled = found.applied.unsettled();
     let computed = status::compute(&status::StatusInputs {
         unsupported: &unsupported,
+        notes: &found.notes,
+        failures: &found.failures,
         labels_in_flight: found.labels_in_flight,
         ..owner::status_inputs(
             cluster.metadata.generation,

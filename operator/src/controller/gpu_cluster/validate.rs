@@ -1,6 +1,7 @@
 //! Validate stage of the GPUCluster pass (no IO).
 //!
-//! The DRA driver's image, the attribute classes, and a conflict with the ClusterPolicy in force.
+//! The DRA driver's, DCGM's and the exporter's images, the attribute classes, and a conflict
+//! with the ClusterPolicy in force.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -62,6 +63,34 @@ pub fn validate(
     let validator_image = crate::api::resolve(None, ImageKind::Validator, &lookup)
         .map(|r| r.reference)
         .unwrap_or_default();
+    let mut images = BTreeMap::new();
+    let sections = [
+        (
+            Operand::DcgmDra,
+            ImageKind::Dcgm,
+            dra_driver::dcgm_enabled(&cluster.spec),
+            cluster.spec.dcgm.as_ref().map(|d| &d.image),
+        ),
+        (
+            Operand::DcgmExporterDra,
+            ImageKind::DcgmExporter,
+            dra_driver::dcgm_exporter_enabled(&cluster.spec),
+            cluster.spec.dcgm_exporter.as_ref().map(|d| &d.image),
+        ),
+    ];
+    for (operand, kind, enabled, fields) in sections {
+        if !enabled {
+            continue;
+        }
+        match crate::api::resolve(fields, kind, &lookup) {
+            Ok(resolved) => {
+                images.insert(kind, resolved.reference);
+            }
+            Err(e) => {
+                invalid.insert(operand, e.to_string());
+            }
+        }
+    }
     let problems = dra_driver::check_classes(&cluster.spec);
     if !problems.is_empty() {
         invalid.insert(Operand::DraDeviceClasses, problems.join("; "));
@@ -76,6 +105,7 @@ pub fn validate(
         spec: cluster.spec.clone(),
         image,
         validator_image,
+        images,
         invalid,
     }
 }
