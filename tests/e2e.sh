@@ -25,7 +25,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu-operator" and m.get("executable"):
         print(m["executable"])')
-cp "$built" "$operator_bin"
+cp "$built" "$operator_bin" && chmod 755 "$operator_bin"
 export GPU_OPERATOR_BIN=${GPU_OPERATOR_BIN:-$operator_bin}
 (cd "$root" && cargo test -p e2e --tests --no-run --quiet)
 

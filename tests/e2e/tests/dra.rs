@@ -579,3 +579,122 @@ async fn a_cluster_policy_beside_a_gpu_cluster_is_reported_in_both_and_nothing_i
         .await
         .map(|l| l.items.iter().map(|d| d.name_any()).collect::<Vec<_>>());
 }
+
+/// With compute domains on (a GPUCluster's default) the operator installs NVIDIA's two
+/// ComputeDomain CRDs; a ComputeDomain is accepted; the compute-domain controller's and the
+/// kubelet plugin's rendered identities may make their requests on it; and DCGM, its exporter
+/// in DRA mode (with the ResourceSlice reads that mode needs) and the DRA validator are
+/// rendered. kwok runs none of them, so their contracts are what is checked.
+#[tokio::test]
+async fn compute_domain_crds_are_installed_and_dcgm_its_exporter_and_the_validator_follow_dra() {
+    use e2e::operator::{Access, may};
+    use gpu_operator::operands::{dcgm, dcgm_exporter, dra_driver, validator};
+    let Some(dra) = start().await else {
+        return;
+    };
+    let ns = dra.identity.namespace.clone();
+    dra.create_gpu_cluster(json!({"dcgm": {"enabled": true}}))
+        .await;
+    for crd in dra_driver::COMPUTE_DOMAIN_CRDS {
+        e2e::crd::await_established(&dra.admin, crd)
+            .await
+            .unwrap_or_else(|e| panic!("{crd}: {e}\noperator log:\n{}", dra.operator.log_text()));
+    }
+
+    // A ComputeDomain as NVIDIA documents it is accepted, in a workload namespace.
+    let gvk = GroupVersionKind::gvk("resource.nvidia.com", "v1beta1", "ComputeDomain");
+    let domains: Api<DynamicObject> =
+        Api::namespaced_with(dra.admin.clone(), &ns, &ApiResource::from_gvk(&gvk));
+    let domain: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+        "metadata": {"name": "imex-domain"},
+        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "imex-channel"}}},
+    }))
+    .unwrap();
+    domains
+        .create(&PostParams::default(), &domain)
+        .await
+        .expect("a ComputeDomain is accepted");
+
+    // The controller watches and updates ComputeDomains in every namespace and their status,
+    // and keeps the cliques in the driver's namespace; the kubelet plugin reads both.
+    let access = |verb, resource, namespace| Access {
+        verb,
+        group: "resource.nvidia.com",
+        resource,
+        namespace,
+        name: None,
+    };
+    for (sa, wanted) in [
+        (
+            dra_driver::CONTROLLER,
+            vec![
+                access("list", "computedomains", None),
+                access("watch", "computedomains", None),
+                access("update", "computedomains", Some("default")),
+                access("update", "computedomains/status", Some("default")),
+                access("update", "computedomaincliques", Some(ns.as_str())),
+            ],
+        ),
+        (
+            dra_driver::KUBELET_PLUGIN_SA,
+            vec![
+                access("get", "computedomains", Some("default")),
+                access("get", "computedomaincliques", Some(ns.as_str())),
+            ],
+        ),
+    ] {
+        for request in wanted {
+            assert!(
+                may(&dra.admin, &ns, sa, request).await.unwrap(),
+                "{sa} may not {request:?}"
+            );
+        }
+    }
+
+    // DCGM, the exporter in DRA mode and the DRA validator, each its own DaemonSet.
+    let daemon_sets = Api::<DaemonSet>::namespaced(dra.admin.clone(), &ns);
+    for name in [dcgm::DRA_NAME, dcgm_exporter::DRA_NAME, validator::DRA_NAME] {
+        wait::until(TIMEOUT, &format!("DaemonSet {name}"), || {
+            let daemon_sets = daemon_sets.clone();
+            async move {
+                Ok(match daemon_sets.get_opt(name).await? {
+                    Some(ds) => Ok(ds),
+                    None => Err("absent".to_owned()),
+                })
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", dra.operator.log_text()));
+    }
+    let exporter = daemon_sets.get(dcgm_exporter::DRA_NAME).await.unwrap();
+    let pod = exporter.spec.unwrap().template.spec.unwrap();
+    let env = |name: &str| {
+        pod.containers
+            .iter()
+            .flat_map(|c| c.env.iter().flatten())
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(env("KUBERNETES_ENABLE_DRA").as_deref(), Some("true"));
+    let exporter_sa = pod.service_account_name.clone().unwrap_or_default();
+    for verb in ["list", "watch"] {
+        let request = Access {
+            verb,
+            group: "resource.k8s.io",
+            resource: "resourceslices",
+            namespace: None,
+            name: None,
+        };
+        assert!(
+            may(&dra.admin, &ns, &exporter_sa, request).await.unwrap(),
+            "{exporter_sa} may not {request:?}"
+        );
+    }
+
+    domains
+        .delete("imex-domain", &DeleteParams::default())
+        .await
+        .unwrap();
+    dra.stop().await;
+}
