@@ -87,9 +87,9 @@ pub async fn reconcile_all(
     diagnoser: &mut Diagnoser,
     policy: Option<(&ClusterPolicy, &Rendered)>,
 ) -> Result<Requeue, Error> {
-    let Some(store) = deps.nvidia_drivers.as_ref() else {
+    if deps.nvidia_drivers.is_none() {
         return Ok(None);
-    };
+    }
     let nvidia_operator = deps.nvidia.holder();
     let ctx = &Pass {
         deps,
@@ -98,12 +98,7 @@ pub async fn reconcile_all(
         nvidia_operator: nvidia_operator.as_deref(),
         policy,
     };
-    let drivers: Vec<NVIDIADriver> = store
-        .state()
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok().cloned())
-        .filter(|d| d.metadata.deletion_timestamp.is_none())
-        .collect();
+    let drivers = deps.nvidia_driver_specs();
     let nodes = deps.stores.nodes.snapshot();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(why) = not_in_use(ctx) {

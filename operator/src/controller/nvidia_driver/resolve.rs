@@ -19,16 +19,30 @@ use crate::operands::driver::referenced_config_maps;
 use crate::operands::nvidia_driver as pool;
 
 /// Resolve stage: each NVIDIADriver with its GPU nodes and the facts it renders with (the
-/// policy's `facts`, with the pool's nodes, OS and ConfigMaps).
+/// policy's `facts`, with the pool's nodes, OS and ConfigMaps). A default NVIDIADriver's nodes
+/// are the GPU nodes no non-default one selects.
 pub async fn resolve_all<'a>(
     ctx: &Pass<'_>,
     drivers: &'a [NVIDIADriver],
     nodes: &[Arc<NodeView>],
     facts: &ClusterFacts,
 ) -> Result<Vec<(&'a NVIDIADriver, Vec<Arc<NodeView>>, ClusterFacts)>, Error> {
-    let mut resolved = Vec::new();
+    let mut selections = Vec::new();
     for d in drivers {
-        let selected = select(ctx.client, d, nodes).await?;
+        selections.push(select(ctx.client, d, nodes).await?);
+    }
+    // A default pool serves the GPU nodes no other NVIDIADriver selects (NVIDIA's fallback).
+    let taken: BTreeSet<String> = drivers
+        .iter()
+        .zip(&selections)
+        .filter(|(d, _)| !d.spec.is_default())
+        .flat_map(|(_, nodes)| nodes.iter().map(|n| n.name.clone()))
+        .collect();
+    let mut resolved = Vec::new();
+    for (d, mut selected) in drivers.iter().zip(selections) {
+        if d.spec.is_default() {
+            selected.retain(|n| !taken.contains(&n.name));
+        }
         let spec = driver_spec(d);
         let names = referenced_config_maps(&spec)
             .into_iter()

@@ -26,13 +26,13 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
-    Action, DriverPod, NodeFacts, PodFacts, Policy, STATE_LABEL, Step, Summary, UpgradeState,
+    Action, DriverPod, NodeFacts, PodFacts, Policy, Pool, STATE_LABEL, Step, Summary, UpgradeState,
     ValidatorPod,
 };
-use crate::api::{ClusterPolicySpec, Component};
+use crate::api::{ClusterPolicySpec, Component, DriverUpgradePolicySpec, NVIDIADriver};
 use crate::metrics::UpgradeCounts;
-use crate::nodes::{GPU_PRESENT, NodeView};
-use crate::operands::{driver, validator};
+use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
+use crate::operands::{driver, nvidia_driver, validator};
 
 /// `app.kubernetes.io/component` of the driver DaemonSets and their pods.
 const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
@@ -101,17 +101,74 @@ pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>])
             })
 }
 
-/// Whether the policy asks for automatic upgrades of a driver it deploys itself.
-pub fn enabled(spec: &ClusterPolicySpec) -> bool {
-    let Some(driver) = spec.driver.as_ref() else {
-        return false;
-    };
-    spec.is_enabled(Component::Driver)
-        && driver
-            .upgrade_policy
-            .as_ref()
-            .and_then(|u| u.auto_upgrade)
-            .unwrap_or(false)
+/// The upgrade policy of each set of driver nodes, the machine's per-pool input: the nodes of
+/// the ClusterPolicy's own driver DaemonSets, and each NVIDIADriver pool's (known by the pool
+/// label its nodes carry).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Policies {
+    /// The ClusterPolicy's `driver.upgradePolicy` for the nodes of its own driver DaemonSets
+    /// (and of a pool no longer known); `None` when no ClusterPolicy deploys the driver.
+    pub own: Option<DriverUpgradePolicySpec>,
+    /// By the value of the pool label on a pool's nodes: the NVIDIADriver's name and the
+    /// policy it upgrades with ([`crate::operands::nvidia_driver::upgrade_policy`]).
+    pub pools: BTreeMap<String, (String, DriverUpgradePolicySpec)>,
+    /// The RuntimeClass that gives a pod GPUs (a pod using it counts as a GPU pod).
+    pub runtime_class: String,
+}
+
+fn auto_upgrade(spec: &DriverUpgradePolicySpec) -> bool {
+    spec.auto_upgrade.unwrap_or(false)
+}
+
+impl Policies {
+    /// The ClusterPolicy's policy for its own driver nodes (when it deploys the driver), and
+    /// with `useNvidiaDriverCRD`, each of `drivers`' (its own, else the ClusterPolicy's).
+    pub fn of(spec: Option<&ClusterPolicySpec>, drivers: &[NVIDIADriver]) -> Policies {
+        let own = spec.filter(|s| s.is_enabled(Component::Driver)).map(|s| {
+            s.driver
+                .as_ref()
+                .and_then(|d| d.upgrade_policy.clone())
+                .unwrap_or_default()
+        });
+        let pools_in_use = spec
+            .is_none_or(|s| s.is_enabled(Component::Driver) && driver::uses_nvidia_driver_crd(s));
+        let pools = drivers
+            .iter()
+            .filter(|_| pools_in_use)
+            .filter(|d| d.metadata.deletion_timestamp.is_none())
+            .map(|d| {
+                let name = d.name_any();
+                let policy = nvidia_driver::upgrade_policy(&d.spec, own.as_ref());
+                (nvidia_driver::pool_label_value(&name), (name, policy))
+            })
+            .collect();
+        let runtime_class = spec
+            .and_then(|s| s.operator.as_ref())
+            .map(|o| o.runtime_class().to_owned())
+            .unwrap_or_else(|| "nvidia".to_owned());
+        Policies {
+            own,
+            pools,
+            runtime_class,
+        }
+    }
+
+    /// Whether any set of driver nodes upgrades automatically.
+    pub fn enabled(&self) -> bool {
+        self.own.as_ref().is_some_and(auto_upgrade)
+            || self.pools.values().any(|(_, p)| auto_upgrade(p))
+    }
+
+    /// The pool a node belongs to (its NVIDIADriver's name, empty for the ClusterPolicy's own
+    /// nodes) and that pool's policy; `None` when nothing upgrades it automatically.
+    fn for_node(&self, node: &NodeView) -> Option<(&str, &DriverUpgradePolicySpec)> {
+        let found = node
+            .label(DRIVER_POOL)
+            .and_then(|value| self.pools.get(value))
+            .map(|(name, policy)| (name.as_str(), policy))
+            .or_else(|| self.own.as_ref().map(|p| ("", p)))?;
+        auto_upgrade(found.1).then_some(found)
+    }
 }
 
 /// Label selectors of the pods the upgrade reads: every driver pod (the ClusterPolicy's and
@@ -270,33 +327,22 @@ fn with_live(mut facts: Vec<NodeFacts>, live: &[Node]) -> Vec<NodeFacts> {
     facts
 }
 
-/// One pass of the upgrade stage. Reads the caches; the GPU nodes are listed only when a
-/// node's step depends on its cordon or readiness, and the ControllerRevisions (a few) only
-/// while a driver DaemonSet exists.
+/// One pass of the upgrade stage, each pool of driver nodes under its own policy. Reads the
+/// caches; the GPU nodes are listed only when a node's step depends on its cordon or
+/// readiness, and the ControllerRevisions (a few) only while a driver DaemonSet exists.
 pub async fn reconcile(
     client: &Client,
     namespace: &str,
-    spec: &ClusterPolicySpec,
+    policies: &Policies,
     daemon_sets: &BTreeMap<String, DaemonSet>,
     nodes: &[Arc<NodeView>],
     pods: &[Arc<UpgradePod>],
     recorder: &Recorder,
 ) -> Result<Report, kube::Error> {
-    if !enabled(spec) {
+    if !policies.enabled() {
         clear_labels(client, nodes).await;
         return Ok(Report::default());
     }
-    let upgrade_policy = spec
-        .driver
-        .as_ref()
-        .and_then(|d| d.upgrade_policy.clone())
-        .unwrap_or_default();
-    let runtime_class = spec
-        .operator
-        .as_ref()
-        .map(|o| o.runtime_class().to_owned())
-        .unwrap_or_else(|| "nvidia".to_owned());
-
     let drivers: Vec<&DaemonSet> = daemon_sets
         .values()
         .filter(|d| {
@@ -316,26 +362,32 @@ pub async fn reconcile(
             .items;
         facts = with_live(facts, &live);
     }
-    let policy = Policy::from_spec(&upgrade_policy, facts.len());
-    for f in facts.iter_mut().filter(|f| {
-        matches!(
-            f.state,
-            Some(
-                UpgradeState::WaitForJobsRequired
-                    | UpgradeState::PodDeletionRequired
-                    | UpgradeState::DrainRequired
+    let (mut pools, manual) = partition(policies, nodes, facts);
+    // A pool that upgrades by hand keeps no upgrade labels (as when upgrades are off).
+    clear_labels(client, &manual).await;
+    for pool in &mut pools {
+        let policy = pool.policy.clone();
+        for f in pool.nodes.iter_mut().filter(|f| {
+            matches!(
+                f.state,
+                Some(
+                    UpgradeState::WaitForJobsRequired
+                        | UpgradeState::PodDeletionRequired
+                        | UpgradeState::DrainRequired
+                )
             )
-        )
-    }) {
-        node_pods(client, &f.name.clone(), &policy, &runtime_class, f).await?;
+        }) {
+            node_pods(client, &f.name.clone(), &policy, &policies.runtime_class, f).await?;
+        }
     }
 
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let steps = machine::plan(&facts, &policy, now);
-    let summary = Summary::of(&facts, &steps, &policy);
+    let steps = machine::plan_pools(&pools, now);
+    let summary = Summary::of_pools(&pools, &steps);
+    let facts: Vec<&NodeFacts> = pools.iter().flat_map(|p| &p.nodes).collect();
     // Nodes are independent: their steps run side by side, so a fleet's first rollout (every
     // node labelled upgrade-done as its driver pod turns Ready) is not one patch at a time.
-    let by_name: BTreeMap<&str, &NodeFacts> = facts.iter().map(|f| (f.name.as_str(), f)).collect();
+    let by_name: BTreeMap<&str, &NodeFacts> = facts.iter().map(|f| (f.name.as_str(), *f)).collect();
     futures::stream::iter(
         steps
             .iter()
@@ -352,6 +404,38 @@ pub async fn reconcile(
     Ok(Report {
         summary: Some(summary),
     })
+}
+
+/// The managed nodes grouped into the machine's pools, each with its policy resolved against
+/// its own node count, and the nodes no automatic upgrade covers (their pool sets
+/// `autoUpgrade: false`).
+fn partition(
+    policies: &Policies,
+    nodes: &[Arc<NodeView>],
+    facts: Vec<NodeFacts>,
+) -> (Vec<Pool>, Vec<Arc<NodeView>>) {
+    let views: BTreeMap<&str, &Arc<NodeView>> =
+        nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut grouped: BTreeMap<&str, (&DriverUpgradePolicySpec, Vec<NodeFacts>)> = BTreeMap::new();
+    let mut manual = Vec::new();
+    for f in facts {
+        let Some(view) = views.get(f.name.as_str()) else {
+            continue;
+        };
+        match policies.for_node(view) {
+            Some((pool, spec)) => grouped.entry(pool).or_insert((spec, Vec::new())).1.push(f),
+            None => manual.push(Arc::clone(view)),
+        }
+    }
+    let pools = grouped
+        .into_iter()
+        .map(|(name, (spec, nodes))| Pool {
+            name: name.to_owned(),
+            policy: Policy::from_spec(spec, nodes.len()),
+            nodes,
+        })
+        .collect();
+    (pools, manual)
 }
 
 fn created(pod: &Pod) -> i64 {
