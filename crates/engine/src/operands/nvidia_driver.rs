@@ -439,6 +439,33 @@ pub fn render(
     objects
 }
 
+/// The policy NVIDIADriver pools render with when no ClusterPolicy exists and a GPUCluster is
+/// in force (NVIDIA's GPUCluster workflow): the driver on and handed to the NVIDIADrivers,
+/// every other setting at its default, so each pool's own fields decide (docs/nvidiadriver.md).
+pub fn standalone_policy(facts: &ClusterFacts) -> ValidatedPolicy {
+    let spec = crate::api::ClusterPolicySpec {
+        driver: Some(DriverSpec {
+            enabled: Some(true),
+            use_nvidia_driver_crd: Some(true),
+            ..DriverSpec::default()
+        }),
+        ..Default::default()
+    };
+    crate::validate::validate(&crate::api::ClusterPolicy::new(STANDALONE, spec), facts)
+}
+
+/// Name of the policy [`standalone_policy`] validates (it is never stored).
+pub const STANDALONE: &str = "gpu-cluster-nvidia-drivers";
+
+/// What every pool's DaemonSets use and no pool renders (the driver's ServiceAccount, RBAC and
+/// startup-probe ConfigMap): the driver operand's own objects without its DaemonSets, for a
+/// GPUCluster install where no ClusterPolicy renders them.
+pub fn shared_objects(policy: &ValidatedPolicy, facts: &ClusterFacts) -> OperandObjects {
+    let mut objects = driver::render(policy, facts).unwrap_or_default();
+    objects.daemon_sets.clear();
+    objects
+}
+
 /// The pool's GPU nodes whose OS has no known driver image, as a status line.
 pub fn unknown_os(pool: &ValidatedNvidiaDriver) -> Option<String> {
     let (_, unknown) = driver_os::pools(&pool.nodes);
@@ -702,5 +729,56 @@ mod tests {
         assert_eq!(extra.keys().collect::<Vec<_>>(), ["b"]);
         assert!(extra["b"].starts_with("spec.default: NVIDIADriver a is already the default"));
         assert!(extra_defaults(&[("a".into(), t(1))]).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_cluster_install_renders_pools_and_the_shared_driver_objects_without_a_policy() {
+        let facts = facts();
+        let standalone = standalone_policy(&facts);
+        assert!(driver::uses_nvidia_driver_crd(&standalone.spec));
+        let p = pool(
+            "pool-a",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "a"}}),
+            vec![node("a1", ("ubuntu", "22.04"), "a")],
+        );
+        let objects = render(&standalone, &p, &facts);
+        assert_eq!(
+            objects.daemon_sets[0].metadata.name.as_deref(),
+            Some("nvidia-gpu-driver-pool-a-ubuntu22.04")
+        );
+        let shared = shared_objects(&standalone, &facts);
+        assert!(shared.daemon_sets.is_empty());
+        let pod = objects.daemon_sets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        // The pool's pods run as the ServiceAccount the shared objects carry.
+        let account = pod.service_account_name.clone().unwrap();
+        assert!(
+            shared
+                .service_accounts
+                .iter()
+                .any(|a| a.metadata.name.as_deref() == Some(account.as_str())),
+            "{account}"
+        );
+        let volumes: Vec<String> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.config_map.as_ref()?.name.clone())
+            .collect();
+        for name in volumes {
+            assert!(
+                shared
+                    .config_maps
+                    .iter()
+                    .any(|c| c.metadata.name.as_deref() == Some(name.as_str())),
+                "the pool mounts ConfigMap {name}, which nothing renders"
+            );
+        }
     }
 }

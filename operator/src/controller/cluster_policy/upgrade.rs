@@ -27,7 +27,7 @@ pub async fn upgrade(
     }
     let policies = machine::Policies::of(Some(&policy.spec), &deps.nvidia_driver_specs());
     if policies.enabled()
-        && machine::quiet(&observed.daemon_sets, nodes)
+        && machine::quiet(&observed.daemon_sets, nodes, &policies)
         && let Some(last) = last.as_ref()
         && !last.active()
     {

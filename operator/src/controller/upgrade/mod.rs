@@ -72,9 +72,14 @@ impl Report {
 
 /// Whether nothing can be left to upgrade, from the caches alone: every driver DaemonSet has
 /// every pod on its current revision and available, and every node labelled for the driver is
-/// `upgrade-done`. Then the stage's reads (driver and validator pods, GPU nodes, revisions: a
-/// thousand-node fleet's worth each) would find nothing to do.
-pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>]) -> bool {
+/// `upgrade-done` (nodes whose pool upgrades by hand aside). Then the stage's reads (driver and
+/// validator pods, GPU nodes, revisions: a thousand-node fleet's worth each) would find nothing
+/// to do.
+pub fn quiet(
+    daemon_sets: &BTreeMap<String, DaemonSet>,
+    nodes: &[Arc<NodeView>],
+    policies: &Policies,
+) -> bool {
     let drivers_settled = daemon_sets
         .values()
         .filter(|d| {
@@ -93,6 +98,7 @@ pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>])
         && nodes
             .iter()
             .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
+            .filter(|n| policies.for_node(n).is_some())
             .all(|n| {
                 n.label(STATE_LABEL) == Some(UpgradeState::Done.label())
                     && !n
@@ -930,19 +936,115 @@ mod quiet_tests {
         Arc::new(NodeView::from_labels("n", None, &labels))
     }
 
+    fn on() -> Policies {
+        Policies {
+            own: Some(DriverUpgradePolicySpec {
+                auto_upgrade: Some(true),
+                ..DriverUpgradePolicySpec::default()
+            }),
+            ..Policies::default()
+        }
+    }
+
     #[test]
     fn the_upgrade_stage_is_quiet_only_when_every_driver_node_is_done_and_current() {
         let done = [node(Some("upgrade-done")), node(Some("upgrade-done"))];
-        assert!(quiet(&driver(2, 2), &done));
-        assert!(!quiet(&driver(1, 2), &done), "a pod on an old revision");
-        assert!(!quiet(&driver(2, 1), &done), "a driver pod not available");
+        assert!(quiet(&driver(2, 2), &done, &on()));
+        assert!(
+            !quiet(&driver(1, 2), &done, &on()),
+            "a pod on an old revision"
+        );
+        assert!(
+            !quiet(&driver(2, 1), &done, &on()),
+            "a driver pod not available"
+        );
         assert!(!quiet(
             &driver(2, 2),
-            &[node(Some("upgrade-done")), node(None)]
+            &[node(Some("upgrade-done")), node(None)],
+            &on()
         ));
         assert!(!quiet(
             &driver(2, 2),
-            &[node(Some("upgrade-done")), node(Some("upgrade-required"))]
+            &[node(Some("upgrade-done")), node(Some("upgrade-required"))],
+            &on()
         ));
+        // A node whose pool upgrades by hand is never labelled done: it does not count.
+        assert!(quiet(
+            &driver(2, 2),
+            &[node(Some("upgrade-done")), node(None)],
+            &Policies::default()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod policies_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn nvidia_driver(name: &str, spec: Value) -> NVIDIADriver {
+        serde_json::from_value(json!({"apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver", "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+    }
+
+    fn gpu_node(name: &str, pool: Option<&str>) -> Arc<NodeView> {
+        let mut labels = BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]);
+        if let Some(pool) = pool {
+            labels.insert(DRIVER_POOL.to_owned(), pool.to_owned());
+        }
+        Arc::new(NodeView::from_labels(name, None, &labels))
+    }
+
+    fn facts(name: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.to_owned(),
+            ..NodeFacts::default()
+        }
+    }
+
+    #[test]
+    fn nodes_are_grouped_by_their_pool_each_with_its_policy_and_manual_pools_left_out() {
+        let spec: ClusterPolicySpec = serde_json::from_value(json!({"driver": {
+            "useNvidiaDriverCRD": true,
+            "upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 5}
+        }}))
+        .unwrap();
+        let drivers = [
+            nvidia_driver("a", json!({"upgradePolicy": {"maxParallelUpgrades": 1}})),
+            nvidia_driver("b", json!({})),
+            nvidia_driver("c", json!({"upgradePolicy": {"autoUpgrade": false}})),
+        ];
+        let policies = Policies::of(Some(&spec), &drivers);
+        assert!(policies.enabled());
+        let nodes = [
+            gpu_node("own-0", None),
+            gpu_node("a-0", Some("a")),
+            gpu_node("a-1", Some("a")),
+            gpu_node("b-0", Some("b")),
+            gpu_node("c-0", Some("c")),
+        ];
+        let all = nodes.iter().map(|n| facts(&n.name)).collect();
+        let (pools, manual) = partition(&policies, &nodes, all);
+        let by_name: BTreeMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+        assert_eq!(by_name["a"].policy.max_parallel, 1, "its own");
+        assert_eq!(by_name["a"].nodes.len(), 2);
+        assert_eq!(by_name["b"].policy.max_parallel, 5, "the ClusterPolicy's");
+        assert_eq!(by_name[""].nodes[0].name, "own-0");
+        assert!(!by_name.contains_key("c"));
+        assert_eq!(
+            manual.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["c-0"]
+        );
+
+        // No ClusterPolicy (a GPUCluster install): pools without a policy get NVIDIA's
+        // defaults, automatic upgrades on.
+        let alone = Policies::of(None, &drivers[1..2]);
+        assert!(alone.enabled());
+        assert_eq!(alone.own, None);
+        // A ClusterPolicy without useNvidiaDriverCRD: pools are not its concern.
+        let plain: ClusterPolicySpec = serde_json::from_value(json!({})).unwrap();
+        assert!(Policies::of(Some(&plain), &drivers).pools.is_empty());
     }
 }
