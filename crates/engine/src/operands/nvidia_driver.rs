@@ -769,7 +769,7 @@ mod tests {
             .volumes
             .iter()
             .flatten()
-            .filter_map(|v| v.config_map.as_ref()?.name.clone())
+            .filter_map(|v| Some(v.config_map.as_ref()?.name.clone()))
             .collect();
         for name in volumes {
             assert!(
