@@ -132,7 +132,9 @@ pub async fn reconcile_all(
         standalone::apply_shared(ctx, memory, cluster, validated, facts).await?;
     }
     let wanted = label::wanted(&pools, &desired, &nodes);
-    let in_flight = label::label_nodes(ctx.client, &mut memory.labels, &nodes, &wanted).await?;
+    let standalone = ctx.policy.is_none();
+    let in_flight =
+        label::label_nodes(ctx.client, &mut memory.labels, &nodes, &wanted, standalone).await?;
     let observed = observe::observe(ctx.client, &deps.stores, diagnoser).await;
     // Without a ClusterPolicy its pass runs no upgrade stage: the pools' runs here.
     let upgrading = match (ctx.policy, ctx.cluster) {
@@ -199,7 +201,14 @@ async fn switched_off(
         for d in drivers {
             apply_for(ctx, memory, d, &one(Outcome::Disabled)).await?;
         }
-        label::label_nodes(ctx.client, &mut memory.labels, nodes, &BTreeMap::new()).await?;
+        label::label_nodes(
+            ctx.client,
+            &mut memory.labels,
+            nodes,
+            &BTreeMap::new(),
+            false,
+        )
+        .await?;
     }
     for d in drivers {
         status::disabled(ctx, d, why, now.clone()).await?;
