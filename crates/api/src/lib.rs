@@ -61,7 +61,7 @@ pub use node_pools::{
 };
 pub use nvidia_driver::{
     DEFAULT_DRIVER_IMAGE, NVIDIADriver, NvidiaDriverLicensingConfig, NvidiaDriverSpec,
-    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType,
+    NvidiaDriverState, NvidiaDriverStatus, NvidiaDriverType, POOL_AUTO_UPGRADE_DEFAULT,
 };
 pub use operands::{
     DcgmExporterHpcJobMappingSpec, DcgmExporterServiceSpec, DcgmExporterSpec, DcgmSpec,

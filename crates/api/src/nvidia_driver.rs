@@ -10,13 +10,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeAffinity, PodSecurityContext, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube_derive::CustomResource;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
 use super::common::{annotation_map, label_map};
 use super::{
-    ComponentStatus, ConfigMapName, ContainerProbeSpec, DriverManagerSpec, EnvVar, GdrCopySpec,
-    GpuDirectRdmaSpec, GpuDirectStorageSpec, KernelModuleType, ResourceRequirements,
+    ComponentStatus, ConfigMapName, ContainerProbeSpec, DriverManagerSpec, DriverUpgradePolicySpec,
+    EnvVar, GdrCopySpec, GpuDirectRdmaSpec, GpuDirectStorageSpec, KernelModuleType,
+    ResourceRequirements,
 };
 
 /// NVIDIA's default driver image name (repository included) of an NVIDIADriver.
@@ -68,7 +69,17 @@ impl NvidiaDriverType {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.default) && self.default ? !has(self.nodeSelector) || size(self.nodeSelector) == 0 : true",
+    "message": "default NVIDIADriver must not use nodeSelector: a default NVIDIADriver serves the GPU nodes no other NVIDIADriver selects; remove spec.nodeSelector or set spec.default=false"
+}]))]
 pub struct NvidiaDriverSpec {
+    /// The fallback pool: this NVIDIADriver serves the GPU nodes that no other (non-default)
+    /// NVIDIADriver's nodeSelector selects. At most one NVIDIADriver may be the default, and it
+    /// sets no nodeSelector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = false))]
+    pub default: Option<bool>,
     /// gpu (the default), vgpu or vgpu-host-manager. Immutable: create another NVIDIADriver
     /// to change it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +196,60 @@ pub struct NvidiaDriverSpec {
     /// Pod-level security context of the driver pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<PodSecurityContext>,
+    /// Automatic upgrades of this pool's driver, node by node. Absent: the ClusterPolicy's
+    /// driver.upgradePolicy, or NVIDIA's defaults when no ClusterPolicy is in force. Unlike the
+    /// ClusterPolicy's, autoUpgrade defaults to true here (NVIDIA's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pool_upgrade_policy")]
+    pub upgrade_policy: Option<DriverUpgradePolicySpec>,
+    /// Run the driver pods in the host's network namespace; the ClusterPolicy's
+    /// driver.hostNetwork when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
+}
+
+impl NvidiaDriverSpec {
+    /// Whether this is the fallback pool (`spec.default: true`).
+    pub fn is_default(&self) -> bool {
+        self.default == Some(true)
+    }
+}
+
+/// NVIDIA's default of `upgradePolicy.autoUpgrade` on an NVIDIADriver (the ClusterPolicy's is
+/// false).
+pub const POOL_AUTO_UPGRADE_DEFAULT: bool = true;
+
+/// The ClusterPolicy's upgrade-policy schema with NVIDIA's NVIDIADriver defaults: one Rust type
+/// for both, so the upgrade machine reads either.
+fn pool_upgrade_policy(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = DriverUpgradePolicySpec::json_schema(generator);
+    if let Some(auto) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("autoUpgrade"))
+        .and_then(|a| a.as_object_mut())
+    {
+        auto.insert("default".into(), POOL_AUTO_UPGRADE_DEFAULT.into());
+        auto.insert(
+            "description".into(),
+            "Turn automatic upgrades of this pool on (the default). When false, every other \
+             setting here is ignored."
+                .into(),
+        );
+    }
+    if let Some(rules) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("maxUnavailable"))
+        .and_then(|m| m.get_mut("x-kubernetes-validations"))
+        .and_then(|r| r.as_array_mut())
+    {
+        for rule in rules.iter_mut().filter_map(|r| r.as_object_mut()) {
+            if let Some(message) = rule.get("message").and_then(|m| m.as_str()) {
+                let message = message.replace("driver.upgradePolicy.", "spec.upgradePolicy.");
+                rule.insert("message".into(), message.into());
+            }
+        }
+    }
+    schema
 }
 
 /// vGPU licensing of an NVIDIADriver (NVIDIA names the ConfigMap field `name` here).

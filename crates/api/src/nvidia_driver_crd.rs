@@ -105,6 +105,9 @@ mod tests {
             "tolerations",
             "priorityClassName",
             "podSecurityContext",
+            "upgradePolicy",
+            "hostNetwork",
+            "default",
         ] {
             assert!(fields.contains_key(field), "{field} missing");
         }
@@ -118,6 +121,11 @@ mod tests {
             .map(|v| v.0.as_str().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(values, ["gpu", "vgpu", "vgpu-host-manager"]);
+        // NVIDIA's NVIDIADriver default, unlike the ClusterPolicy's driver.upgradePolicy.
+        let auto = &fields["upgradePolicy"].properties.as_ref().unwrap()["autoUpgrade"];
+        assert_eq!(auto.default.as_ref().unwrap().0, serde_json::json!(true));
+        let spec_rules = spec.x_kubernetes_validations.as_ref().unwrap();
+        assert!(spec_rules[0].rule.contains("self.default"));
         assert_eq!(
             crd.spec.names.short_names,
             Some(vec![

@@ -92,6 +92,19 @@ struct Deps {
     metrics: Metrics,
 }
 
+impl Deps {
+    /// The NVIDIADrivers in the cache that are not being deleted (none when their CRD is not
+    /// served); one list for the NVIDIADriver pass and the upgrade stage.
+    fn nvidia_driver_specs(&self) -> Vec<NVIDIADriver> {
+        self.nvidia_drivers
+            .iter()
+            .flat_map(|store| store.state())
+            .filter_map(|g| g.0.as_ref().ok().cloned())
+            .filter(|d| d.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+}
+
 /// What the passes remember from one to the next: owned by the scheduler, lent to each pass.
 #[derive(Default)]
 struct PassState {

@@ -1,6 +1,7 @@
 //! The ClusterPolicy CRD as the API server serves it: installed from `crds/`, every example
 //! reads back as written (plus the defaults the schema declares), invalid policies are rejected
-//! with messages that name the field, and kubectl shows descriptions and printer columns.
+//! with messages that name the field, and kubectl shows descriptions and printer columns. Every
+//! field path of NVIDIA's v26.7 ClusterPolicy and NVIDIADriver reads back unpruned.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -149,6 +150,8 @@ async fn every_example_reads_back_as_written_plus_schema_defaults() {
 /// NVIDIA's v26.7 ClusterPolicy field paths with type and default (facts, from
 /// `scripts/crd-paths.py`).
 const NVIDIA_PATHS: &str = "operator/tests/fixtures/nvidia-v26.7-clusterpolicy-paths.txt";
+/// The same facts for NVIDIA's v26.7 NVIDIADriver CRD.
+const NVIDIA_DRIVER_PATHS: &str = "operator/tests/fixtures/nvidia-v26.7-nvidiadriver-paths.txt";
 
 /// One `spec.` field of [`NVIDIA_PATHS`]: path, type, default and enum.
 struct NvidiaField {
@@ -158,8 +161,8 @@ struct NvidiaField {
     enum_first: Option<Value>,
 }
 
-fn nvidia_spec_fields() -> Vec<NvidiaField> {
-    let text = std::fs::read_to_string(repo_root().join(NVIDIA_PATHS)).unwrap();
+fn nvidia_spec_fields(facts: &str) -> Vec<NvidiaField> {
+    let text = std::fs::read_to_string(repo_root().join(facts)).unwrap();
     let json_column = |c: &str| (c != "-").then(|| serde_json::from_str::<Value>(c).unwrap());
     text.lines()
         .filter(|l| l.starts_with("spec."))
@@ -242,13 +245,13 @@ fn set_path(root: &mut Value, path: &str, value: Value) {
     *node = value;
 }
 
-#[tokio::test]
-async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
-    let fields = nvidia_spec_fields();
-    let paths: std::collections::BTreeSet<&str> = fields.iter().map(|f| f.path.as_str()).collect();
-    // Leaves: paths no other path extends.
-    let leaves: Vec<&NvidiaField> = fields
-        .iter()
+/// NVIDIA's v26.7 leaf paths of `facts` (paths no other path extends), each set to a sample
+/// value in one spec; asserts there are at least `min_leaves`.
+fn every_leaf_set(facts: &str, min_leaves: usize) -> (Vec<NvidiaField>, Value) {
+    let fields = nvidia_spec_fields(facts);
+    let paths: std::collections::BTreeSet<String> = fields.iter().map(|f| f.path.clone()).collect();
+    let leaves: Vec<NvidiaField> = fields
+        .into_iter()
         .filter(|f| {
             !paths.iter().any(|p| {
                 p.len() > f.path.len()
@@ -258,54 +261,54 @@ async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
         })
         .collect();
     assert!(
-        leaves.len() > 350,
-        "{NVIDIA_PATHS}: only {} leaves",
+        leaves.len() >= min_leaves,
+        "{facts}: only {} leaves",
         leaves.len()
     );
     let mut written = json!({});
     for leaf in &leaves {
         set_path(&mut written, &leaf.path, sample_value(leaf));
     }
+    (leaves, written["spec"].clone())
+}
 
-    let Some(client) = connect().await else {
-        return;
-    };
-    let schema = install_crd(&client).await.unwrap();
-    let api = cluster_policies(&client);
-    let name = unique_name("e2e-nvidia-v26-7");
-    let object = json!({
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": written["spec"],
-    });
+/// Stores `object` through `api` with strict field validation, reads it back and deletes it;
+/// asserts the spec reads back as written plus `spec_schema`'s defaults and every leaf is there.
+async fn assert_stored_unpruned(
+    api: &Api<DynamicObject>,
+    object: &Value,
+    spec_schema: &Value,
+    leaves: &[NvidiaField],
+    kind: &str,
+) {
+    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
     // Strict field validation: a field the schema does not know fails the request instead of
     // being pruned silently.
     let params = PatchParams::apply(FIELD_MANAGER)
         .force()
         .validation_strict();
-    let applied = api.patch(&name, &params, &Patch::Apply(&object)).await;
+    let applied = api.patch(&name, &params, &Patch::Apply(object)).await;
     let read = match applied {
         Ok(_) => serde_json::to_value(api.get(&name).await.unwrap()).unwrap(),
         Err(e) => panic!(
-            "a policy with all {} v26.7 leaf paths set is refused: {e}",
+            "a {kind} with all {} v26.7 leaf paths set is refused: {e}",
             leaves.len()
         ),
     };
-    delete_quietly(&api, &name).await;
+    delete_quietly(api, &name).await;
 
     let mut expected = object["spec"].clone();
-    gpu_operator::validate::apply_defaults(&mut expected, &schema["properties"]["spec"]);
+    gpu_operator::validate::apply_defaults(&mut expected, spec_schema);
     let mut diffs = Vec::new();
     differences(".spec", &expected, &read["spec"], &mut diffs);
     assert!(
         diffs.is_empty(),
-        "{} of NVIDIA v26.7's field paths do not read back as written:\n  {}",
+        "{} of NVIDIA v26.7's {kind} field paths do not read back as written:\n  {}",
         diffs.len(),
         diffs.join("\n  ")
     );
     // Every leaf is really there (a sample value that equals nothing proves nothing).
-    for leaf in &leaves {
+    for leaf in leaves {
         let mut node = &read;
         for segment in leaf.path.split('.') {
             let key = segment.trim_end_matches("[]").trim_end_matches("{}");
@@ -318,8 +321,70 @@ async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
                 };
             }
         }
-        assert!(!node.is_null(), "{}: not read back", leaf.path);
+        assert!(!node.is_null(), "{kind} {}: not read back", leaf.path);
     }
+}
+
+#[tokio::test]
+async fn every_nvidia_v26_7_field_path_is_stored_and_read_back_unpruned() {
+    let (leaves, spec) = every_leaf_set(NVIDIA_PATHS, 350);
+    let Some(client) = connect().await else {
+        return;
+    };
+    let schema = install_crd(&client).await.unwrap();
+    let object = json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": unique_name("e2e-nvidia-v26-7")},
+        "spec": spec,
+    });
+    let api = cluster_policies(&client);
+    assert_stored_unpruned(
+        &api,
+        &object,
+        &schema["properties"]["spec"],
+        &leaves,
+        "ClusterPolicy",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_nvidia_v26_7_nvidiadriver_field_path_is_stored_and_read_back_unpruned() {
+    let (leaves, spec) = every_leaf_set(NVIDIA_DRIVER_PATHS, 120);
+    assert!(
+        leaves
+            .iter()
+            .any(|l| l.path == "spec.upgradePolicy.drain.podSelector"),
+        "{NVIDIA_DRIVER_PATHS}: no upgradePolicy leaves"
+    );
+    let Some(client) = connect().await else {
+        return;
+    };
+    e2e::crd::install_nvidia_driver_crd(&client, FIELD_MANAGER)
+        .await
+        .unwrap();
+    let crd = serde_json::to_value(gpu_operator::api::nvidia_driver_crd::crd()).unwrap();
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    let object = json!({
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "NVIDIADriver",
+        "metadata": {"name": unique_name("e2e-nvd-v26-7")},
+        "spec": spec,
+    });
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "NVIDIADriver");
+    let api = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "nvidiadrivers"),
+    );
+    assert_stored_unpruned(
+        &api,
+        &object,
+        &schema["properties"]["spec"],
+        &leaves,
+        "NVIDIADriver",
+    )
+    .await;
 }
 
 /// The `# expect: ...` lines of an invalid policy: substrings the API server's error must contain.

@@ -1,8 +1,8 @@
 //! NVIDIADriver pools on the harness (docs/nvidiadriver.md): two pools with different driver
 //! versions each get their own DaemonSets, an overlapping pool is rejected in status, and
 //! switching the ClusterPolicy's `useNvidiaDriverCRD` on and off hands nodes between the
-//! policy's driver and the pools' without leaving a GPU node without a driver pod. The
-//! operator runs on its generated ClusterRole, so watching NVIDIADrivers, writing their status
+//! policy's driver and the pools' without leaving a GPU node without a driver pod. Each pool's
+//! `upgradePolicy` drives its own upgrades. The operator runs on its generated ClusterRole, so watching NVIDIADrivers, writing their status
 //! and owning their DaemonSets is proven allowed to the chart's identity.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use e2e::nodes::{self, GpuModel};
 use e2e::session::{self, Crd, Setup};
 use e2e::wait;
-use gpu_operator::api::{NVIDIADriver, NvidiaDriverState, State};
+use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster, NVIDIADriver, NvidiaDriverState, State};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -97,11 +97,26 @@ async fn start(spec: serde_json::Value) -> Option<(Setup, Vec<String>)> {
 }
 
 async fn create_driver(admin: &Client, name: &str, version: &str, pool: &str) {
+    create_driver_with(admin, name, version, pool, json!({})).await;
+}
+
+/// [`create_driver`] with `extra` merged into the spec.
+async fn create_driver_with(
+    admin: &Client,
+    name: &str,
+    version: &str,
+    pool: &str,
+    extra: serde_json::Value,
+) {
+    let mut spec = json!({"driverType": "gpu", "repository": "nvcr.io/nvidia", "image": "driver",
+                 "version": version, "nodeSelector": {"pool": pool}});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        spec[k] = v;
+    }
     let d: NVIDIADriver = serde_json::from_value(json!({
         "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
         "metadata": {"name": name},
-        "spec": {"driverType": "gpu", "repository": "nvcr.io/nvidia", "image": "driver",
-                 "version": version, "nodeSelector": {"pool": pool}}
+        "spec": spec
     }))
     .unwrap();
     drivers(admin)
@@ -522,5 +537,353 @@ async fn two_nvidia_drivers_run_their_pools_reject_overlap_and_switch_without_dr
     remove_drivers(&admin).await;
     s.teardown().await;
     nodes::delete(&admin, &pool_nodes).await.unwrap();
+    clean_nodes(&admin).await;
+}
+
+/// Upgrade states between `upgrade-required` and `upgrade-done`: a node in one is upgrading.
+const UPGRADING: [&str; 7] = [
+    "cordon-required",
+    "wait-for-jobs-required",
+    "pod-deletion-required",
+    "drain-required",
+    "pod-restart-required",
+    "validation-required",
+    "uncordon-required",
+];
+
+/// Samples the GPU nodes' upgrade state label every 100 ms while a rollout runs: per value of
+/// the `pool` node label, the most nodes seen upgrading at once.
+fn sample_upgrading(
+    admin: Client,
+) -> (
+    Arc<Mutex<BTreeMap<String, usize>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let most = Arc::new(Mutex::new(BTreeMap::new()));
+    let seen = most.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let nodes = Api::<Node>::all(admin.clone())
+                .list_metadata(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+                .await;
+            if let Ok(nodes) = nodes {
+                let mut now: BTreeMap<String, usize> = BTreeMap::new();
+                for n in &nodes.items {
+                    let labels = n.labels();
+                    let upgrading = labels
+                        .get(UPGRADE_STATE)
+                        .is_some_and(|s| UPGRADING.contains(&s.as_str()));
+                    if let (true, Some(pool)) = (upgrading, labels.get("pool")) {
+                        *now.entry(pool.clone()).or_default() += 1;
+                    }
+                }
+                let mut m = seen.lock().unwrap();
+                for (pool, count) in now {
+                    let most: &mut usize = m.entry(pool).or_default();
+                    *most = (*most).max(count);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (most, task)
+}
+
+/// Waits until every node of `nodes` is `upgrade-done`, uncordoned, with a driver pod whose
+/// image carries `tag`.
+async fn await_upgraded(s: &Setup, nodes: &[&str], tag: &str, what: &str) {
+    let (admin, ns) = (&s.admin, &s.identity.namespace);
+    wait::until(TIMEOUT, what, || async move {
+        let pods = driver_pods(admin, ns).await;
+        let api = Api::<Node>::all(admin.clone());
+        let mut wrong = Vec::new();
+        for name in nodes {
+            let node = api.get(name).await?;
+            let state = node
+                .labels()
+                .get(UPGRADE_STATE)
+                .cloned()
+                .unwrap_or_default();
+            let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+            let image = pods
+                .get(*name)
+                .map(|(_, image)| image.clone())
+                .unwrap_or_default();
+            if state != "upgrade-done" || cordoned || !image.contains(tag) {
+                wrong.push(format!("{name}: {state} cordoned={cordoned} {image}"));
+            }
+        }
+        Ok(if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+}
+
+#[tokio::test]
+async fn each_nvidia_driver_pool_upgrades_with_its_own_policy_one_node_at_a_time_where_it_says_so()
+{
+    // The ClusterPolicy's own policy upgrades nothing: every upgrade below is a pool's own.
+    let Some((s, mut pool_nodes)) = start(json!({"driver": {
+        "useNvidiaDriverCRD": true, "upgradePolicy": {"autoUpgrade": false}
+    }}))
+    .await
+    else {
+        return;
+    };
+    let admin = s.admin.clone();
+    // Pool a gets four nodes, so one-at-a-time is visible; pool b keeps its two.
+    let more = vec![
+        session::ephemeral_gpu_node("nvd-a-2", GpuModel::T4).label("pool", "a"),
+        session::ephemeral_gpu_node("nvd-a-3", GpuModel::T4).label("pool", "a"),
+    ];
+    nodes::create(&admin, &more).await.unwrap();
+    pool_nodes.extend(more.iter().map(|n| n.name.clone()));
+    let pool_a = ["nvd-a-0", "nvd-a-1", "nvd-a-2", "nvd-a-3"];
+    let pool_b = ["nvd-b-0", "nvd-b-1"];
+    create_driver_with(
+        &admin,
+        "pool-a",
+        "580.95.05",
+        "a",
+        json!({"upgradePolicy": {"maxParallelUpgrades": 1, "maxUnavailable": "100%"}}),
+    )
+    .await;
+    create_driver_with(
+        &admin,
+        "pool-b",
+        "570.172.08",
+        "b",
+        json!({"upgradePolicy": {"maxParallelUpgrades": 2, "maxUnavailable": "100%"}}),
+    )
+    .await;
+    // autoUpgrade was left out: NVIDIA's NVIDIADriver default (true) is stored.
+    let stored = drivers(&admin).get("pool-a").await.unwrap();
+    let policy = stored.spec.upgrade_policy.clone().unwrap();
+    assert_eq!(policy.auto_upgrade, Some(true));
+    for pool in ["pool-a", "pool-b"] {
+        await_driver(&s, pool, NvidiaDriverState::Ready, "pool ready").await;
+    }
+    await_upgraded(&s, &pool_a, "580.95.05", "pool a's first rollout done").await;
+    await_upgraded(&s, &pool_b, "570.172.08", "pool b's first rollout done").await;
+
+    let (most, sampler) = sample_upgrading(admin.clone());
+    for (pool, version) in [("pool-a", "580.95.06"), ("pool-b", "570.172.09")] {
+        drivers(&admin)
+            .patch(
+                pool,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"version": version}})),
+            )
+            .await
+            .unwrap();
+    }
+    await_upgraded(&s, &pool_a, "580.95.06", "pool a upgraded").await;
+    await_upgraded(&s, &pool_b, "570.172.09", "pool b upgraded").await;
+    sampler.abort();
+    let most = most.lock().unwrap().clone();
+    println!("most nodes upgrading at once, per pool: {most:?}");
+    assert_eq!(
+        most.get("a"),
+        Some(&1),
+        "pool-a (maxParallelUpgrades: 1) upgrades one node at a time: {most:?}"
+    );
+    assert_eq!(
+        most.get("b"),
+        Some(&2),
+        "pool-b (maxParallelUpgrades: 2) follows its own policy, not pool-a's: {most:?}"
+    );
+    // The ClusterPolicy's own nodes (autoUpgrade false) carry no upgrade state.
+    let labelled: Vec<String> = Api::<Node>::all(admin.clone())
+        .list_metadata(&ListParams::default().labels(UPGRADE_STATE))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .filter(|n| !pool_nodes.contains(n))
+        .collect();
+    assert!(labelled.is_empty(), "{labelled:?}");
+
+    remove_drivers(&admin).await;
+    s.teardown().await;
+    nodes::delete(&admin, &pool_nodes).await.unwrap();
+    clean_nodes(&admin).await;
+}
+
+/// Deletes the GPUCluster, if any, and waits until it is gone.
+async fn remove_gpu_cluster(admin: &Client) {
+    let api = Api::<GPUCluster>::all(admin.clone());
+    let _ = api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await;
+    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "GPUCluster gone")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_gpu_cluster_without_a_cluster_policy_runs_each_nvidia_driver_pool_and_the_default_pool()
+{
+    let Some(prepared) = session::builder()
+        .crd(Crd::NvidiaDriver)
+        .crd(Crd::GpuCluster)
+        .prepare()
+        .await
+    else {
+        return;
+    };
+    let admin = prepared.admin.clone();
+    remove_drivers(&admin).await;
+    remove_gpu_cluster(&admin).await;
+    clean_nodes(&admin).await;
+    let pool_nodes = vec![
+        session::ephemeral_gpu_node("nvd-a-0", GpuModel::T4).label("pool", "a"),
+        session::ephemeral_gpu_node("nvd-a-1", GpuModel::T4).label("pool", "a"),
+        session::ephemeral_gpu_node("nvd-b-0", GpuModel::T4)
+            .label("pool", "b")
+            .os("ubuntu", "24.04"),
+    ];
+    nodes::create(&admin, &pool_nodes).await.unwrap();
+    let names: Vec<String> = pool_nodes.iter().map(|n| n.name.clone()).collect();
+    let (admin, identity, mut operator) = prepared.start_operator().await;
+    let ns = identity.namespace.clone();
+    assert!(
+        session::policies(&admin)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no ClusterPolicy in this test"
+    );
+
+    // Before a GPUCluster exists the NVIDIADrivers say why nothing runs.
+    create_driver(&admin, "pool-a", "580.95.05", "a").await;
+    let fallback: NVIDIADriver = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+        "metadata": {"name": "fallback"},
+        "spec": {"default": true, "version": "570.172.08"}
+    }))
+    .unwrap();
+    drivers(&admin)
+        .create(&PostParams::default(), &fallback)
+        .await
+        .unwrap();
+    // NVIDIA's rule, at admission: a default NVIDIADriver selects no nodes itself.
+    let mut scoped = fallback.clone();
+    scoped.metadata.name = Some("scoped-default".into());
+    scoped.spec.node_selector = Some(BTreeMap::from([("pool".into(), "a".into())]));
+    let refused = drivers(&admin)
+        .create(&PostParams::default(), &scoped)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("default NVIDIADriver must not use nodeSelector"),
+        "{refused}"
+    );
+
+    let cluster: GPUCluster = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": GPU_CLUSTER_NAME}, "spec": {}
+    }))
+    .unwrap();
+    Api::<GPUCluster>::all(admin.clone())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+
+    // Each pool reaches ready with its own DaemonSets: pool-a on its nodes, the default pool on
+    // every other GPU node (one DaemonSet per OS).
+    let await_ready = |name: &'static str| {
+        let (admin, log) = (admin.clone(), &operator);
+        async move {
+            let api = drivers(&admin);
+            wait::until(TIMEOUT, "pool ready", || {
+                let api = api.clone();
+                async move {
+                    let d = api.get(name).await?;
+                    let state = d.status.as_ref().map(|s| s.state);
+                    Ok(if state == Some(NvidiaDriverState::Ready) {
+                        Ok(())
+                    } else {
+                        Err(format!("{name}: {:?}", d.status))
+                    })
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", log.log_text()));
+        }
+    };
+    await_ready("pool-a").await;
+    await_ready("fallback").await;
+    let pods = driver_pods(&admin, &ns).await;
+    let mut wrong = Vec::new();
+    for node in gpu_nodes(&admin).await {
+        let (ds, tag) = if node.starts_with("nvd-a-") {
+            (
+                "nvidia-gpu-driver-pool-a-ubuntu22.04",
+                "580.95.05-ubuntu22.04",
+            )
+        } else if node == "nvd-b-0" {
+            (
+                "nvidia-gpu-driver-fallback-ubuntu24.04",
+                "570.172.08-ubuntu24.04",
+            )
+        } else {
+            (
+                "nvidia-gpu-driver-fallback-ubuntu22.04",
+                "570.172.08-ubuntu22.04",
+            )
+        };
+        match pods.get(&node) {
+            Some((owner, image)) if owner == ds && image.ends_with(tag) => {}
+            other => wrong.push(format!("{node}: {other:?}, want {ds} {tag}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let dss = Api::<DaemonSet>::namespaced(admin.clone(), &ns);
+    for name in [
+        "nvidia-gpu-driver-pool-a-ubuntu22.04",
+        "nvidia-gpu-driver-fallback-ubuntu22.04",
+        "nvidia-gpu-driver-fallback-ubuntu24.04",
+    ] {
+        let status = dss.get(name).await.unwrap().status.unwrap();
+        assert!(
+            status.desired_number_scheduled > 0
+                && status.number_ready == status.desired_number_scheduled,
+            "{name}: {status:?}"
+        );
+    }
+    // No ClusterPolicy driver DaemonSet; what the pools' pods use is the GPUCluster's.
+    assert!(
+        dss.get_opt("nvidia-driver-daemonset")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let pod_spec = dss
+        .get("nvidia-gpu-driver-pool-a-ubuntu22.04")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let account = pod_spec.service_account_name.unwrap();
+    let sa = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), &ns)
+        .get(&account)
+        .await
+        .unwrap();
+    assert_eq!(sa.owner_references()[0].kind, "GPUCluster");
+
+    remove_drivers(&admin).await;
+    remove_gpu_cluster(&admin).await;
+    operator.terminate(Duration::from_secs(20)).unwrap();
+    identity.delete().await.unwrap();
+    nodes::delete(&admin, &names).await.unwrap();
     clean_nodes(&admin).await;
 }

@@ -20,12 +20,12 @@ use k8s_openapi::jiff::Timestamp;
 use super::{driver, driver_os};
 use crate::api::{
     ContainerOverrides, DaemonsetsSpec, DriverLicensingConfigSpec, DriverRepoConfigSpec,
-    DriverSpec, ImageKind, ImageSpec, NvidiaDriverSpec, NvidiaDriverType,
-    VirtualTopologyConfigSpec,
+    DriverSpec, DriverUpgradePolicySpec, ImageKind, ImageSpec, NvidiaDriverSpec, NvidiaDriverType,
+    POOL_AUTO_UPGRADE_DEFAULT, VirtualTopologyConfigSpec,
 };
 use crate::facts::ClusterFacts;
 use crate::model::{OPERAND_LABEL, Operand, OperandObjects, ValidatedPolicy};
-use crate::nodes::{GPU_PRESENT, NodeView};
+use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
 
 /// The driver DaemonSets of one NVIDIADriver pool: rendered from the NVIDIADriver ([`render`]),
 /// never from a ClusterPolicy.
@@ -64,6 +64,52 @@ pub fn selector(spec: &NvidiaDriverSpec) -> BTreeMap<String, String> {
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]))
+}
+
+/// The upgrade policy of a pool: its own `upgradePolicy` (with NVIDIA's NVIDIADriver default,
+/// autoUpgrade true, where the API server did not fill it in), else `fallback` (the
+/// ClusterPolicy's `driver.upgradePolicy`), else NVIDIA's defaults for an NVIDIADriver (no
+/// ClusterPolicy in force: automatic upgrades on, one node at a time).
+pub fn upgrade_policy(
+    spec: &NvidiaDriverSpec,
+    fallback: Option<&DriverUpgradePolicySpec>,
+) -> DriverUpgradePolicySpec {
+    match (&spec.upgrade_policy, fallback) {
+        (Some(own), _) => DriverUpgradePolicySpec {
+            auto_upgrade: Some(own.auto_upgrade.unwrap_or(POOL_AUTO_UPGRADE_DEFAULT)),
+            ..own.clone()
+        },
+        (None, Some(policy)) => policy.clone(),
+        (None, None) => DriverUpgradePolicySpec {
+            auto_upgrade: Some(POOL_AUTO_UPGRADE_DEFAULT),
+            ..DriverUpgradePolicySpec::default()
+        },
+    }
+}
+
+/// The default (fallback) NVIDIADrivers beyond the first: the oldest (creation time, then
+/// name) is the default, each younger one is rejected with a message naming the kept one.
+/// `defaults` are (name, creation time) of the NVIDIADrivers with `spec.default: true`.
+pub fn extra_defaults(defaults: &[(String, Option<Timestamp>)]) -> BTreeMap<String, String> {
+    let mut ordered: Vec<&(String, Option<Timestamp>)> = defaults.iter().collect();
+    ordered.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    let Some((kept, _)) = ordered.first() else {
+        return BTreeMap::new();
+    };
+    ordered
+        .iter()
+        .skip(1)
+        .map(|(name, _)| {
+            (
+                name.clone(),
+                format!(
+                    "spec.default: NVIDIADriver {kept} is already the default pool (one default \
+                     is allowed); set spec.default=false here or on {kept}; NVIDIADriver {name} \
+                     is not applied (its running DaemonSets are kept) meanwhile"
+                ),
+            )
+        })
+        .collect()
 }
 
 /// [`selector`] as a label selector string for a list request (`k=v,k2=v2`).
@@ -270,7 +316,7 @@ pub fn overlaps(claims: &[Claim]) -> BTreeMap<String, String> {
 }
 
 /// The driver section a pool renders with: the NVIDIADriver's settings, and from the policy
-/// what NVIDIADriver has no field for (`upgradePolicy`, `hostNetwork`).
+/// what the NVIDIADriver leaves unset (`upgradePolicy`, `hostNetwork`).
 fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
     DriverSpec {
         enabled: Some(true),
@@ -282,7 +328,7 @@ fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
         liveness_probe: spec.liveness_probe.clone(),
         readiness_probe: spec.readiness_probe.clone(),
         rdma: spec.rdma.clone(),
-        upgrade_policy: policy.upgrade_policy.clone(),
+        upgrade_policy: Some(upgrade_policy(spec, policy.upgrade_policy.as_ref())),
         image: ImageSpec {
             repository: None,
             image: None,
@@ -315,7 +361,7 @@ fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
         }),
         kernel_module_config: spec.kernel_module_config.clone(),
         secret_env: spec.secret_env.clone(),
-        host_network: policy.host_network,
+        host_network: spec.host_network.or(policy.host_network),
     }
 }
 
@@ -366,7 +412,12 @@ pub fn render(
     let pool_policy = pool_policy(policy, pool);
     let driver_type = pool.spec.driver_type.unwrap_or_default();
     let (os_pools, _) = driver_os::pools(&pool.nodes);
-    let selector = selector(&pool.spec);
+    let mut selector = selector(&pool.spec);
+    if pool.spec.is_default() {
+        // The fallback pool runs only where the pool label hands a node to it: every GPU node
+        // matches its selector, including the other pools' nodes.
+        selector.insert(DRIVER_POOL.to_owned(), pool_label_value(&pool.name));
+    }
     let mut objects = OperandObjects::default();
     for os in &os_pools {
         let name = daemon_set_name(&pool.name, driver_type, &os.tag);
@@ -385,6 +436,33 @@ pub fn render(
         }
         objects.daemon_sets.push(ds);
     }
+    objects
+}
+
+/// The policy NVIDIADriver pools render with when no ClusterPolicy exists and a GPUCluster is
+/// in force (NVIDIA's GPUCluster workflow): the driver on and handed to the NVIDIADrivers,
+/// every other setting at its default, so each pool's own fields decide (docs/nvidiadriver.md).
+pub fn standalone_policy(facts: &ClusterFacts) -> ValidatedPolicy {
+    let spec = crate::api::ClusterPolicySpec {
+        driver: Some(DriverSpec {
+            enabled: Some(true),
+            use_nvidia_driver_crd: Some(true),
+            ..DriverSpec::default()
+        }),
+        ..Default::default()
+    };
+    crate::validate::validate(&crate::api::ClusterPolicy::new(STANDALONE, spec), facts)
+}
+
+/// Name of the policy [`standalone_policy`] validates (it is never stored).
+pub const STANDALONE: &str = "gpu-cluster-nvidia-drivers";
+
+/// What every pool's DaemonSets use and no pool renders (the driver's ServiceAccount, RBAC and
+/// startup-probe ConfigMap): the driver operand's own objects without its DaemonSets, for a
+/// GPUCluster install where no ClusterPolicy renders them.
+pub fn shared_objects(policy: &ValidatedPolicy, facts: &ClusterFacts) -> OperandObjects {
+    let mut objects = driver::render(policy, facts).unwrap_or_default();
+    objects.daemon_sets.clear();
     objects
 }
 
@@ -576,5 +654,131 @@ mod tests {
         let precompiled: NvidiaDriverSpec =
             serde_json::from_value(serde_json::json!({"usePrecompiled": true})).unwrap();
         assert!(check(&precompiled, &facts())[0].starts_with("spec.usePrecompiled"));
+    }
+
+    #[test]
+    fn a_pool_upgrades_with_its_own_policy_else_the_cluster_policys_else_nvidias_defaults() {
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        let cluster: DriverUpgradePolicySpec =
+            serde_json::from_value(serde_json::json!({"maxParallelUpgrades": 4})).unwrap();
+        let own = upgrade_policy(
+            &spec(serde_json::json!({"upgradePolicy": {"maxParallelUpgrades": 1}})),
+            Some(&cluster),
+        );
+        assert_eq!(own.max_parallel_upgrades, Some(1));
+        // NVIDIA's NVIDIADriver default, not the ClusterPolicy's false.
+        assert_eq!(own.auto_upgrade, Some(true));
+        let inherited = upgrade_policy(&spec(serde_json::json!({})), Some(&cluster));
+        assert_eq!(inherited, cluster);
+        let alone = upgrade_policy(&spec(serde_json::json!({})), None);
+        assert_eq!(alone.auto_upgrade, Some(true));
+        assert_eq!(alone.max_parallel_upgrades, None, "machine default: 1");
+    }
+
+    #[test]
+    fn host_network_is_the_pools_else_the_cluster_policys() {
+        let nodes = || vec![node("a1", ("ubuntu", "22.04"), "a")];
+        let host_network = |spec: serde_json::Value, policy_yaml: &str| {
+            let objects = render(&policy(policy_yaml), &pool("p", spec, nodes()), &facts());
+            objects.daemon_sets[0]
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .host_network
+        };
+        let on =
+            serde_json::json!({"version": "1", "nodeSelector": {"pool": "a"}, "hostNetwork": true});
+        assert_eq!(host_network(on, "{}"), Some(true));
+        let unset = serde_json::json!({"version": "1", "nodeSelector": {"pool": "a"}});
+        assert_eq!(
+            host_network(unset.clone(), "driver: {hostNetwork: true}"),
+            Some(true)
+        );
+        assert_ne!(host_network(unset, "{}"), Some(true));
+        let off = serde_json::json!({"version": "1", "nodeSelector": {"pool": "a"}, "hostNetwork": false});
+        assert_ne!(host_network(off, "driver: {hostNetwork: true}"), Some(true));
+    }
+
+    #[test]
+    fn the_default_pool_runs_only_on_nodes_handed_to_it_and_one_default_is_kept() {
+        let p = pool(
+            "fallback",
+            serde_json::json!({"version": "1", "default": true}),
+            vec![node("f1", ("ubuntu", "22.04"), "none")],
+        );
+        let objects = render(&policy("{}"), &p, &facts());
+        let pod = objects.daemon_sets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let selector = pod.node_selector.clone().unwrap();
+        assert_eq!(selector[DRIVER_POOL], "fallback");
+        assert_eq!(selector[GPU_PRESENT], "true");
+
+        let t = |s: i64| Some(Timestamp::from_second(s).unwrap());
+        let extra = extra_defaults(&[("b".into(), t(20)), ("a".into(), t(10))]);
+        assert_eq!(extra.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(extra["b"].starts_with("spec.default: NVIDIADriver a is already the default"));
+        assert!(extra_defaults(&[("a".into(), t(1))]).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_cluster_install_renders_pools_and_the_shared_driver_objects_without_a_policy() {
+        let facts = facts();
+        let standalone = standalone_policy(&facts);
+        assert!(driver::uses_nvidia_driver_crd(&standalone.spec));
+        let p = pool(
+            "pool-a",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "a"}}),
+            vec![node("a1", ("ubuntu", "22.04"), "a")],
+        );
+        let objects = render(&standalone, &p, &facts);
+        assert_eq!(
+            objects.daemon_sets[0].metadata.name.as_deref(),
+            Some("nvidia-gpu-driver-pool-a-ubuntu22.04")
+        );
+        let shared = shared_objects(&standalone, &facts);
+        assert!(shared.daemon_sets.is_empty());
+        let pod = objects.daemon_sets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        // The pool's pods run as the ServiceAccount the shared objects carry.
+        let account = pod.service_account_name.clone().unwrap();
+        assert!(
+            shared
+                .service_accounts
+                .iter()
+                .any(|a| a.metadata.name.as_deref() == Some(account.as_str())),
+            "{account}"
+        );
+        let volumes: Vec<String> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| Some(v.config_map.as_ref()?.name.clone()))
+            .collect();
+        for name in volumes {
+            assert!(
+                shared
+                    .config_maps
+                    .iter()
+                    .any(|c| c.metadata.name.as_deref() == Some(name.as_str())),
+                "the pool mounts ConfigMap {name}, which nothing renders"
+            );
+        }
     }
 }

@@ -727,6 +727,25 @@ pub fn plan(nodes: &[NodeFacts], policy: &Policy, now: i64) -> Vec<(String, Step
         .collect()
 }
 
+/// The nodes upgraded under one policy: the GPU nodes of one NVIDIADriver pool, or those of
+/// the ClusterPolicy's own driver DaemonSets. Each pool's maxParallelUpgrades and
+/// maxUnavailable count its own nodes only (NVIDIA partitions the same way).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// The NVIDIADriver's name, or empty for the ClusterPolicy's nodes.
+    pub name: String,
+    pub policy: Policy,
+    pub nodes: Vec<NodeFacts>,
+}
+
+/// Every node's step in this pass, pool by pool: [`plan`] with each pool's own policy.
+pub fn plan_pools(pools: &[Pool], now: i64) -> Vec<(String, Step)> {
+    pools
+        .iter()
+        .flat_map(|p| plan(&p.nodes, &p.policy, now))
+        .collect()
+}
+
 /// Nodes per state, for status and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -779,6 +798,23 @@ impl Summary {
         }
         summary.failed.sort();
         summary
+    }
+
+    /// The states after this pass's steps, summed over the pools (each pool's available
+    /// upgrades counted against its own policy).
+    pub fn of_pools(pools: &[Pool], steps: &[(String, Step)]) -> Summary {
+        let mut total = Summary::default();
+        for pool in pools {
+            let s = Summary::of(&pool.nodes, steps, &pool.policy);
+            total.total += s.total;
+            total.done += s.done;
+            total.pending += s.pending;
+            total.in_progress += s.in_progress;
+            total.available += s.available;
+            total.failed.extend(s.failed);
+        }
+        total.failed.sort();
+        total
     }
 
     /// Whether a node is between states (the pass must look again soon).

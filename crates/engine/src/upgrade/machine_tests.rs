@@ -594,3 +594,56 @@ fn a_pod_with_older_metadata_only_is_left_running_and_counted_in_the_summary() {
     assert_eq!(summary.line(), "2 of 2 nodes upgraded");
     assert!(!summary.active());
 }
+
+#[test]
+fn each_pool_starts_nodes_within_its_own_parallel_and_unavailable_limits() {
+    let waiting = |prefix: &str, n: usize| -> Vec<NodeFacts> {
+        (0..n)
+            .map(|i| node(&format!("{prefix}-{i}"), UpgradeState::UpgradeRequired))
+            .collect()
+    };
+    let mut one_at_a_time = waiting("a", 4);
+    let pools = [
+        Pool {
+            name: "pool-a".into(),
+            policy: policy("maxParallelUpgrades: 1\nmaxUnavailable: 100%", 4),
+            nodes: one_at_a_time.clone(),
+        },
+        Pool {
+            name: "pool-b".into(),
+            policy: policy("maxParallelUpgrades: 3\nmaxUnavailable: 100%", 4),
+            nodes: waiting("b", 4),
+        },
+    ];
+    let started = |steps: &[(String, Step)], prefix: &str| {
+        steps
+            .iter()
+            .filter(|(n, s)| n.starts_with(prefix) && s.next == Some(UpgradeState::CordonRequired))
+            .count()
+    };
+    let steps = plan_pools(&pools, NOW);
+    assert_eq!(
+        started(&steps, "a-"),
+        1,
+        "pool-a upgrades one node at a time"
+    );
+    assert_eq!(started(&steps, "b-"), 3, "pool-b's own limit, not pool-a's");
+    let summary = Summary::of_pools(&pools, &steps);
+    assert_eq!(
+        (summary.total, summary.in_progress, summary.pending),
+        (8, 4, 4)
+    );
+
+    // A node of pool-a in flight holds pool-a's only slot and none of pool-b's.
+    one_at_a_time[0].state = Some(UpgradeState::DrainRequired);
+    let pools = [
+        Pool {
+            nodes: one_at_a_time,
+            ..pools[0].clone()
+        },
+        pools[1].clone(),
+    ];
+    let steps = plan_pools(&pools, NOW);
+    assert_eq!(started(&steps, "a-"), 0);
+    assert_eq!(started(&steps, "b-"), 3);
+}

@@ -1,6 +1,7 @@
 //! Upgrade stage of the ClusterPolicy pass (IO).
 //!
-//! The driver upgrade state machine (controller::upgrade) and its gauges.
+//! The driver upgrade state machine (controller::upgrade) and its gauges: the policy's own
+//! driver nodes with its `driver.upgradePolicy`, each NVIDIADriver pool with its own.
 
 use std::sync::Arc;
 
@@ -24,8 +25,9 @@ pub async fn upgrade(
     if deps.nvidia.holder().is_some() || !super::still_in_force(deps, policy) {
         return Ok(Report::default());
     }
-    if machine::enabled(&policy.spec)
-        && machine::quiet(&observed.daemon_sets, nodes)
+    let policies = machine::Policies::of(Some(&policy.spec), &deps.nvidia_driver_specs());
+    if policies.enabled()
+        && machine::quiet(&observed.daemon_sets, nodes, &policies)
         && let Some(last) = last.as_ref()
         && !last.active()
     {
@@ -34,7 +36,7 @@ pub async fn upgrade(
     let report = machine::reconcile(
         &deps.client,
         &deps.settings.namespace,
-        &policy.spec,
+        &policies,
         &observed.daemon_sets,
         nodes,
         &deps.stores.upgrade_pods.snapshot(),
@@ -43,7 +45,7 @@ pub async fn upgrade(
     .await
     .map_err(Error::Upgrade)?;
     deps.metrics
-        .observe_upgrades(machine::enabled(&policy.spec), &report.counts());
+        .observe_upgrades(policies.enabled(), &report.counts());
     *last = Some(report.clone());
     Ok(report)
 }

@@ -7,11 +7,12 @@
 //! requeue.
 //!
 //! Guarantees and caveats:
-//! - Acted on only while the active ClusterPolicy sets `driver.useNvidiaDriverCRD: true` (and
-//!   deploys the driver). Otherwise each NVIDIADriver is `disabled`, its DaemonSets are pruned and
+//! - Acted on while the active ClusterPolicy sets `driver.useNvidiaDriverCRD: true` (and
+//!   deploys the driver), or while no ClusterPolicy exists and a GPUCluster is in force
+//!   ([`standalone`]). Otherwise each NVIDIADriver is `disabled`, its DaemonSets are pruned and
 //!   the pool labels removed, so the policy's own driver DaemonSets cover every GPU node again.
-//!   With NVIDIA's operator live, or no ClusterPolicy in force, nothing is written but the
-//!   NVIDIADrivers' status.
+//!   With NVIDIA's operator live, or neither a ClusterPolicy nor a GPUCluster in force, nothing
+//!   is written but the NVIDIADrivers' status.
 //! - The handover never leaves a GPU node without a driver DaemonSet that wants it: a node gets the
 //!   pool label (and the policy's DaemonSets let go of it) only after its pool's DaemonSet was
 //!   applied in this pass, and loses it when the pool stops covering it. The driver pods'
@@ -26,6 +27,7 @@
 
 mod label;
 mod resolve;
+mod standalone;
 mod status;
 mod validate;
 
@@ -41,7 +43,7 @@ use super::observe::{self, Diagnoser};
 use super::owner::{self, Error, LabelAttempts, Owner, UNSETTLED_REQUEUE};
 use super::plan::Ledger;
 use super::scheduler::{self, Requeue};
-use crate::api::{ClusterPolicy, Component, NVIDIADriver};
+use crate::api::{ClusterPolicy, Component, GPUCluster, NVIDIADriver};
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, ValidatedPolicy};
 use crate::operands::driver;
@@ -58,6 +60,8 @@ struct Pass<'a> {
     namespace: &'a str,
     nvidia_operator: Option<&'a str>,
     policy: Option<(&'a ClusterPolicy, &'a Rendered)>,
+    /// The GPUCluster in force when no ClusterPolicy exists ([`standalone`]).
+    cluster: Option<&'a GPUCluster>,
 }
 
 /// What the NVIDIADriver passes keep between passes: a ledger per NVIDIADriver (by uid), and
@@ -67,6 +71,10 @@ pub struct Memory {
     ledgers: BTreeMap<String, Ledger>,
     /// Pool label patches the cache has not shown yet.
     labels: LabelAttempts,
+    /// The objects every pool uses, in a GPUCluster install ([`standalone`]).
+    shared: Ledger,
+    /// The upgrade stage's last report in a GPUCluster install.
+    last_upgrade: Option<crate::controller::upgrade::Report>,
 }
 
 /// One NVIDIADriver through the stages: its GPU nodes and facts, and its verdict.
@@ -87,43 +95,67 @@ pub async fn reconcile_all(
     diagnoser: &mut Diagnoser,
     policy: Option<(&ClusterPolicy, &Rendered)>,
 ) -> Result<Requeue, Error> {
-    let Some(store) = deps.nvidia_drivers.as_ref() else {
+    if deps.nvidia_drivers.is_none() {
         return Ok(None);
-    };
+    }
     let nvidia_operator = deps.nvidia.holder();
+    let cluster = standalone::cluster_in_force(deps);
     let ctx = &Pass {
         deps,
         client: &deps.client,
         namespace: &deps.settings.namespace,
         nvidia_operator: nvidia_operator.as_deref(),
         policy,
+        cluster: cluster.as_ref(),
     };
-    let drivers: Vec<NVIDIADriver> = store
-        .state()
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok().cloned())
-        .filter(|d| d.metadata.deletion_timestamp.is_none())
-        .collect();
+    let drivers = deps.nvidia_driver_specs();
     let nodes = deps.stores.nodes.snapshot();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(why) = not_in_use(ctx) {
         switched_off(ctx, memory, &drivers, &nodes, &why, now).await?;
         return Ok(None);
     }
-    let Some((_, rendered)) = ctx.policy else {
-        return Ok(None);
+    let standalone_inputs;
+    let (validated, facts) = match (ctx.policy, ctx.cluster) {
+        (Some((_, rendered)), _) => (&rendered.validated, &rendered.facts),
+        (None, Some(cluster)) => {
+            standalone_inputs = standalone::prepare(deps, cluster);
+            (&standalone_inputs.0, &standalone_inputs.1)
+        }
+        (None, None) => return Ok(None),
     };
-    let resolved = resolve::resolve_all(ctx, &drivers, &nodes, &rendered.facts).await?;
+    let resolved = resolve::resolve_all(ctx, &drivers, &nodes, facts).await?;
     let pools = validate::validate_all(resolved, &deps.image_env);
-    let desired = render_all(&pools, &rendered.validated);
+    let desired = render_all(&pools, validated);
     let applied = apply_all(ctx, memory, &pools, &desired).await?;
+    if let (None, Some(cluster)) = (ctx.policy, ctx.cluster) {
+        standalone::apply_shared(ctx, memory, cluster, validated, facts).await?;
+    }
     let wanted = label::wanted(&pools, &desired, &nodes);
-    let in_flight = label::label_nodes(ctx.client, &mut memory.labels, &nodes, &wanted).await?;
+    let standalone = ctx.policy.is_none();
+    let in_flight =
+        label::label_nodes(ctx.client, &mut memory.labels, &nodes, &wanted, standalone).await?;
     let observed = observe::observe(ctx.client, &deps.stores, diagnoser).await;
+    // Without a ClusterPolicy its pass runs no upgrade stage: the pools' runs here.
+    let upgrading = match (ctx.policy, ctx.cluster) {
+        (None, Some(_)) => {
+            standalone::upgrade(deps, &mut memory.last_upgrade, &drivers, &observed, &nodes)
+                .await?
+                .active()
+                .then_some(UPGRADE_REQUEUE)
+        }
+        _ => None,
+    };
     let requeue = status::report_all(ctx, &pools, &desired, &applied, &observed, now).await?;
     let labels = (in_flight > 0).then_some(UNSETTLED_REQUEUE);
-    Ok(scheduler::earliest(requeue, labels))
+    Ok(scheduler::earliest(
+        scheduler::earliest(requeue, labels),
+        upgrading,
+    ))
 }
+
+/// How soon a pass looks again while a node is between upgrade states (as the ClusterPolicy's).
+const UPGRADE_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Render stage: each pool's driver DaemonSets from the policy's validated form, or its
 /// verdict when frozen.
@@ -169,7 +201,14 @@ async fn switched_off(
         for d in drivers {
             apply_for(ctx, memory, d, &one(Outcome::Disabled)).await?;
         }
-        label::label_nodes(ctx.client, &mut memory.labels, nodes, &BTreeMap::new()).await?;
+        label::label_nodes(
+            ctx.client,
+            &mut memory.labels,
+            nodes,
+            &BTreeMap::new(),
+            false,
+        )
+        .await?;
     }
     for d in drivers {
         status::disabled(ctx, d, why, now.clone()).await?;
@@ -185,7 +224,10 @@ fn not_in_use(ctx: &Pass<'_>) -> Option<String> {
         ));
     }
     let Some((policy, _)) = ctx.policy else {
-        return Some("no ClusterPolicy is in force".to_owned());
+        if ctx.cluster.is_some() {
+            return None;
+        }
+        return Some("neither a ClusterPolicy nor a GPUCluster is in force".to_owned());
     };
     if !policy.spec.is_enabled(Component::Driver) {
         return Some(format!(
@@ -222,13 +264,16 @@ async fn apply_for(
 ) -> Result<ApplyReport, Error> {
     let uid = d.uid().unwrap_or_default();
     let ledger = memory.ledgers.entry(uid.clone()).or_default();
-    owner::apply(
-        ctx.deps,
-        &Owner::of(d),
-        Some(uid.as_str()),
-        desired,
-        ledger,
-        &[],
-    )
-    .await
+    apply_with(ctx, ledger, &Owner::of(d), &uid, desired).await
+}
+
+/// Apply stage for `owner` (by `uid`) with `ledger`.
+async fn apply_with(
+    ctx: &Pass<'_>,
+    ledger: &mut Ledger,
+    owner: &Owner,
+    uid: &str,
+    desired: &DesiredState,
+) -> Result<ApplyReport, Error> {
+    owner::apply(ctx.deps, owner, Some(uid), desired, ledger, &[]).await
 }

@@ -3,7 +3,7 @@
 //! One label-selected node list per pool whose selector reads labels the node cache does not keep.
 //! Each pool's GPU nodes and the facts it renders with.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -19,16 +19,30 @@ use crate::operands::driver::referenced_config_maps;
 use crate::operands::nvidia_driver as pool;
 
 /// Resolve stage: each NVIDIADriver with its GPU nodes and the facts it renders with (the
-/// policy's `facts`, with the pool's nodes, OS and ConfigMaps).
+/// policy's `facts`, with the pool's nodes, OS and ConfigMaps). A default NVIDIADriver's nodes
+/// are the GPU nodes no non-default one selects.
 pub async fn resolve_all<'a>(
     ctx: &Pass<'_>,
     drivers: &'a [NVIDIADriver],
     nodes: &[Arc<NodeView>],
     facts: &ClusterFacts,
 ) -> Result<Vec<(&'a NVIDIADriver, Vec<Arc<NodeView>>, ClusterFacts)>, Error> {
-    let mut resolved = Vec::new();
+    let mut selections = Vec::new();
     for d in drivers {
-        let selected = select(ctx.client, d, nodes).await?;
+        selections.push(select(ctx.client, d, nodes, ctx.policy.is_none()).await?);
+    }
+    // A default pool serves the GPU nodes no other NVIDIADriver selects (NVIDIA's fallback).
+    let taken: BTreeSet<String> = drivers
+        .iter()
+        .zip(&selections)
+        .filter(|(d, _)| !d.spec.is_default())
+        .flat_map(|(_, nodes)| nodes.iter().map(|n| n.name.clone()))
+        .collect();
+    let mut resolved = Vec::new();
+    for (d, mut selected) in drivers.iter().zip(selections) {
+        if d.spec.is_default() {
+            selected.retain(|n| !taken.contains(&n.name));
+        }
         let spec = driver_spec(d);
         let names = referenced_config_maps(&spec)
             .into_iter()
@@ -52,13 +66,20 @@ async fn select(
     client: &Client,
     d: &NVIDIADriver,
     nodes: &[Arc<NodeView>],
+    standalone: bool,
 ) -> Result<Vec<Arc<NodeView>>, Error> {
     let selector = pool::selector(&d.spec);
-    let gpu = |n: &&Arc<NodeView>| n.is_gpu_node() && n.label(DEPLOY_OPERANDS) != Some("false");
+    // In a GPUCluster install this pass marks the GPU nodes itself: NFD's word is enough.
+    let gpu = |n: &&Arc<NodeView>| {
+        (n.is_gpu_node() || (standalone && n.has_nfd_gpu()))
+            && n.label(DEPLOY_OPERANDS) != Some("false")
+    };
+    // No nodeSelector: every GPU node, also one this pass has not marked yet.
+    let every_gpu_node = d.spec.node_selector.as_ref().is_none_or(BTreeMap::is_empty);
     let names: BTreeSet<String> = if selector.keys().all(|k| crate::nodes::is_read_label(k)) {
         nodes
             .iter()
-            .filter(|n| n.matches(&selector))
+            .filter(|n| n.matches(&selector) || (every_gpu_node && gpu(n)))
             .map(|n| n.name.clone())
             .collect()
     } else {

@@ -72,10 +72,14 @@ async fn report(
         // "No GPU node" here means the pool's selector matched none.
         for c in conditions.iter_mut().flatten() {
             if c.type_ == status::READY {
-                c.message = format!(
-                    "nodeSelector {} selects no GPU node",
-                    crate::operands::nvidia_driver::label_selector(&d.spec)
-                );
+                c.message = if d.spec.is_default() {
+                    "default pool: every GPU node is selected by another NVIDIADriver".to_owned()
+                } else {
+                    format!(
+                        "nodeSelector {} selects no GPU node",
+                        crate::operands::nvidia_driver::label_selector(&d.spec)
+                    )
+                };
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Validate stage of the NVIDIADriver pass (no IO).
 //!
-//! Each pool's input, then the overlap rule across the valid pools (the older keeps a node two
-//! pools select, decision 8).
+//! Each pool's input, then the one-default rule (the oldest default NVIDIADriver is the
+//! fallback) and the overlap rule across the valid pools (the older keeps a node two pools
+//! select, decision 8).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,6 +33,20 @@ pub fn validate_all<'a>(
             }
         })
         .collect();
+    let defaults: Vec<(String, Option<k8s_openapi::jiff::Timestamp>)> = pools
+        .iter()
+        .filter(|p| p.invalid.is_none() && p.driver.spec.is_default())
+        .map(|p| {
+            let created = p.driver.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (p.driver.name_any(), created)
+        })
+        .collect();
+    let extra = pool::extra_defaults(&defaults);
+    for p in &mut pools {
+        if let Some(message) = extra.get(&p.driver.name_any()) {
+            p.invalid = Some(message.clone());
+        }
+    }
     let claims: Vec<Claim> = pools
         .iter()
         .filter(|p| p.invalid.is_none())

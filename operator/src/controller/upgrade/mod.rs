@@ -26,13 +26,13 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
-    Action, DesiredDriver, DriverPod, NodeFacts, PodFacts, Policy, STATE_LABEL, Step, Summary,
-    UpgradeState, ValidatorPod,
+    Action, DesiredDriver, DriverPod, NodeFacts, PodFacts, Policy, Pool, STATE_LABEL, Step,
+    Summary, UpgradeState, ValidatorPod,
 };
-use crate::api::{ClusterPolicySpec, Component};
+use crate::api::{ClusterPolicySpec, Component, DriverUpgradePolicySpec, NVIDIADriver};
 use crate::metrics::UpgradeCounts;
-use crate::nodes::{GPU_PRESENT, NodeView};
-use crate::operands::{driver, validator};
+use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
+use crate::operands::{driver, nvidia_driver, validator};
 
 /// `app.kubernetes.io/component` of the driver DaemonSets and their pods.
 const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
@@ -72,9 +72,14 @@ impl Report {
 
 /// Whether nothing can be left to upgrade, from the caches alone: every driver DaemonSet has
 /// every pod on its current revision and available, and every node labelled for the driver is
-/// `upgrade-done`. Then the stage's reads (driver and validator pods, GPU nodes, revisions: a
-/// thousand-node fleet's worth each) would find nothing to do.
-pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>]) -> bool {
+/// `upgrade-done` (nodes whose pool upgrades by hand aside). Then the stage's reads (driver and
+/// validator pods, GPU nodes, revisions: a thousand-node fleet's worth each) would find nothing
+/// to do.
+pub fn quiet(
+    daemon_sets: &BTreeMap<String, DaemonSet>,
+    nodes: &[Arc<NodeView>],
+    policies: &Policies,
+) -> bool {
     let drivers_settled = daemon_sets
         .values()
         .filter(|d| {
@@ -93,6 +98,7 @@ pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>])
         && nodes
             .iter()
             .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
+            .filter(|n| policies.for_node(n).is_some())
             .all(|n| {
                 n.label(STATE_LABEL) == Some(UpgradeState::Done.label())
                     && !n
@@ -101,17 +107,74 @@ pub fn quiet(daemon_sets: &BTreeMap<String, DaemonSet>, nodes: &[Arc<NodeView>])
             })
 }
 
-/// Whether the policy asks for automatic upgrades of a driver it deploys itself.
-pub fn enabled(spec: &ClusterPolicySpec) -> bool {
-    let Some(driver) = spec.driver.as_ref() else {
-        return false;
-    };
-    spec.is_enabled(Component::Driver)
-        && driver
-            .upgrade_policy
-            .as_ref()
-            .and_then(|u| u.auto_upgrade)
-            .unwrap_or(false)
+/// The upgrade policy of each set of driver nodes, the machine's per-pool input: the nodes of
+/// the ClusterPolicy's own driver DaemonSets, and each NVIDIADriver pool's (known by the pool
+/// label its nodes carry).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Policies {
+    /// The ClusterPolicy's `driver.upgradePolicy` for the nodes of its own driver DaemonSets
+    /// (and of a pool no longer known); `None` when no ClusterPolicy deploys the driver.
+    pub own: Option<DriverUpgradePolicySpec>,
+    /// By the value of the pool label on a pool's nodes: the NVIDIADriver's name and the
+    /// policy it upgrades with ([`crate::operands::nvidia_driver::upgrade_policy`]).
+    pub pools: BTreeMap<String, (String, DriverUpgradePolicySpec)>,
+    /// The RuntimeClass that gives a pod GPUs (a pod using it counts as a GPU pod).
+    pub runtime_class: String,
+}
+
+fn auto_upgrade(spec: &DriverUpgradePolicySpec) -> bool {
+    spec.auto_upgrade.unwrap_or(false)
+}
+
+impl Policies {
+    /// The ClusterPolicy's policy for its own driver nodes (when it deploys the driver), and
+    /// with `useNvidiaDriverCRD`, each of `drivers`' (its own, else the ClusterPolicy's).
+    pub fn of(spec: Option<&ClusterPolicySpec>, drivers: &[NVIDIADriver]) -> Policies {
+        let own = spec.filter(|s| s.is_enabled(Component::Driver)).map(|s| {
+            s.driver
+                .as_ref()
+                .and_then(|d| d.upgrade_policy.clone())
+                .unwrap_or_default()
+        });
+        let pools_in_use = spec
+            .is_none_or(|s| s.is_enabled(Component::Driver) && driver::uses_nvidia_driver_crd(s));
+        let pools = drivers
+            .iter()
+            .filter(|_| pools_in_use)
+            .filter(|d| d.metadata.deletion_timestamp.is_none())
+            .map(|d| {
+                let name = d.name_any();
+                let policy = nvidia_driver::upgrade_policy(&d.spec, own.as_ref());
+                (nvidia_driver::pool_label_value(&name), (name, policy))
+            })
+            .collect();
+        let runtime_class = spec
+            .and_then(|s| s.operator.as_ref())
+            .map(|o| o.runtime_class().to_owned())
+            .unwrap_or_else(|| "nvidia".to_owned());
+        Policies {
+            own,
+            pools,
+            runtime_class,
+        }
+    }
+
+    /// Whether any set of driver nodes upgrades automatically.
+    pub fn enabled(&self) -> bool {
+        self.own.as_ref().is_some_and(auto_upgrade)
+            || self.pools.values().any(|(_, p)| auto_upgrade(p))
+    }
+
+    /// The pool a node belongs to (its NVIDIADriver's name, empty for the ClusterPolicy's own
+    /// nodes) and that pool's policy; `None` when nothing upgrades it automatically.
+    fn for_node(&self, node: &NodeView) -> Option<(&str, &DriverUpgradePolicySpec)> {
+        let found = node
+            .label(DRIVER_POOL)
+            .and_then(|value| self.pools.get(value))
+            .map(|(name, policy)| (name.as_str(), policy))
+            .or_else(|| self.own.as_ref().map(|p| ("", p)))?;
+        auto_upgrade(found.1).then_some(found)
+    }
 }
 
 /// Label selectors of the pods the upgrade reads: every driver pod (the ClusterPolicy's and
@@ -282,33 +345,22 @@ fn with_live(mut facts: Vec<NodeFacts>, live: &[Node]) -> Vec<NodeFacts> {
     facts
 }
 
-/// One pass of the upgrade stage. Reads the caches; the GPU nodes are listed only when a
-/// node's step depends on its cordon or readiness, and the ControllerRevisions (a few) only
-/// while a driver DaemonSet exists.
+/// One pass of the upgrade stage, each pool of driver nodes under its own policy. Reads the
+/// caches; the GPU nodes are listed only when a node's step depends on its cordon or
+/// readiness, and the ControllerRevisions (a few) only while a driver DaemonSet exists.
 pub async fn reconcile(
     client: &Client,
     namespace: &str,
-    spec: &ClusterPolicySpec,
+    policies: &Policies,
     daemon_sets: &BTreeMap<String, DaemonSet>,
     nodes: &[Arc<NodeView>],
     pods: &[Arc<UpgradePod>],
     recorder: &Recorder,
 ) -> Result<Report, kube::Error> {
-    if !enabled(spec) {
+    if !policies.enabled() {
         clear_labels(client, nodes).await;
         return Ok(Report::default());
     }
-    let upgrade_policy = spec
-        .driver
-        .as_ref()
-        .and_then(|d| d.upgrade_policy.clone())
-        .unwrap_or_default();
-    let runtime_class = spec
-        .operator
-        .as_ref()
-        .map(|o| o.runtime_class().to_owned())
-        .unwrap_or_else(|| "nvidia".to_owned());
-
     let drivers: Vec<&DaemonSet> = daemon_sets
         .values()
         .filter(|d| {
@@ -328,26 +380,32 @@ pub async fn reconcile(
             .items;
         facts = with_live(facts, &live);
     }
-    let policy = Policy::from_spec(&upgrade_policy, facts.len());
-    for f in facts.iter_mut().filter(|f| {
-        matches!(
-            f.state,
-            Some(
-                UpgradeState::WaitForJobsRequired
-                    | UpgradeState::PodDeletionRequired
-                    | UpgradeState::DrainRequired
+    let (mut pools, manual) = partition(policies, nodes, facts);
+    // A pool that upgrades by hand keeps no upgrade labels (as when upgrades are off).
+    clear_labels(client, &manual).await;
+    for pool in &mut pools {
+        let policy = pool.policy.clone();
+        for f in pool.nodes.iter_mut().filter(|f| {
+            matches!(
+                f.state,
+                Some(
+                    UpgradeState::WaitForJobsRequired
+                        | UpgradeState::PodDeletionRequired
+                        | UpgradeState::DrainRequired
+                )
             )
-        )
-    }) {
-        node_pods(client, &f.name.clone(), &policy, &runtime_class, f).await?;
+        }) {
+            node_pods(client, &f.name.clone(), &policy, &policies.runtime_class, f).await?;
+        }
     }
 
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let steps = machine::plan(&facts, &policy, now);
-    let summary = Summary::of(&facts, &steps, &policy);
+    let steps = machine::plan_pools(&pools, now);
+    let summary = Summary::of_pools(&pools, &steps);
+    let facts: Vec<&NodeFacts> = pools.iter().flat_map(|p| &p.nodes).collect();
     // Nodes are independent: their steps run side by side, so a fleet's first rollout (every
     // node labelled upgrade-done as its driver pod turns Ready) is not one patch at a time.
-    let by_name: BTreeMap<&str, &NodeFacts> = facts.iter().map(|f| (f.name.as_str(), f)).collect();
+    let by_name: BTreeMap<&str, &NodeFacts> = facts.iter().map(|f| (f.name.as_str(), *f)).collect();
     futures::stream::iter(
         steps
             .iter()
@@ -364,6 +422,38 @@ pub async fn reconcile(
     Ok(Report {
         summary: Some(summary),
     })
+}
+
+/// The managed nodes grouped into the machine's pools, each with its policy resolved against
+/// its own node count, and the nodes no automatic upgrade covers (their pool sets
+/// `autoUpgrade: false`).
+fn partition(
+    policies: &Policies,
+    nodes: &[Arc<NodeView>],
+    facts: Vec<NodeFacts>,
+) -> (Vec<Pool>, Vec<Arc<NodeView>>) {
+    let views: BTreeMap<&str, &Arc<NodeView>> =
+        nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut grouped: BTreeMap<&str, (&DriverUpgradePolicySpec, Vec<NodeFacts>)> = BTreeMap::new();
+    let mut manual = Vec::new();
+    for f in facts {
+        let Some(view) = views.get(f.name.as_str()) else {
+            continue;
+        };
+        match policies.for_node(view) {
+            Some((pool, spec)) => grouped.entry(pool).or_insert((spec, Vec::new())).1.push(f),
+            None => manual.push(Arc::clone(view)),
+        }
+    }
+    let pools = grouped
+        .into_iter()
+        .map(|(name, (spec, nodes))| Pool {
+            name: name.to_owned(),
+            policy: Policy::from_spec(spec, nodes.len()),
+            nodes,
+        })
+        .collect();
+    (pools, manual)
 }
 
 fn created(pod: &Pod) -> i64 {
@@ -938,19 +1028,115 @@ mod quiet_tests {
         Arc::new(NodeView::from_labels("n", None, &labels))
     }
 
+    fn on() -> Policies {
+        Policies {
+            own: Some(DriverUpgradePolicySpec {
+                auto_upgrade: Some(true),
+                ..DriverUpgradePolicySpec::default()
+            }),
+            ..Policies::default()
+        }
+    }
+
     #[test]
     fn the_upgrade_stage_is_quiet_only_when_every_driver_node_is_done_and_current() {
         let done = [node(Some("upgrade-done")), node(Some("upgrade-done"))];
-        assert!(quiet(&driver(2, 2), &done));
-        assert!(!quiet(&driver(1, 2), &done), "a pod on an old revision");
-        assert!(!quiet(&driver(2, 1), &done), "a driver pod not available");
+        assert!(quiet(&driver(2, 2), &done, &on()));
+        assert!(
+            !quiet(&driver(1, 2), &done, &on()),
+            "a pod on an old revision"
+        );
+        assert!(
+            !quiet(&driver(2, 1), &done, &on()),
+            "a driver pod not available"
+        );
         assert!(!quiet(
             &driver(2, 2),
-            &[node(Some("upgrade-done")), node(None)]
+            &[node(Some("upgrade-done")), node(None)],
+            &on()
         ));
         assert!(!quiet(
             &driver(2, 2),
-            &[node(Some("upgrade-done")), node(Some("upgrade-required"))]
+            &[node(Some("upgrade-done")), node(Some("upgrade-required"))],
+            &on()
         ));
+        // A node whose pool upgrades by hand is never labelled done: it does not count.
+        assert!(quiet(
+            &driver(2, 2),
+            &[node(Some("upgrade-done")), node(None)],
+            &Policies::default()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod policies_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn nvidia_driver(name: &str, spec: Value) -> NVIDIADriver {
+        serde_json::from_value(json!({"apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver", "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+    }
+
+    fn gpu_node(name: &str, pool: Option<&str>) -> Arc<NodeView> {
+        let mut labels = BTreeMap::from([(GPU_PRESENT.to_owned(), "true".to_owned())]);
+        if let Some(pool) = pool {
+            labels.insert(DRIVER_POOL.to_owned(), pool.to_owned());
+        }
+        Arc::new(NodeView::from_labels(name, None, &labels))
+    }
+
+    fn facts(name: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.to_owned(),
+            ..NodeFacts::default()
+        }
+    }
+
+    #[test]
+    fn nodes_are_grouped_by_their_pool_each_with_its_policy_and_manual_pools_left_out() {
+        let spec: ClusterPolicySpec = serde_json::from_value(json!({"driver": {
+            "useNvidiaDriverCRD": true,
+            "upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 5}
+        }}))
+        .unwrap();
+        let drivers = [
+            nvidia_driver("a", json!({"upgradePolicy": {"maxParallelUpgrades": 1}})),
+            nvidia_driver("b", json!({})),
+            nvidia_driver("c", json!({"upgradePolicy": {"autoUpgrade": false}})),
+        ];
+        let policies = Policies::of(Some(&spec), &drivers);
+        assert!(policies.enabled());
+        let nodes = [
+            gpu_node("own-0", None),
+            gpu_node("a-0", Some("a")),
+            gpu_node("a-1", Some("a")),
+            gpu_node("b-0", Some("b")),
+            gpu_node("c-0", Some("c")),
+        ];
+        let all = nodes.iter().map(|n| facts(&n.name)).collect();
+        let (pools, manual) = partition(&policies, &nodes, all);
+        let by_name: BTreeMap<&str, &Pool> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+        assert_eq!(by_name["a"].policy.max_parallel, 1, "its own");
+        assert_eq!(by_name["a"].nodes.len(), 2);
+        assert_eq!(by_name["b"].policy.max_parallel, 5, "the ClusterPolicy's");
+        assert_eq!(by_name[""].nodes[0].name, "own-0");
+        assert!(!by_name.contains_key("c"));
+        assert_eq!(
+            manual.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["c-0"]
+        );
+
+        // No ClusterPolicy (a GPUCluster install): pools without a policy get NVIDIA's
+        // defaults, automatic upgrades on.
+        let alone = Policies::of(None, &drivers[1..2]);
+        assert!(alone.enabled());
+        assert_eq!(alone.own, None);
+        // A ClusterPolicy without useNvidiaDriverCRD: pools are not its concern.
+        let plain: ClusterPolicySpec = serde_json::from_value(json!({})).unwrap();
+        assert!(Policies::of(Some(&plain), &drivers).pools.is_empty());
     }
 }
