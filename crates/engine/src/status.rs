@@ -242,12 +242,19 @@ fn condition(
     }
 }
 
+/// Whether `node` is a GPU node for `operand`: marked by the ClusterPolicy's labeller
+/// (`gpu.present`), or, for a GPUCluster's operands, found by NFD, as the GPUCluster's
+/// labeller decides (no ClusterPolicy need run to mark it).
+fn gpu_node_for(operand: Operand, node: &NodeView) -> bool {
+    node.is_gpu_node() || (Operand::GPU_CLUSTER.contains(&operand) && node.has_nfd_gpu())
+}
+
 /// GPU nodes labelled for `operand` (`None` for operands without a deploy label).
 fn labelled_for_operand(operand: Operand, nodes: &[Arc<NodeView>]) -> Option<i32> {
     operand.deploy_label().map(|_| {
         nodes
             .iter()
-            .filter(|n| n.is_gpu_node() && operand.runs_on(n))
+            .filter(|n| gpu_node_for(operand, n) && operand.runs_on(n))
             .count() as i32
     })
 }
@@ -271,7 +278,7 @@ fn labelled_for_daemonset(
     Some(match selector {
         Some(selector) => nodes
             .iter()
-            .filter(|n| n.is_gpu_node() && n.matches(selector) && affinity_allows(ds, n))
+            .filter(|n| gpu_node_for(operand, n) && n.matches(selector) && affinity_allows(ds, n))
             .count() as i32,
         None => labelled,
     })
@@ -714,6 +721,26 @@ mod tests {
                 ..DaemonSetStatus::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_gpu_cluster_operand_counts_nfd_found_gpu_nodes_that_no_cluster_policy_marked() {
+        let node = |labels: &[(&str, &str)]| {
+            let labels = labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            Arc::new(NodeView::from_labels("n", None, &labels))
+        };
+        let nfd_only = node(&[
+            (crate::nodes::NFD_GPU_LABELS[0], "true"),
+            (crate::nodes::DEPLOY_DRA_VALIDATOR, "true"),
+            (crate::nodes::DEPLOY_VALIDATOR, "true"),
+        ]);
+        let nodes = [nfd_only];
+        assert_eq!(labelled_for_operand(Operand::DraValidator, &nodes), Some(1));
+        // A ClusterPolicy's operand counts only the nodes its labeller marked.
+        assert_eq!(labelled_for_operand(Operand::Validator, &nodes), Some(0));
     }
 
     #[test]

@@ -276,6 +276,18 @@ pub async fn publish(client: &Client, node: &str, devices: Vec<Value>) -> Result
     Ok(())
 }
 
+/// Publishes the stand-in's slices on every GPU node of the standing fleet, as the real kubelet
+/// plugin would once it runs there: a GPUCluster's DCGM, exporter and validator pods claim their
+/// node's GPUs (admin access) and stay Pending without them. T4 boards, which no attribute class,
+/// memory bound or MIG profile of the tests matches, so their claims still land only on the
+/// nodes a test makes for them.
+pub async fn publish_fleet(client: &Client) -> Result<()> {
+    for node in crate::nodes::gpu_node_names(client).await? {
+        publish(client, &node, gpu_devices(&node, GpuModel::T4)).await?;
+    }
+    Ok(())
+}
+
 /// Removes every slice the stand-in published.
 pub async fn remove_all(client: &Client) -> Result<()> {
     let api = slices_api(client);

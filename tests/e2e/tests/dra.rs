@@ -51,6 +51,7 @@ async fn start() -> Option<Dra> {
     let prepared = session::builder().crd(Crd::GpuCluster).prepare().await?;
     remove_gpu_cluster(&prepared.admin).await;
     dra::remove_all(&prepared.admin).await.unwrap();
+    dra::publish_fleet(&prepared.admin).await.unwrap();
     let (admin, identity, operator) = prepared.start_operator().await;
     Some(Dra {
         admin,
@@ -593,7 +594,7 @@ async fn compute_domain_crds_are_installed_and_dcgm_its_exporter_and_the_validat
         return;
     };
     let ns = dra.identity.namespace.clone();
-    dra.create_gpu_cluster(json!({"dcgm": {"enabled": true}}))
+    dra.create_gpu_cluster(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}}))
         .await;
     for crd in dra_driver::COMPUTE_DOMAIN_CRDS {
         e2e::crd::await_established(&dra.admin, crd)

@@ -1460,6 +1460,7 @@ async fn helm_install_with_gpu_cluster_deploy_cr_and_no_cluster_policy_installs_
         "gpuCluster.deployCR=true, yet the chart created no GPUCluster"
     );
 
+    e2e::dra::publish_fleet(&admin).await.unwrap();
     let (_identity, operator) = start_chart_operator(&admin, &namespace).await;
     e2e::dra::await_state(&admin, GpuClusterState::Ready, TIMEOUT, "GPUCluster ready")
         .await
@@ -1521,4 +1522,5 @@ async fn helm_install_with_gpu_cluster_deploy_cr_and_no_cluster_policy_installs_
         .delete(&namespace, &DeleteParams::default())
         .await
         .unwrap();
+    e2e::dra::remove_all(&admin).await.unwrap();
 }
