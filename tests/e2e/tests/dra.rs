@@ -596,6 +596,8 @@ async fn compute_domain_crds_are_installed_and_dcgm_its_exporter_and_the_validat
     let ns = dra.identity.namespace.clone();
     dra.create_gpu_cluster(json!({"dcgm": {"enabled": true}, "dcgmExporter": {}}))
         .await;
+    dra.await_state(GpuClusterState::Ready, "GPUCluster ready")
+        .await;
     for crd in dra_driver::COMPUTE_DOMAIN_CRDS {
         e2e::crd::await_established(&dra.admin, crd)
             .await
