@@ -812,6 +812,9 @@ impl Summary {
             total.in_progress += s.in_progress;
             total.available += s.available;
             total.failed.extend(s.failed);
+            for (daemon_set, count) in s.older_metadata {
+                *total.older_metadata.entry(daemon_set).or_default() += count;
+            }
         }
         total.failed.sort();
         total

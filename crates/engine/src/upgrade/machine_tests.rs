@@ -647,3 +647,29 @@ fn each_pool_starts_nodes_within_its_own_parallel_and_unavailable_limits() {
     assert_eq!(started(&steps, "a-"), 0);
     assert_eq!(started(&steps, "b-"), 3);
 }
+
+#[test]
+fn the_pools_summary_keeps_each_pools_pods_with_older_metadata() {
+    let mut a = node("a", UpgradeState::Done);
+    a.driver = driver_on(DriverRevision::OlderMetadata, true);
+    let mut b = node("b", UpgradeState::Done);
+    b.driver = driver_on(DriverRevision::OlderMetadata, true);
+    let pools = [
+        Pool {
+            name: "pool-a".into(),
+            policy: policy("{}", 1),
+            nodes: vec![a],
+        },
+        Pool {
+            name: "pool-b".into(),
+            policy: policy("{}", 1),
+            nodes: vec![b],
+        },
+    ];
+    let steps = plan_pools(&pools, NOW);
+    let summary = Summary::of_pools(&pools, &steps);
+    assert_eq!(
+        summary.older_metadata.get("nvidia-driver-daemonset"),
+        Some(&2)
+    );
+}
