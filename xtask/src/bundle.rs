@@ -68,6 +68,12 @@ pub const NFD_CRD_FILES: [&str; 3] = [
     "manifests/nfd.k8s-sigs.io_nodefeaturerules.yaml",
     "manifests/nfd.k8s-sigs.io_nodefeatures.yaml",
 ];
+/// The DRA driver's ComputeDomain CRDs, one file each, as `vendored_crds::COMPUTE_DOMAINS` orders
+/// them: under OLM the bundle installs them, the operator only reads them.
+pub const COMPUTE_DOMAIN_CRD_FILES: [&str; 2] = [
+    "manifests/resource.nvidia.com_computedomaincliques.yaml",
+    "manifests/resource.nvidia.com_computedomains.yaml",
+];
 pub const ANNOTATIONS_FILE: &str = "metadata/annotations.yaml";
 pub const DOCKERFILE: &str = "bundle.Dockerfile";
 /// The operator's metrics Service, its ServiceMonitor and alert rules, and the Role that lets
@@ -269,7 +275,7 @@ pub fn pinned_by_digest(image: &str, facts: &[DigestFact]) -> Result<String, Bun
 /// The examples of `examples/` offered as `alm-examples`, at least one per owned kind; the first
 /// policy is the console form's default. Policies that need ConfigMaps first or set unsupported
 /// sections are left out.
-const ALM_EXAMPLES: [(&str, &str); 8] = [
+const ALM_EXAMPLES: [(&str, &str); 10] = [
     (
         "examples/clusterpolicy-default.yaml",
         include_str!("../../examples/clusterpolicy-default.yaml"),
@@ -302,6 +308,14 @@ const ALM_EXAMPLES: [(&str, &str); 8] = [
         "examples/nfd/nodefeature.yaml",
         include_str!("../../examples/nfd/nodefeature.yaml"),
     ),
+    (
+        "examples/compute-domain/computedomain.yaml",
+        include_str!("../../examples/compute-domain/computedomain.yaml"),
+    ),
+    (
+        "examples/compute-domain/computedomainclique.yaml",
+        include_str!("../../examples/compute-domain/computedomainclique.yaml"),
+    ),
 ];
 
 /// The install modes NVIDIA's v26.7.0 CSV declares: its own namespace or one other. The
@@ -325,6 +339,23 @@ pub fn skip_range() -> String {
 /// The NVIDIADriver's description in the console.
 const NVIDIA_DRIVER_DESCRIPTION: &str = "A driver version and type per node pool: one driver DaemonSet per OS of the GPU nodes its nodeSelector selects, upgraded node by node; used while the ClusterPolicy sets driver.useNvidiaDriverCRD.";
 const GPU_CLUSTER_DESCRIPTION: &str = "NVIDIA's DRA driver instead of the device plugin: GPUs requested through ResourceClaims by attribute (product, memory, compute capability, MIG profile), and attribute DeviceClasses such as h100 or gpu-80gb.";
+
+/// The DRA driver's compute-domain kinds as owned CRDs of the CSV (v1beta1), in
+/// [`COMPUTE_DOMAIN_CRD_FILES`] order: (CRD name, kind, display name, description).
+const COMPUTE_DOMAIN_OWNED: [(&str, &str, &str, &str); 2] = [
+    (
+        "computedomaincliques.resource.nvidia.com",
+        "ComputeDomainClique",
+        "ComputeDomainClique",
+        "NVIDIA DRA driver: the daemons of one NVLink clique of a ComputeDomain, written by the compute-domain daemons.",
+    ),
+    (
+        "computedomains.resource.nvidia.com",
+        "ComputeDomain",
+        "ComputeDomain",
+        "NVIDIA DRA driver: nodes of a multi-node NVLink system joined in one IMEX domain, whose pods share its channel.",
+    ),
+];
 
 /// NFD's kinds as owned CRDs of the CSV: (CRD name, kind, display name, description).
 const NFD_OWNED: [(&str, &str, &str, &str); 3] = [
@@ -421,8 +452,8 @@ pub enum BundleError {
         "the operator pins {0}, which has no row in {DIGESTS_FILE}: add one with its digest, or digest: null and why none is known"
     )]
     NoDigestFact(String),
-    #[error("NFD's CRDs: {0}")]
-    NfdCrds(String),
+    #[error("vendored CRDs: {0}")]
+    VendoredCrds(String),
 }
 
 /// One file of the bundle.
@@ -515,6 +546,18 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
             ),
         });
     }
+    let compute_domains = vendored_crds::COMPUTE_DOMAINS
+        .definitions()
+        .map_err(|e| BundleError::VendoredCrds(e.to_string()))?;
+    for (path, crd) in COMPUTE_DOMAIN_CRD_FILES.into_iter().zip(compute_domains) {
+        out.push(BundleFile {
+            path,
+            content: format!(
+                "{GENERATED}# NVIDIA's DRA driver CRD, from crds/compute-domain-crds.yaml.\n{}",
+                serde_yaml_ng::to_string(&crd)?
+            ),
+        });
+    }
     out.push(BundleFile {
         path: ANNOTATIONS_FILE,
         content: metadata,
@@ -532,13 +575,14 @@ pub fn files(chart_deployment: Deployment) -> anyhow::Result<Vec<BundleFile>> {
 fn nfd_definitions()
 -> Result<Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>, BundleError>
 {
-    let crds = vendored_crds::definitions().map_err(|e| BundleError::NfdCrds(e.to_string()))?;
+    let crds =
+        vendored_crds::definitions().map_err(|e| BundleError::VendoredCrds(e.to_string()))?;
     let names: Vec<String> = crds
         .iter()
         .map(|c| c.metadata.name.clone().unwrap_or_default())
         .collect();
     if names != vendored_crds::NAMES {
-        return Err(BundleError::NfdCrds(format!(
+        return Err(BundleError::VendoredCrds(format!(
             "crds/nfd-api-crds.yaml holds {names:?}, not {:?}",
             vendored_crds::NAMES
         )));
@@ -1270,6 +1314,18 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
                             status_descriptors: Vec::new(),
                         }),
                 )
+                .chain(COMPUTE_DOMAIN_OWNED.into_iter().map(
+                    |(name, kind, display_name, description)| OwnedCrd {
+                        name,
+                        version: "v1beta1",
+                        kind,
+                        display_name,
+                        description: description.to_owned(),
+                        resources: Vec::new(),
+                        spec_descriptors: Vec::new(),
+                        status_descriptors: Vec::new(),
+                    },
+                ))
                 .collect(),
             },
             install: Install {
@@ -1327,6 +1383,7 @@ pub fn read_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
     ]
     .into_iter()
     .chain(NFD_CRD_FILES)
+    .chain(COMPUTE_DOMAIN_CRD_FILES)
     .chain([
         ANNOTATIONS_FILE,
         DOCKERFILE,
@@ -1587,7 +1644,10 @@ mod tests {
         let owned = csv["spec"]["customresourcedefinitions"]["owned"]
             .as_array()
             .unwrap();
-        assert_eq!(owned.len(), 3 + NFD_OWNED.len());
+        assert_eq!(
+            owned.len(),
+            3 + NFD_OWNED.len() + COMPUTE_DOMAIN_OWNED.len()
+        );
         for crd in owned {
             let group = crd["name"].as_str().unwrap().split_once('.').unwrap().1;
             let api_version = format!("{group}/{}", crd["version"].as_str().unwrap());
@@ -1602,7 +1662,11 @@ mod tests {
             );
         }
         // Each owned NFD CRD is a file of the bundle, with the kind the CSV names.
-        for ((name, kind, _, _), path) in NFD_OWNED.iter().zip(NFD_CRD_FILES) {
+        let vendored = NFD_OWNED
+            .iter()
+            .zip(NFD_CRD_FILES)
+            .chain(COMPUTE_DOMAIN_OWNED.iter().zip(COMPUTE_DOMAIN_CRD_FILES));
+        for ((name, kind, _, _), path) in vendored {
             let file = files.iter().find(|f| f.path == path).unwrap();
             let crd: Value = serde_yaml_ng::from_str(&file.content).unwrap();
             assert_eq!(crd["metadata"]["name"], *name, "{path}");

@@ -227,7 +227,11 @@ async fn every_alm_example_is_stored_as_written() {
         bundle::GPU_CLUSTER_CRD_FILE,
         bundle::NVIDIA_DRIVER_CRD_FILE,
     ];
-    for file in own.into_iter().chain(bundle::NFD_CRD_FILES) {
+    for file in own
+        .into_iter()
+        .chain(bundle::NFD_CRD_FILES)
+        .chain(bundle::COMPUTE_DOMAIN_CRD_FILES)
+    {
         let crd: CustomResourceDefinition =
             serde_yaml_ng::from_str(&std::fs::read_to_string(bundle_dir().join(file)).unwrap())
                 .unwrap();
