@@ -26,7 +26,7 @@ mod labeller;
 pub(crate) mod namespace;
 mod node_pools;
 mod status;
-mod upgrade;
+pub(crate) mod upgrade;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -26,8 +26,20 @@ pub async fn upgrade(
         return Ok(Report::default());
     }
     let policies = machine::Policies::of(Some(&policy.spec), &deps.nvidia_driver_specs());
+    run(deps, last, &policies, observed, nodes).await
+}
+
+/// One step of every node's driver upgrade under `policies` (the ClusterPolicy's and each
+/// pool's), and the gauges. `last` stands while the caches show nothing to upgrade.
+pub async fn run(
+    deps: &Deps,
+    last: &mut Option<Report>,
+    policies: &machine::Policies,
+    observed: &Observed,
+    nodes: &[Arc<NodeView>],
+) -> Result<Report, Error> {
     if policies.enabled()
-        && machine::quiet(&observed.daemon_sets, nodes, &policies)
+        && machine::quiet(&observed.daemon_sets, nodes, policies)
         && let Some(last) = last.as_ref()
         && !last.active()
     {
@@ -36,7 +48,7 @@ pub async fn upgrade(
     let report = machine::reconcile(
         &deps.client,
         &deps.settings.namespace,
-        &policies,
+        policies,
         &observed.daemon_sets,
         nodes,
         &deps.stores.upgrade_pods.snapshot(),

@@ -20,7 +20,7 @@ use crate::controller::Deps;
 use crate::controller::apply::ApplyReport;
 use crate::controller::observe::Observed;
 use crate::controller::owner::{Error, Owner};
-use crate::controller::upgrade::{self as machine, Policies, Report};
+use crate::controller::upgrade::{Policies, Report};
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, ValidatedPolicy};
 use crate::nodes::NodeView;
@@ -84,26 +84,5 @@ pub async fn upgrade(
     nodes: &[Arc<NodeView>],
 ) -> Result<Report, Error> {
     let policies = Policies::of(None, drivers);
-    if policies.enabled()
-        && machine::quiet(&observed.daemon_sets, nodes, &policies)
-        && let Some(last) = last.as_ref()
-        && !last.active()
-    {
-        return Ok(last.clone());
-    }
-    let report = machine::reconcile(
-        &deps.client,
-        &deps.settings.namespace,
-        &policies,
-        &observed.daemon_sets,
-        nodes,
-        &deps.stores.upgrade_pods.snapshot(),
-        &deps.recorder,
-    )
-    .await
-    .map_err(Error::Upgrade)?;
-    deps.metrics
-        .observe_upgrades(policies.enabled(), &report.counts());
-    *last = Some(report.clone());
-    Ok(report)
+    crate::controller::cluster_policy::upgrade::run(deps, last, &policies, observed, nodes).await
 }
