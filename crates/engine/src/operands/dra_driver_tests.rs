@@ -286,17 +286,6 @@ fn bad_versions_reserved_duplicate_names_and_profiles_on_gpus_are_refused_naming
     );
 }
 
-fn pod_of(objects: &crate::model::OperandObjects) -> &k8s_openapi::api::core::v1::PodSpec {
-    objects.daemon_sets[0]
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-}
-
 fn kinds_named(objects: &crate::model::OperandObjects, kind: &str) -> Vec<String> {
     objects
         .dynamic
@@ -343,7 +332,7 @@ fn gpu_cluster_exporter_runs_in_dra_mode_with_an_admin_claim_and_resource_api_re
         ds.metadata.name.as_deref(),
         Some("nvidia-dcgm-exporter-dra")
     );
-    let pod = pod_of(&objects);
+    let pod = &super::test_support::pod(&objects.daemon_sets[0]);
     assert_eq!(
         pod.service_account_name.as_deref(),
         Some("nvidia-dcgm-exporter-dra")
@@ -428,7 +417,10 @@ fn gpu_cluster_exporter_runs_in_dra_mode_with_an_admin_claim_and_resource_api_re
 fn gpu_cluster_exporter_without_dcgm_uses_its_embedded_engine() {
     let c = cluster(json!({"dcgmExporter": {}}));
     let objects = render(Operand::DcgmExporterDra, &c, &facts()).unwrap();
-    let env = pod_of(&objects).containers[0].env.clone().unwrap();
+    let env = super::test_support::pod(&objects.daemon_sets[0]).containers[0]
+        .env
+        .clone()
+        .unwrap();
     assert_eq!(env_value(&env, "DCGM_REMOTE_HOSTENGINE_INFO"), None);
 }
 
@@ -442,7 +434,7 @@ fn gpu_cluster_dcgm_claims_every_gpu_and_keeps_its_service_node_local() {
         objects.daemon_sets[0].metadata.name.as_deref(),
         Some("nvidia-dcgm-dra")
     );
-    let pod = pod_of(&objects);
+    let pod = &super::test_support::pod(&objects.daemon_sets[0]);
     assert_eq!(pod.priority_class_name.as_deref(), Some("gpu-critical"));
     assert_eq!(
         pod.resource_claims.as_ref().unwrap()[0]
@@ -482,7 +474,7 @@ fn dra_validator_claims_one_gpu_and_lists_it_with_nvidia_smi() {
     let objects = render(Operand::DraValidator, &c, &facts()).unwrap();
     let ds = &objects.daemon_sets[0];
     assert_eq!(ds.metadata.name.as_deref(), Some("nvidia-dra-validator"));
-    let pod = pod_of(&objects);
+    let pod = &super::test_support::pod(&objects.daemon_sets[0]);
     assert_eq!(
         pod.node_selector
             .as_ref()

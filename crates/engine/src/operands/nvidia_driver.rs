@@ -681,15 +681,7 @@ mod tests {
         let nodes = || vec![node("a1", ("ubuntu", "22.04"), "a")];
         let host_network = |spec: serde_json::Value, policy_yaml: &str| {
             let objects = render(&policy(policy_yaml), &pool("p", spec, nodes()), &facts());
-            objects.daemon_sets[0]
-                .spec
-                .as_ref()
-                .unwrap()
-                .template
-                .spec
-                .as_ref()
-                .unwrap()
-                .host_network
+            crate::operands::test_support::pod(&objects.daemon_sets[0]).host_network
         };
         let on =
             serde_json::json!({"version": "1", "nodeSelector": {"pool": "a"}, "hostNetwork": true});
@@ -712,14 +704,7 @@ mod tests {
             vec![node("f1", ("ubuntu", "22.04"), "none")],
         );
         let objects = render(&policy("{}"), &p, &facts());
-        let pod = objects.daemon_sets[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap();
+        let pod = &crate::operands::test_support::pod(&objects.daemon_sets[0]);
         let selector = pod.node_selector.clone().unwrap();
         assert_eq!(selector[DRIVER_POOL], "fallback");
         assert_eq!(selector[GPU_PRESENT], "true");
@@ -748,14 +733,7 @@ mod tests {
         );
         let shared = shared_objects(&standalone, &facts);
         assert!(shared.daemon_sets.is_empty());
-        let pod = objects.daemon_sets[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap();
+        let pod = &crate::operands::test_support::pod(&objects.daemon_sets[0]);
         // The pool's pods run as the ServiceAccount the shared objects carry.
         let account = pod.service_account_name.clone().unwrap();
         assert!(
