@@ -74,22 +74,25 @@ impl ControlPlane {
 
     /// Stops kube-apiserver (SIGTERM, SIGKILL after 10 s), keeps it down for `down` more,
     /// starts it again with the same flags and waits until it serves requests again
-    /// ([`Self::await_apiserver`]).
+    /// ([`Self::await_apiserver`]). kwok is restarted after it (outside the measured outage):
+    /// see [`Self::restart_kwok`].
     pub async fn restart_apiserver(&self, admin: &Client, down: Duration) -> Result<Outage> {
         let started = Instant::now();
         let stopped = self.stop("kube-apiserver").await?;
         tokio::time::sleep(down).await;
         self.start_again(&stopped)?;
         self.await_apiserver(admin).await?;
-        Ok(Outage {
-            unavailable: started.elapsed(),
-        })
+        let unavailable = started.elapsed();
+        self.restart_kwok().await?;
+        Ok(Outage { unavailable })
     }
 
     /// Restarts kwok (the fake kubelets). kwok v0.8 does not always re-establish its pod watch
     /// after an API server restart (pods stay unpatched for minutes), where real kubelets
-    /// reconnect: the chaos suite restarts it so that what is measured is the operator.
-    pub async fn restart_kwok(&self) -> Result<()> {
+    /// reconnect: every API server restart is followed by this one, so that what a test
+    /// measures is the operator, and a later test in the same harness starts with working
+    /// fake kubelets.
+    async fn restart_kwok(&self) -> Result<()> {
         let stopped = self.stop("kwok").await?;
         self.start_again(&stopped)?;
         Ok(())

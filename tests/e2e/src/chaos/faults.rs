@@ -269,7 +269,6 @@ impl World {
                 self.control_plane
                     .restart_apiserver(&self.admin, down)
                     .await?;
-                self.control_plane.restart_kwok().await?;
                 Ok(format!(
                     "down {down:?} beyond its shutdown (kwok restarted after)"
                 ))
