@@ -163,6 +163,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         not_ready_requeue: Duration::from_secs(30),
         pass_deadline: options.pass_deadline,
         nvidia_operator_namespaces: options.nvidia_operator_namespaces.clone(),
+        metrics_https: options.metrics_secure,
     };
     let reconcile = Reconcile {
         clients: &clients,

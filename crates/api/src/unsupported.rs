@@ -4,7 +4,7 @@
 //!
 //! Two kinds of entries: an enabled section whose operand this operator does not deploy
 //! (`spec.gds`), and a field inside an acted-on part of the policy that no render or controller
-//! code reads (`spec.driver.livenessProbe`). A field counts only when it asks for
+//! code reads (`spec.dcgm.hostPort`). A field counts only when it asks for
 //! something: `false`, empty values and the CRD's own default ask for nothing, so a policy that
 //! only holds server-side defaults reports nothing.
 
@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 14] = [
+pub const NOT_ACTED_ON: [(&str, &str); 11] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -32,10 +32,6 @@ pub const NOT_ACTED_ON: [(&str, &str); 14] = [
         "the OpenShift Driver Toolkit is not used to build the driver",
     ),
     (
-        "spec.operator.metrics",
-        "no ServiceMonitor is created for the operator's own metrics",
-    ),
-    (
         "spec.psp",
         "deprecated: PodSecurityPolicies no longer exist; use spec.psa",
     ),
@@ -46,14 +42,6 @@ pub const NOT_ACTED_ON: [(&str, &str); 14] = [
     (
         "spec.driver.useOpenKernelModules",
         "deprecated: use driver.kernelModuleType",
-    ),
-    (
-        "spec.driver.livenessProbe",
-        "the driver container keeps its built-in liveness probe",
-    ),
-    (
-        "spec.driver.readinessProbe",
-        "the driver container keeps its built-in readiness probe",
     ),
     (
         "spec.dcgm.hostPort",
@@ -211,10 +199,7 @@ mod tests {
             got,
             [
                 "spec.operator.defaultRuntime",
-                "spec.operator.metrics.serviceMonitor.enabled",
-                "spec.operator.metrics.serviceMonitor.interval",
                 "spec.psp.enabled",
-                "spec.driver.livenessProbe.periodSeconds",
                 "spec.dcgm.hostPort",
                 "spec.validator.vfioPCI.env",
             ]

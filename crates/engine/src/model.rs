@@ -205,6 +205,8 @@ impl OperandObjects {
 pub enum Operand {
     /// RuntimeClass `nvidia` (and the CDI variants): NVIDIA's "pre-requisites" state.
     RuntimeClasses,
+    /// The ServiceMonitor of the operator's own metrics (`spec.operator.metrics`).
+    OperatorMetrics,
     Driver,
     Toolkit,
     Validator,
@@ -235,8 +237,9 @@ pub enum Operand {
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 12] = [
+    pub const ALL: [Operand; 13] = [
         Operand::RuntimeClasses,
+        Operand::OperatorMetrics,
         Operand::Nfd,
         Operand::Driver,
         Operand::Toolkit,

@@ -78,6 +78,7 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
                 &policy.spec,
                 facts.service_monitor_api,
             ))
+            .chain(operands::operator_metrics::note(&policy.spec, facts))
             .chain(crate::node_pools::status_note(&policy.spec))
             .collect(),
         sharing: sharing.sharing,

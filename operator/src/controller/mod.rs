@@ -70,6 +70,9 @@ pub struct Settings {
     pub pass_deadline: Duration,
     /// Namespaces whose NVIDIA operator Lease is trusted as it is (coexist::Judge).
     pub nvidia_operator_namespaces: std::collections::BTreeSet<String>,
+    /// Whether /metrics is served over HTTPS (`--metrics-secure`): the scheme of the
+    /// operator's own ServiceMonitor.
+    pub metrics_https: bool,
 }
 
 /// What every pass reads and none changes: clients, settings, caches and the machinery around
@@ -259,6 +262,7 @@ pub async fn run(
             settings.namespace.clone(),
             discovered,
             resolve::image_env_from_process(),
+            settings.metrics_https,
         ),
         recorder: Recorder::new(
             client.clone(),

@@ -199,6 +199,8 @@ pub struct Resolver {
     namespace: String,
     pub discovered: Discovered,
     image_env: BTreeMap<String, String>,
+    /// Whether this operator serves /metrics over HTTPS (`--metrics-secure`).
+    metrics_https: bool,
 }
 
 /// The container runtime of each GPU node read so far: a node is read once (its runtime does
@@ -211,13 +213,38 @@ impl Resolver {
         namespace: String,
         discovered: Discovered,
         image_env: BTreeMap<String, String>,
+        metrics_https: bool,
     ) -> Self {
         Resolver {
             client,
             namespace,
             discovered,
             image_env,
+            metrics_https,
         }
+    }
+
+    /// Whether a ServiceMonitor with the name of the operator's own exists and is not ours
+    /// (the installer's). Read only when the policy asks for one where the API is served.
+    async fn foreign_operator_service_monitor(
+        &self,
+        policy: &ClusterPolicy,
+    ) -> Result<bool, kube::Error> {
+        use crate::operands::operator_metrics;
+        if !self.discovered.service_monitor || operator_metrics::wanted(&policy.spec).is_none() {
+            return Ok(false);
+        }
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &crate::operands::dcgm_exporter::service_monitor_api_resource(),
+        );
+        Ok(api
+            .get_metadata_opt(operator_metrics::NAME)
+            .await?
+            .is_some_and(|found| {
+                !super::plan::is_ours(&found.metadata, policy.metadata.uid.as_deref())
+            }))
     }
 
     pub async fn resolve(
@@ -268,6 +295,10 @@ impl Resolver {
                 runtime,
                 openshift: self.discovered.openshift,
                 service_monitor_api: self.discovered.service_monitor,
+                operator_metrics_https: self.metrics_https,
+                foreign_operator_service_monitor: self
+                    .foreign_operator_service_monitor(policy)
+                    .await?,
                 nfd_running,
                 nfd_frozen,
                 gpu_nodes,

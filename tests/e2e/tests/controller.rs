@@ -208,8 +208,8 @@ async fn await_unsupported(s: &Setup, paths: &[&str]) -> String {
 async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
     let Some(s) = start(
         json!({
-            "driver": {"useOpenKernelModules": true, "upgradePolicy": {"autoUpgrade": false}, "livenessProbe": {"periodSeconds": 20}},
-            "operator": {"metrics": {"serviceMonitor": {"enabled": true}}},
+            "driver": {"useOpenKernelModules": true, "upgradePolicy": {"autoUpgrade": false}, "readinessProbe": {"periodSeconds": 20}},
+            "dcgm": {"hostPort": 5555},
             "gds": {"enabled": true},
         }),
         &[],
@@ -221,17 +221,30 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
         &[
             "spec.gds",
             "spec.driver.useOpenKernelModules",
-            "spec.driver.livenessProbe.periodSeconds",
-            "spec.operator.metrics.serviceMonitor.enabled",
+            "spec.dcgm.hostPort",
         ],
     )
     .await;
     // Server-side defaults (upgradePolicy.maxParallelUpgrades: 1, ...) ask for nothing.
     assert!(!message.contains("maxParallelUpgrades"), "{message}");
+    // The driver's readiness probe is acted on: on the live DaemonSet, not in the condition.
+    assert!(!message.contains("readinessProbe"), "{message}");
+    let driver = s.daemonsets().get("nvidia-driver-daemonset").await.unwrap();
+    let readiness = driver
+        .spec
+        .and_then(|spec| spec.template.spec)
+        .and_then(|pod| {
+            pod.containers
+                .into_iter()
+                .find(|c| c.name == "nvidia-driver-ctr")
+        })
+        .and_then(|c| c.readiness_probe)
+        .expect("the driver container has the policy's readiness probe");
+    assert_eq!(readiness.period_seconds, Some(20));
 
     s.patch_policy(json!({"spec": {
-        "driver": {"useOpenKernelModules": null, "livenessProbe": null},
-        "operator": {"metrics": null},
+        "driver": {"useOpenKernelModules": null},
+        "dcgm": {"hostPort": null},
         "gds": {"enabled": false},
     }}))
     .await;

@@ -30,6 +30,10 @@ pub struct Observed {
     pub runtime: Runtime,
     pub openshift: bool,
     pub service_monitor_api: bool,
+    /// See [`ClusterFacts::operator_metrics_https`].
+    pub operator_metrics_https: bool,
+    /// See [`ClusterFacts::foreign_operator_service_monitor`].
+    pub foreign_operator_service_monitor: bool,
     /// Why NFD already runs, if it does ([`nfd_already_running`]).
     pub nfd_running: Option<String>,
     /// Why our deployed NFD is frozen, if it is ([`nfd_beside_ours`]).
@@ -78,6 +82,8 @@ pub fn assemble(
         os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
+        operator_metrics_https: observed.operator_metrics_https,
+        foreign_operator_service_monitor: observed.foreign_operator_service_monitor,
         nfd_running: observed.nfd_running.is_some(),
         nfd_frozen: observed.nfd_frozen,
         sharing_source,

@@ -88,6 +88,12 @@ pub struct ClusterFacts {
     pub openshift: bool,
     /// Whether the Prometheus Operator's ServiceMonitor API is served.
     pub service_monitor_api: bool,
+    /// Whether the operator serves its own /metrics over HTTPS with token checks
+    /// (`--metrics-secure`), which its ServiceMonitor's scheme follows.
+    pub operator_metrics_https: bool,
+    /// A ServiceMonitor named as the operator's own ([`crate::operands::operator_metrics::NAME`])
+    /// exists in its namespace and is not ours: the installer's, left as it is.
+    pub foreign_operator_service_monitor: bool,
     /// Whether node-feature-discovery already runs: an NFD master workload that is not ours, or
     /// nodes an NFD master annotated while ours is not deployed (decision 16). NFD's CRDs being
     /// served says nothing.

@@ -9,16 +9,17 @@
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, Probe, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_core::{ApiResource, DynamicObject, GroupVersionKind};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::common::{
     self, APP_LABEL, GpuAccess, HostPathType, MountExt, OperandDaemonSet, config_map_problem, env,
     env_field, env_value, host_path_volume, merge_user_env, mount, rule,
 };
 use super::{dcgm, dra_driver, openshift, validator};
-use crate::api::{ClusterPolicySpec, Component, DcgmExporterSpec, ImageKind};
+use crate::api::{ClusterPolicySpec, Component, DcgmExporterSpec, ImageKind, ServiceMonitorSpec};
 use crate::facts::ClusterFacts;
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
@@ -404,25 +405,11 @@ fn service_monitor(
 ) -> DynamicObject {
     let settings = exporter.service_monitor.clone().unwrap_or_default();
     let mut object = DynamicObject::new(name, &service_monitor_api_resource());
-    let mut metadata = common::meta(operand, name, facts, true);
-    let mut labels = settings.additional_labels.clone().unwrap_or_default();
-    labels.extend(metadata.labels.take().unwrap_or_default());
-    labels.insert(APP_LABEL.to_owned(), name.to_owned());
-    metadata.labels = Some(labels);
-    object.metadata = metadata;
-    let mut endpoint = json!({"port": "gpu-metrics", "path": "/metrics"});
-    if let Some(interval) = settings.interval.filter(|i| !i.is_empty()) {
-        endpoint["interval"] = json!(interval);
-    }
-    if let Some(timeout) = settings.scrape_timeout.filter(|t| !t.is_empty()) {
-        endpoint["scrapeTimeout"] = json!(timeout);
-    }
-    if let Some(honor) = settings.honor_labels {
-        endpoint["honorLabels"] = json!(honor);
-    }
-    if let Some(relabelings) = settings.relabelings.filter(|r| !r.is_empty()) {
-        endpoint["relabelings"] = serde_json::to_value(relabelings).unwrap_or_default();
-    }
+    object.metadata = service_monitor_meta(operand, name, &settings, facts);
+    let endpoint = tuned_endpoint(
+        json!({"port": "gpu-metrics", "path": "/metrics"}),
+        &settings,
+    );
     object.data = json!({
         "spec": {
             "jobLabel": APP_LABEL,
@@ -432,6 +419,39 @@ fn service_monitor(
         }
     });
     object
+}
+
+/// A ServiceMonitor's metadata: the policy's `additionalLabels` under ours, and `app: <name>`.
+pub(crate) fn service_monitor_meta(
+    operand: Operand,
+    name: &str,
+    settings: &ServiceMonitorSpec,
+    facts: &ClusterFacts,
+) -> ObjectMeta {
+    let mut metadata = common::meta(operand, name, facts, true);
+    let mut labels = settings.additional_labels.clone().unwrap_or_default();
+    labels.extend(metadata.labels.take().unwrap_or_default());
+    labels.insert(APP_LABEL.to_owned(), name.to_owned());
+    metadata.labels = Some(labels);
+    metadata
+}
+
+/// `endpoint` with the policy's scrape settings (NVIDIA applies them to the first endpoint):
+/// interval, scrape timeout, honorLabels and relabelings, where set.
+pub(crate) fn tuned_endpoint(mut endpoint: Value, settings: &ServiceMonitorSpec) -> Value {
+    if let Some(interval) = settings.interval.as_ref().filter(|i| !i.is_empty()) {
+        endpoint["interval"] = json!(interval);
+    }
+    if let Some(timeout) = settings.scrape_timeout.as_ref().filter(|t| !t.is_empty()) {
+        endpoint["scrapeTimeout"] = json!(timeout);
+    }
+    if let Some(honor) = settings.honor_labels {
+        endpoint["honorLabels"] = json!(honor);
+    }
+    if let Some(relabelings) = settings.relabelings.as_ref().filter(|r| !r.is_empty()) {
+        endpoint["relabelings"] = serde_json::to_value(relabelings).unwrap_or_default();
+    }
+    endpoint
 }
 
 /// What validate says about dcgm-exporter's input: the metrics ConfigMap

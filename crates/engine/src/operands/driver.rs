@@ -107,6 +107,18 @@ tmp=$(mktemp "$dir/.driver-ctr-ready.XXXXXX") || exit 1
 } >"$tmp" && mv -f "$tmp" "$dir/.driver-ctr-ready"
 "#;
 
+/// Liveness and readiness of a started driver container: the module is loaded and nvidia-smi
+/// answers. Unlike the startup probe it writes nothing, so it can run every period.
+const HEALTH_PROBE: &[&str] = &[
+    "sh",
+    "-c",
+    "[ -f /sys/module/nvidia/refcnt ] && nvidia-smi >/dev/null 2>&1",
+];
+/// Timing of [`HEALTH_PROBE`] where the policy leaves it unset (initial delay, period, timeout,
+/// failure and success thresholds): nvidia-smi can take tens of seconds on a loaded node, and
+/// the startup probe already waited for the first load.
+const HEALTH_PROBE_TIMING: [i32; 5] = [0, 30, 60, 3, 1];
+
 /// The OS id part of an OS tag (`ubuntu22.04` -> `ubuntu`, `sl-micro6.0` -> `sl-micro`).
 pub fn os_id(os_tag: &str) -> &str {
     let end = os_tag
@@ -820,6 +832,16 @@ fn driver_container(driver: &DriverSpec, image: &str, mounts: Vec<VolumeMount>) 
             [60, 10, 60, 120, 1],
             driver.startup_probe.as_ref(),
         )),
+        // Only when the policy asks: the driver image has no probe of its own, and a failed
+        // liveness probe restarts the container that holds the driver loaded.
+        liveness_probe: driver
+            .liveness_probe
+            .as_ref()
+            .map(|custom| probe(HEALTH_PROBE, HEALTH_PROBE_TIMING, Some(custom))),
+        readiness_probe: driver
+            .readiness_probe
+            .as_ref()
+            .map(|custom| probe(HEALTH_PROBE, HEALTH_PROBE_TIMING, Some(custom))),
         // The validator must not see a stale ready file while the driver is replaced.
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
@@ -1132,6 +1154,18 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
         problems.push(
             "spec.driver.usePrecompiled: precompiled driver images (one DaemonSet per kernel) \
              are not supported by this operator yet; set it to false"
+                .to_owned(),
+        );
+    }
+    if driver
+        .liveness_probe
+        .as_ref()
+        .and_then(|p| p.success_threshold)
+        .is_some_and(|n| n != 1)
+    {
+        problems.push(
+            "spec.driver.livenessProbe.successThreshold: Kubernetes allows only 1 for a liveness \
+             probe; set it to 1 or remove it"
                 .to_owned(),
         );
     }

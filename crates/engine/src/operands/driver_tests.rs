@@ -121,6 +121,79 @@ fn driver_probe_overrides_rdma_sidecar_and_digest_changes_with_driver_settings()
     );
 }
 
+fn driver_outcome(s: &DesiredState) -> &Outcome {
+    &s.operands
+        .iter()
+        .find(|o| o.operand == Operand::Driver)
+        .unwrap()
+        .outcome
+}
+
+#[test]
+fn driver_liveness_and_readiness_probes_exist_only_when_the_policy_sets_them() {
+    let main = |spec: &str| {
+        container(
+            &pod(&daemon_set(spec, &facts(), Operand::Driver)),
+            "nvidia-driver-ctr",
+        )
+    };
+    let plain = main("{}");
+    assert_eq!((plain.liveness_probe, plain.readiness_probe), (None, None));
+
+    let probed = main(
+        "{driver: {livenessProbe: {periodSeconds: 120, failureThreshold: 5}, readinessProbe: {}}}",
+    );
+    let liveness = probed.liveness_probe.unwrap();
+    let command = liveness.exec.as_ref().unwrap().command.clone().unwrap();
+    assert!(command[2].contains("nvidia-smi"), "{command:?}");
+    // Unlike the startup probe, it must not write the ready file every period.
+    assert!(!command.join(" ").contains("startup-probe"), "{command:?}");
+    assert_eq!(
+        (
+            liveness.period_seconds,
+            liveness.failure_threshold,
+            liveness.timeout_seconds,
+            liveness.success_threshold
+        ),
+        (Some(120), Some(5), Some(60), Some(1))
+    );
+    let readiness = probed.readiness_probe.unwrap();
+    assert_eq!(readiness.exec, liveness.exec);
+    assert_eq!(
+        (readiness.period_seconds, readiness.failure_threshold),
+        (Some(30), Some(3))
+    );
+
+    for path in ["spec.driver.livenessProbe", "spec.driver.readinessProbe"] {
+        let spec: crate::api::ClusterPolicySpec = serde_yaml_ng::from_str(
+            "{driver: {livenessProbe: {periodSeconds: 10}, readinessProbe: {periodSeconds: 10}}}",
+        )
+        .unwrap();
+        assert!(
+            !spec
+                .unsupported_fields()
+                .iter()
+                .any(|u| u.path.starts_with(path)),
+            "{path} is acted on"
+        );
+    }
+}
+
+#[test]
+fn a_liveness_probe_needing_two_successes_is_rejected_naming_the_field() {
+    let s = state("{driver: {livenessProbe: {successThreshold: 2}}}", &facts());
+    assert!(
+        matches!(driver_outcome(&s), Outcome::Invalid(m) if m.contains("spec.driver.livenessProbe.successThreshold")),
+        "{:?}",
+        driver_outcome(&s)
+    );
+    let s = state(
+        "{driver: {readinessProbe: {successThreshold: 2}}}",
+        &facts(),
+    );
+    assert!(!matches!(driver_outcome(&s), Outcome::Invalid(_)));
+}
+
 #[test]
 fn driver_is_invalid_without_os_and_use_nvidia_driver_crd_is_acted_on() {
     let s = state(
@@ -130,7 +203,7 @@ fn driver_is_invalid_without_os_and_use_nvidia_driver_crd_is_acted_on() {
             ..facts()
         },
     );
-    assert!(matches!(&s.operands[2].outcome, Outcome::Invalid(m) if m.contains("OS suffix")));
+    assert!(matches!(driver_outcome(&s), Outcome::Invalid(m) if m.contains("OS suffix")));
     // Acted on now: the field is no longer reported as stored-only.
     let spec: crate::api::ClusterPolicySpec =
         serde_yaml_ng::from_str("{driver: {useNvidiaDriverCRD: true}}").unwrap();
@@ -402,6 +475,7 @@ fn the_driver_manager_metadata_and_scheduling_leave_the_config_digest_alone() {
         "{driver: {}, daemonsets: {priorityClassName: other}}",
         "{driver: {resources: {limits: {memory: 4Gi}}}}",
         "{driver: {startupProbe: {initialDelaySeconds: 5, failureThreshold: 3}}}",
+        "{driver: {livenessProbe: {periodSeconds: 60}, readinessProbe: {}}}",
     ] {
         assert_eq!(config_digest(spec), base, "{spec} must not move the digest");
     }

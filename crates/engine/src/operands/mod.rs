@@ -16,6 +16,7 @@ pub mod nfd;
 pub mod node_status_exporter;
 pub mod nvidia_driver;
 pub mod openshift;
+pub mod operator_metrics;
 pub mod runtime_classes;
 pub mod toolkit;
 pub mod validator;
@@ -99,6 +100,7 @@ impl Descriptor {
 pub const fn descriptor(operand: Operand) -> &'static Descriptor {
     match operand {
         Operand::RuntimeClasses => &runtime_classes::DESCRIPTOR,
+        Operand::OperatorMetrics => &operator_metrics::DESCRIPTOR,
         Operand::Driver => &driver::DESCRIPTOR,
         Operand::Toolkit => &toolkit::DESCRIPTOR,
         Operand::Validator => &validator::DESCRIPTOR,

@@ -227,16 +227,6 @@ pub fn not_acted_on(spec: &NvidiaDriverSpec) -> Vec<String> {
         "pools are chosen by nodeSelector only",
     );
     add(
-        spec.liveness_probe.is_some(),
-        "spec.livenessProbe",
-        "the driver container keeps its built-in liveness probe",
-    );
-    add(
-        spec.readiness_probe.is_some(),
-        "spec.readinessProbe",
-        "the driver container keeps its built-in readiness probe",
-    );
-    add(
         spec.use_open_kernel_modules.is_some(),
         "spec.useOpenKernelModules",
         "deprecated: use kernelModuleType",

@@ -224,23 +224,11 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
             "spec.operator.use_ocp_driver_toolkit",
             json!({"operator": {"use_ocp_driver_toolkit": true}}),
         ),
-        (
-            "spec.operator.metrics",
-            json!({"operator": {"metrics": {"serviceMonitor": {"enabled": true, "interval": "30s"}}}}),
-        ),
         ("spec.psp", json!({"psp": {"enabled": true}})),
         ("spec.cdi.default", json!({"cdi": {"default": true}})),
         (
             "spec.driver.useOpenKernelModules",
             json!({"driver": {"useOpenKernelModules": true}}),
-        ),
-        (
-            "spec.driver.livenessProbe",
-            json!({"driver": {"livenessProbe": {"periodSeconds": 7, "failureThreshold": 9}}}),
-        ),
-        (
-            "spec.driver.readinessProbe",
-            json!({"driver": {"readinessProbe": {"periodSeconds": 7}}}),
         ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (

@@ -180,6 +180,9 @@ pub fn facts_for(
             runtime,
             openshift: options.openshift,
             service_monitor_api: options.service_monitor_api,
+            // The chart's and the bundle's default (operator.metrics.secure).
+            operator_metrics_https: true,
+            foreign_operator_service_monitor: false,
             nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
             nfd_frozen: None,
             gpu_nodes: Vec::new(),

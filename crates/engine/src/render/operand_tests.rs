@@ -35,9 +35,12 @@ fn disabled_operands_render_nothing_and_report_disabled() {
         let s = state(spec, &facts());
         for op_state in &s.operands {
             let disabled = matches!(op_state.outcome, Outcome::Disabled);
-            // The node-status exporter is off unless switched on.
-            let expected =
-                off.contains(&op_state.operand) || op_state.operand == Operand::NodeStatusExporter;
+            // The node-status exporter and the operator's ServiceMonitor are off unless asked for.
+            let expected = off.contains(&op_state.operand)
+                || matches!(
+                    op_state.operand,
+                    Operand::NodeStatusExporter | Operand::OperatorMetrics
+                );
             assert_eq!(disabled, expected, "{spec}: {}", op_state.operand.name());
         }
     }
@@ -48,8 +51,12 @@ fn disabled_operands_render_nothing_and_report_disabled() {
             ..facts()
         },
     );
-    assert!(matches!(nfd.operands[1].outcome, Outcome::Disabled));
-    assert_eq!(nfd.operands[1].operand, Operand::Nfd);
+    let nfd = nfd
+        .operands
+        .iter()
+        .find(|o| o.operand == Operand::Nfd)
+        .unwrap();
+    assert!(matches!(nfd.outcome, Outcome::Disabled));
 }
 
 #[test]

@@ -290,6 +290,16 @@ pub async fn live_facts(
     let foreign = foreign_nfd_master(admin)
         .await?
         .then_some("a workload that is not ours");
+    let service_monitor_api = served("monitoring.coreos.com");
+    let foreign_operator_service_monitor = service_monitor_api
+        && Api::<DynamicObject>::namespaced_with(
+            admin.clone(),
+            namespace,
+            &gpu_operator::operands::dcgm_exporter::service_monitor_api_resource(),
+        )
+        .get_metadata_opt(gpu_operator::operands::operator_metrics::NAME)
+        .await?
+        .is_some_and(|sm| sm.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGER));
     Ok(facts::assemble(
         &policy.spec,
         &listed,
@@ -298,7 +308,10 @@ pub async fn live_facts(
             owner: facts::owner_reference(policy),
             runtime,
             openshift,
-            service_monitor_api: served("monitoring.coreos.com"),
+            service_monitor_api,
+            // The e2e operators serve plain HTTP (operator::PLAIN_ENDPOINTS).
+            operator_metrics_https: false,
+            foreign_operator_service_monitor,
             nfd_running: facts::nfd_already_running(foreign, &views, ours_deployed),
             nfd_frozen: facts::nfd_beside_ours(foreign, ours_deployed),
             gpu_nodes,
