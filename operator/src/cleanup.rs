@@ -23,7 +23,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::api::{ClusterPolicy, NVIDIADriver};
+use crate::api::{ClusterPolicy, GPUCluster, NVIDIADriver};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::PRIORITY_CLASS_LABEL;
 use crate::teardown::{self, FINALIZER, NodeCleanup, Options};
@@ -57,16 +57,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("removing finalizer {FINALIZER} from ClusterPolicy {policy}: {source}")]
+    #[error("writing finalizer {FINALIZER} of {kind} {name}: {source}")]
     Finalizer {
-        policy: String,
+        kind: &'static str,
+        name: String,
         #[source]
         source: kube::Error,
     },
-    #[error(
-        "ClusterPolicy {policy} changed {ATTEMPTS} times while its finalizer was written; try again"
-    )]
-    FinalizerBusy { policy: String },
+    #[error("{kind} {name} changed {ATTEMPTS} times while its finalizer was written; try again")]
+    FinalizerBusy { kind: &'static str, name: String },
 }
 
 /// What a teardown took off the cluster.
@@ -103,10 +102,24 @@ where
     }
 }
 
-/// Cleans the nodes and the PriorityClasses; logs each thing it removed.
-pub async fn clean_cluster(client: &Client) -> Result<Report, Error> {
+/// What goes away, and so whose marks come off the nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaving {
+    /// The ClusterPolicy in force: its marks and PriorityClasses, and a GPUCluster's marks
+    /// when no GPUCluster is left.
+    ClusterPolicy,
+    /// The GPUCluster: its marks, and a ClusterPolicy's when none is in force (a GPUCluster
+    /// alone marks GPU nodes for NVIDIADriver pools).
+    GpuCluster,
+}
+
+/// Cleans the nodes, and the PriorityClasses when no ClusterPolicy stays; logs each thing it
+/// removed.
+pub async fn clean_cluster(client: &Client, leaving: Leaving) -> Result<Report, Error> {
     let options = Options {
         keep_gpu_present: nvidia_drivers_exist(client).await?,
+        keep_policy_marks: leaving == Leaving::GpuCluster && policy_in_force(client).await?,
+        gpu_cluster_marks: leaving == Leaving::GpuCluster || !gpu_cluster_stays(client).await?,
     };
     if options.keep_gpu_present {
         tracing::info!(
@@ -114,12 +127,42 @@ pub async fn clean_cluster(client: &Client) -> Result<Report, Error> {
         );
     }
     let nodes = clean_nodes(client, options).await?;
-    let (deleted, kept) = clean_priority_classes(client).await?;
+    let (deleted, kept) = if options.keep_policy_marks {
+        (Vec::new(), Vec::new())
+    } else {
+        clean_priority_classes(client).await?
+    };
     Ok(Report {
         nodes,
         priority_classes_deleted: deleted,
         priority_classes_kept: kept,
     })
+}
+
+/// Whether a ClusterPolicy that is not being deleted exists.
+async fn policy_in_force(client: &Client) -> Result<bool, Error> {
+    let api: Api<ClusterPolicy> = Api::all(client.clone());
+    let policies = list_all(&api, &ListParams::default(), "ClusterPolicies").await?;
+    Ok(policies
+        .iter()
+        .any(|p| p.metadata.deletion_timestamp.is_none()))
+}
+
+/// Whether a GPUCluster that is not being deleted exists.
+async fn gpu_cluster_stays(client: &Client) -> Result<bool, Error> {
+    let api: Api<GPUCluster> = Api::all(client.clone());
+    match api.list_metadata(&ListParams::default()).await {
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .any(|c| c.metadata.deletion_timestamp.is_none())),
+        // The GPUCluster CRD is not installed: there are none.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(source) => Err(Error::List {
+            what: "GPUClusters",
+            source,
+        }),
+    }
 }
 
 async fn nvidia_drivers_exist(client: &Client) -> Result<bool, Error> {
@@ -296,17 +339,22 @@ async fn clean_priority_classes(client: &Client) -> Result<(Vec<String>, Vec<Str
     Ok((deleted, kept))
 }
 
-/// Whether `policy` carries the teardown finalizer.
-pub fn has_finalizer(policy: &ClusterPolicy) -> bool {
-    policy.finalizers().iter().any(|f| f == FINALIZER)
+/// Whether `object` (the ClusterPolicy or the GPUCluster) carries the teardown finalizer.
+pub fn has_finalizer(object: &impl Resource) -> bool {
+    object
+        .meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER)
 }
 
-/// Adds the teardown finalizer to the policy `name` unless it has it or is being deleted (the
-/// API server refuses new finalizers then). Returns whether it wrote.
-pub async fn add_finalizer(client: &Client, name: &str) -> Result<bool, Error> {
-    edit_finalizers(client, name, |policy| {
-        (policy.metadata.deletion_timestamp.is_none() && !has_finalizer(policy)).then(|| {
-            let mut finalizers = policy.finalizers().to_vec();
+/// Adds the teardown finalizer to the cluster-scoped `K` named `name` unless it has it or is
+/// being deleted (the API server refuses new finalizers then). Returns whether it wrote.
+pub async fn add_finalizer<K: Owner>(client: &Client, name: &str) -> Result<bool, Error> {
+    edit_finalizers::<K>(client, name, |object| {
+        (object.meta().deletion_timestamp.is_none() && !has_finalizer(object)).then(|| {
+            let mut finalizers = object.finalizers().to_vec();
             finalizers.push(FINALIZER.to_owned());
             finalizers
         })
@@ -314,11 +362,12 @@ pub async fn add_finalizer(client: &Client, name: &str) -> Result<bool, Error> {
     .await
 }
 
-/// Removes the teardown finalizer from the policy `name`. Returns whether it wrote.
-pub async fn remove_finalizer(client: &Client, name: &str) -> Result<bool, Error> {
-    let wrote = edit_finalizers(client, name, |policy| {
-        has_finalizer(policy).then(|| {
-            policy
+/// Removes the teardown finalizer from the cluster-scoped `K` named `name`. Returns whether it
+/// wrote.
+pub async fn remove_finalizer<K: Owner>(client: &Client, name: &str) -> Result<bool, Error> {
+    let wrote = edit_finalizers::<K>(client, name, |object| {
+        has_finalizer(object).then(|| {
+            object
                 .finalizers()
                 .iter()
                 .filter(|f| *f != FINALIZER)
@@ -328,34 +377,56 @@ pub async fn remove_finalizer(client: &Client, name: &str) -> Result<bool, Error
     })
     .await?;
     if wrote {
-        tracing::info!(policy = %name, "teardown: finalizer removed; the ClusterPolicy can go");
+        tracing::info!(kind = %K::kind(&()), %name, "teardown: finalizer removed; it can go");
     }
     Ok(wrote)
 }
 
-/// Reads the policy and writes the finalizer list `edit` returns (`None`: no change), with
-/// the read's `resourceVersion` as a precondition, reading again after a conflict (another
+/// What carries the teardown finalizer: a cluster-scoped resource of ours.
+pub trait Owner:
+    Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Owner for K where
+    K: Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
+/// Reads `name` and writes the finalizer list `edit` returns (`None`: no change), with the
+/// read's `resourceVersion` as a precondition, reading again after a conflict (another
 /// finalizer, such as garbage collection's, may be written meanwhile).
-async fn edit_finalizers(
+async fn edit_finalizers<K: Owner>(
     client: &Client,
     name: &str,
-    edit: impl Fn(&ClusterPolicy) -> Option<Vec<String>>,
+    edit: impl Fn(&K) -> Option<Vec<String>>,
 ) -> Result<bool, Error> {
-    let api: Api<ClusterPolicy> = Api::all(client.clone());
+    let api: Api<K> = Api::all(client.clone());
+    let kind: &'static str = match K::kind(&()) {
+        std::borrow::Cow::Borrowed(kind) => kind,
+        std::borrow::Cow::Owned(_) => "object",
+    };
     let failed = |source| Error::Finalizer {
-        policy: name.to_owned(),
+        kind,
+        name: name.to_owned(),
         source,
     };
     for _ in 0..ATTEMPTS {
-        let Some(policy) = api.get_opt(name).await.map_err(failed)? else {
+        let Some(object) = api.get_opt(name).await.map_err(failed)? else {
             return Ok(false);
         };
-        let Some(finalizers) = edit(&policy) else {
+        let Some(finalizers) = edit(&object) else {
             return Ok(false);
         };
         let patch = json!({"metadata": {
             "finalizers": finalizers,
-            "resourceVersion": policy.resource_version(),
+            "resourceVersion": object.resource_version(),
         }});
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -368,6 +439,7 @@ async fn edit_finalizers(
         }
     }
     Err(Error::FinalizerBusy {
-        policy: name.to_owned(),
+        kind,
+        name: name.to_owned(),
     })
 }

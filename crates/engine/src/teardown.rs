@@ -48,11 +48,18 @@ pub struct NodeCleanup {
     remaining_taints: Option<Vec<Taint>>,
 }
 
-/// What the planner needs to know beyond the node.
+/// What the planner needs to know beyond the node. The default is a ClusterPolicy's teardown
+/// while a GPUCluster stays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     /// Leave `nvidia.com/gpu.present`: an NVIDIADriver's driver DaemonSets select on it.
     pub keep_gpu_present: bool,
+    /// Leave what a ClusterPolicy puts on nodes (its deploy keys, `gpu.present`, node pools,
+    /// the driver upgrade's marks): a GPUCluster goes while a ClusterPolicy stays in force.
+    pub keep_policy_marks: bool,
+    /// Take off what a GPUCluster puts on nodes too (the DRA driver's deploy key and those of
+    /// its DCGM, exporter and validator): no GPUCluster stays.
+    pub gpu_cluster_marks: bool,
 }
 
 fn is_our_pool_taint(taint: &Taint, ours: &NodePoolTaint) -> bool {
@@ -78,6 +85,17 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
     let record =
         Record::parse(annotations.get(RECORD_ANNOTATION).map(String::as_str)).unwrap_or_default();
     let mut out = NodeCleanup::default();
+    if options.gpu_cluster_marks {
+        out.labels.extend(
+            crate::operands::dra_driver::deploy_keys()
+                .filter(|key| labels.get(*key).map(String::as_str) == Some("true"))
+                .map(str::to_owned),
+        );
+    }
+    if options.keep_policy_marks {
+        out.labels.sort();
+        return out;
+    }
 
     for (key, ours) in &record.labels {
         if labels.get(key) == Some(ours) {
@@ -362,10 +380,57 @@ mod tests {
             &node,
             Options {
                 keep_gpu_present: true,
+                ..Options::default()
             },
         );
         assert!(kept.is_empty(), "{kept}");
         assert_eq!(plan(&node, Options::default()).labels, [GPU_PRESENT]);
+    }
+
+    #[test]
+    fn each_owner_takes_off_only_its_own_deploy_keys_and_only_where_they_hold_true() {
+        let dra = crate::operands::dra_driver::DEPLOY_LABEL;
+        let node = node(
+            &[
+                (dra, "true"),
+                ("nvidia.com/gpu.deploy.dra-validator", "true"),
+                // A user's or a driver manager's value is theirs.
+                ("nvidia.com/gpu.deploy.dcgm-dra", "false"),
+                (crate::nodes::DEPLOY_DEVICE_PLUGIN, "true"),
+                (GPU_PRESENT, "true"),
+            ],
+            &[],
+            vec![],
+        );
+        // A ClusterPolicy goes, a GPUCluster stays: the DRA keys stay.
+        assert_eq!(
+            plan(&node, Options::default()).labels,
+            [crate::nodes::DEPLOY_DEVICE_PLUGIN, GPU_PRESENT]
+        );
+        // A GPUCluster goes, a ClusterPolicy stays: only the DRA keys go.
+        let gpu_cluster_only = Options {
+            keep_policy_marks: true,
+            gpu_cluster_marks: true,
+            ..Options::default()
+        };
+        assert_eq!(
+            plan(&node, gpu_cluster_only).labels,
+            [dra, "nvidia.com/gpu.deploy.dra-validator"]
+        );
+        // Neither stays: everything of ours goes.
+        let everything = Options {
+            gpu_cluster_marks: true,
+            ..Options::default()
+        };
+        assert_eq!(
+            plan(&node, everything).labels,
+            [
+                crate::nodes::DEPLOY_DEVICE_PLUGIN,
+                dra,
+                "nvidia.com/gpu.deploy.dra-validator",
+                GPU_PRESENT
+            ]
+        );
     }
 
     #[test]

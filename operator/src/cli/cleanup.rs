@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::ClusterPolicy;
+use crate::api::{ClusterPolicy, GPUCluster};
 use crate::cleanup::{self, Report};
 use crate::controller::coexist::{Judge, NVIDIA_OPERATOR_LEASE, live_leases};
 
@@ -84,18 +84,43 @@ pub async fn clean(client: &Client) -> anyhow::Result<String> {
             crate::teardown::FINALIZER
         );
     }
-    let report = cleanup::clean_cluster(client)
+    // A GPUCluster that is not being deleted keeps its marks (clean_cluster checks).
+    let report = cleanup::clean_cluster(client, cleanup::Leaving::ClusterPolicy)
         .await
         .context("cleaning the nodes")?;
     let mut text = describe(&report);
-    for policy in all.iter().filter(|p| cleanup::has_finalizer(p)) {
+    for policy in all.iter().filter(|p| cleanup::has_finalizer(*p)) {
         let name = policy.name_any();
-        cleanup::remove_finalizer(client, &name)
+        cleanup::remove_finalizer::<ClusterPolicy>(client, &name)
             .await
             .with_context(|| format!("letting ClusterPolicy {name} go"))?;
         text.push_str(&format!("ClusterPolicy {name}: finalizer removed\n"));
     }
+    for cluster in deleted_gpu_clusters(client).await? {
+        let name = cluster.name_any();
+        cleanup::remove_finalizer::<GPUCluster>(client, &name)
+            .await
+            .with_context(|| format!("letting GPUCluster {name} go"))?;
+        text.push_str(&format!("GPUCluster {name}: finalizer removed\n"));
+    }
     Ok(text)
+}
+
+/// GPUClusters being deleted that wait for our teardown.
+async fn deleted_gpu_clusters(client: &Client) -> anyhow::Result<Vec<GPUCluster>> {
+    match Api::<GPUCluster>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list
+            .items
+            .into_iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_some() && cleanup::has_finalizer(c))
+            .collect()),
+        // The GPUCluster CRD is not installed: there are none.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e).context("listing GPUClusters"),
+    }
 }
 
 fn describe(report: &Report) -> String {

@@ -113,7 +113,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("teardown of a deleted ClusterPolicy: {0}")]
+    #[error("teardown of a deleted ClusterPolicy or GPUCluster: {0}")]
     Teardown(#[from] crate::cleanup::Error),
 }
 

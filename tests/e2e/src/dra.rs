@@ -288,6 +288,36 @@ pub async fn publish_fleet(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// Deletes the GPUCluster, if any, and waits until it is gone. Its teardown finalizer is
+/// finished here when no operator runs to do it (a leftover of a failed test).
+pub async fn remove_gpu_cluster(client: &Client) -> Result<()> {
+    use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster};
+    let api = Api::<GPUCluster>::all(client.clone());
+    match api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let gone = wait::until_none_left(
+        &api,
+        &ListParams::default(),
+        Duration::from_secs(30),
+        "GPUCluster gone",
+    )
+    .await;
+    if gone.is_err() {
+        crate::session::finish_teardowns(client).await;
+        wait::until_none_left(
+            &api,
+            &ListParams::default(),
+            Duration::from_secs(60),
+            "GPUCluster gone after its teardown",
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// Removes every slice the stand-in published.
 pub async fn remove_all(client: &Client) -> Result<()> {
     let api = slices_api(client);

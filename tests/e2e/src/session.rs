@@ -148,29 +148,53 @@ pub async fn remove_leftovers(admin: &Client) {
     .unwrap();
 }
 
-/// Finishes the teardown of the policies being deleted that a stopped operator left holding
-/// its finalizer, as `gpu-operator cleanup` does (without its refusals: a leftover NVIDIA Lease
-/// of a coexistence test must not stop the cleanup of leftovers).
+/// Finishes the teardown of the ClusterPolicies and GPUClusters being deleted that a stopped
+/// operator left holding its finalizer, as `gpu-operator cleanup` does (without its refusals: a
+/// leftover NVIDIA Lease of a coexistence test must not stop the cleanup of leftovers).
 pub async fn finish_teardowns(admin: &Client) {
-    let held: Vec<String> = policies(admin)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_some() && gpu_operator::cleanup::has_finalizer(p)
-        })
-        .map(|p| p.name_any())
-        .collect();
-    if held.is_empty() {
-        return;
-    }
-    gpu_operator::cleanup::clean_cluster(admin).await.unwrap();
-    for name in held {
-        gpu_operator::cleanup::remove_finalizer(admin, &name)
+    use gpu_operator::api::GPUCluster;
+    use gpu_operator::cleanup::{self, Leaving};
+    let held_policies = held_by_finalizer(&policies(admin)).await;
+    let held_clusters = held_by_finalizer(&Api::<GPUCluster>::all(admin.clone())).await;
+    if !held_policies.is_empty() {
+        cleanup::clean_cluster(admin, Leaving::ClusterPolicy)
             .await
             .unwrap();
+    }
+    if !held_clusters.is_empty() {
+        cleanup::clean_cluster(admin, Leaving::GpuCluster)
+            .await
+            .unwrap();
+    }
+    for name in held_policies {
+        cleanup::remove_finalizer::<ClusterPolicy>(admin, &name)
+            .await
+            .unwrap();
+    }
+    for name in held_clusters {
+        cleanup::remove_finalizer::<GPUCluster>(admin, &name)
+            .await
+            .unwrap();
+    }
+}
+
+/// The objects of `api` being deleted that our teardown finalizer holds (none where the kind is
+/// not served).
+async fn held_by_finalizer<K>(api: &Api<K>) -> Vec<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|o| {
+                o.meta().deletion_timestamp.is_some() && gpu_operator::cleanup::has_finalizer(o)
+            })
+            .map(|o| o.name_any())
+            .collect(),
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => panic!("listing objects held by the teardown finalizer: {e}"),
     }
 }
 

@@ -13,11 +13,13 @@ use e2e::operator::{Operator, OperatorIdentity};
 use e2e::session::{self, Crd, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster, GpuClusterState};
+use gpu_operator::operands::dra_driver;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -38,11 +40,7 @@ fn dynamic(client: &Client, group: &str, kind: &str) -> Api<DynamicObject> {
 }
 
 async fn remove_gpu_cluster(admin: &Client) {
-    let api = clusters(admin);
-    let _ = api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await;
-    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "GPUCluster gone")
-        .await
-        .unwrap();
+    dra::remove_gpu_cluster(admin).await.unwrap();
 }
 
 /// Both CRDs installed, leftovers removed, the operator running; no policy yet. `None` where
@@ -152,11 +150,33 @@ async fn gpu_cluster_renders_the_dra_driver_reaches_ready_and_deleting_it_remove
     .get("resourceslices-policy-nvidia-dra-driver")
     .await
     .unwrap();
-    // Every GPU node was labelled for the kubelet plugin.
+    // Every GPU node was labelled for the kubelet plugin, under the teardown finalizer.
     let gpu_nodes = nodes::gpu_node_names(&dra.admin).await.unwrap();
     assert!(!gpu_nodes.is_empty());
+    let node_api = Api::<Node>::all(dra.admin.clone());
+    for name in &gpu_nodes {
+        let node = node_api.get(name).await.unwrap();
+        assert_eq!(
+            node.labels()
+                .get(dra_driver::DEPLOY_LABEL)
+                .map(String::as_str),
+            Some("true"),
+            "{name}"
+        );
+    }
+    assert!(gpu_operator::cleanup::has_finalizer(
+        &clusters(&dra.admin).get(GPU_CLUSTER_NAME).await.unwrap()
+    ));
+    // A value someone else set is theirs: it stays.
+    let theirs = &gpu_nodes[0];
+    let user_value = json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-dra": "false"}}});
+    node_api
+        .patch(theirs, &PatchParams::default(), &Patch::Merge(&user_value))
+        .await
+        .unwrap();
 
-    // Deleting the GPUCluster removes its objects (garbage collection through owner references).
+    // Deleting the GPUCluster removes its objects (garbage collection through owner references)
+    // and, before it goes, the labels it set on the nodes.
     clusters(&dra.admin)
         .delete(GPU_CLUSTER_NAME, &DeleteParams::default())
         .await
@@ -175,6 +195,28 @@ async fn gpu_cluster_renders_the_dra_driver_reaches_ready_and_deleting_it_remove
     .await
     .unwrap();
     wait::until_none_left(&roles, &managed, TIMEOUT, "ClusterRoles collected")
+        .await
+        .unwrap();
+    for name in &gpu_nodes {
+        let labels = node_api.get(name).await.unwrap().labels().clone();
+        let left: Vec<&String> = dra_driver::deploy_keys()
+            .filter_map(|key| labels.get_key_value(key))
+            .filter(|(_, value)| value.as_str() == "true")
+            .map(|(key, _)| key)
+            .collect();
+        assert!(left.is_empty(), "{name} keeps {left:?}");
+    }
+    let theirs_now = node_api.get(theirs).await.unwrap();
+    assert_eq!(
+        theirs_now
+            .labels()
+            .get("nvidia.com/gpu.deploy.dcgm-dra")
+            .map(String::as_str),
+        Some("false")
+    );
+    let unset = json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-dra": null}}});
+    node_api
+        .patch(theirs, &PatchParams::default(), &Patch::Merge(&unset))
         .await
         .unwrap();
     dra.stop().await;

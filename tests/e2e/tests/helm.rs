@@ -1428,17 +1428,7 @@ async fn helm_install_with_gpu_cluster_deploy_cr_and_no_cluster_policy_installs_
     e2e::dra::install_gpu_cluster_crd(&admin).await.unwrap();
     e2e::dra::remove_all(&admin).await.unwrap();
     let clusters = Api::<GPUCluster>::all(admin.clone());
-    let _ = clusters
-        .delete(GPU_CLUSTER_NAME, &DeleteParams::default())
-        .await;
-    wait::until_none_left(
-        &clusters,
-        &ListParams::default(),
-        TIMEOUT,
-        "GPUCluster gone",
-    )
-    .await
-    .unwrap();
+    e2e::dra::remove_gpu_cluster(&admin).await.unwrap();
     let namespace = release_namespace(&admin).await;
 
     helm_release(
@@ -1499,6 +1489,13 @@ async fn helm_install_with_gpu_cluster_deploy_cr_and_no_cluster_policy_installs_
         &namespace,
         "--wait",
     ]));
+    // Kept, as the ClusterPolicy is (gpuCluster.keepOnUninstall): the DRA stack stays under
+    // running jobs. Deleted while the operator runs, it goes with its objects.
+    assert!(
+        clusters.get_opt(GPU_CLUSTER_NAME).await.unwrap().is_some(),
+        "helm uninstall deleted the GPUCluster"
+    );
+    e2e::dra::remove_gpu_cluster(&admin).await.unwrap();
     let dra_objects = ListParams::default()
         .labels("nvidia.com/gpu-operator.operand in (dra-driver,dra-device-classes)");
     wait::until_none_left(

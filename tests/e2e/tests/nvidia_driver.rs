@@ -716,11 +716,7 @@ async fn each_nvidia_driver_pool_upgrades_with_its_own_policy_one_node_at_a_time
 
 /// Deletes the GPUCluster, if any, and waits until it is gone.
 async fn remove_gpu_cluster(admin: &Client) {
-    let api = Api::<GPUCluster>::all(admin.clone());
-    let _ = api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await;
-    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "GPUCluster gone")
-        .await
-        .unwrap();
+    e2e::dra::remove_gpu_cluster(admin).await.unwrap();
 }
 
 #[tokio::test]

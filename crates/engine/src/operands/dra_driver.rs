@@ -81,6 +81,15 @@ pub const CD_DAEMON_SA: &str = "compute-domain-daemon-service-account";
 const APP_NAME: &str = "nvidia-dra-driver";
 /// Node label (NVIDIA's key) whose value `true` selects the kubelet plugin's nodes.
 pub const DEPLOY_LABEL: &str = "nvidia.com/gpu.deploy.dra-driver";
+/// Every node label a GPUCluster writes: [`DEPLOY_LABEL`] and the deploy keys of its DCGM,
+/// exporter and validator (each `true` where no value is set).
+pub fn deploy_keys() -> impl Iterator<Item = &'static str> {
+    std::iter::once(DEPLOY_LABEL).chain(
+        Operand::GPU_CLUSTER
+            .into_iter()
+            .filter_map(Operand::deploy_label),
+    )
+}
 /// The ValidatingAdmissionPolicy (and binding) that keeps each plugin to its own node's slices.
 pub const SLICES_POLICY: &str = "resourceslices-policy-nvidia-dra-driver";
 /// The admission policy keeping the kubelet plugin's node writes to its own node.

@@ -241,7 +241,7 @@ async fn reconcile(
     } = memory;
     // Before anything lands on a node: the finalizer that lets a teardown take it off again.
     if !crate::cleanup::has_finalizer(policy) && deps.nvidia.holder().is_none() {
-        crate::cleanup::add_finalizer(&deps.client, &policy.name_any()).await?;
+        crate::cleanup::add_finalizer::<ClusterPolicy>(&deps.client, &policy.name_any()).await?;
     }
     let mut watch = Stopwatch::start();
     let nodes = deps.stores.nodes.snapshot();
@@ -349,7 +349,9 @@ async fn teardown(policy: &ClusterPolicy, deps: &Deps) -> Result<(), Error> {
     } else if let Some(holder) = deps.nvidia.holder() {
         tracing::warn!(policy = %name, nvidia_operator = %holder, "teardown: NVIDIA's operator is live and writes the same node keys; nodes left as they are");
     } else {
-        let report = crate::cleanup::clean_cluster(&deps.client).await?;
+        let report =
+            crate::cleanup::clean_cluster(&deps.client, crate::cleanup::Leaving::ClusterPolicy)
+                .await?;
         tracing::info!(
             policy = %name,
             nodes = report.nodes.len(),
@@ -358,7 +360,7 @@ async fn teardown(policy: &ClusterPolicy, deps: &Deps) -> Result<(), Error> {
             "teardown: the operator's marks are off the nodes"
         );
     }
-    crate::cleanup::remove_finalizer(&deps.client, &name).await?;
+    crate::cleanup::remove_finalizer::<ClusterPolicy>(&deps.client, &name).await?;
     Ok(())
 }
 

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use kube::Client;
 
 use crate::controller::owner::{self, Error, LabelAttempts};
-use crate::model::Operand;
 use crate::nodes::{DEPLOY_OPERANDS, NodeView};
-use crate::operands::dra_driver::DEPLOY_LABEL;
+use crate::operands::dra_driver;
 
 /// Label stage: GPU nodes get NVIDIA's `nvidia.com/gpu.deploy.dra-driver=true` and the deploy
 /// keys of the GPUCluster's DCGM, exporter and DRA validator where no value is set (a user's
@@ -21,12 +20,7 @@ pub async fn label_nodes(
 ) -> Result<usize, Error> {
     let writes = owner::write_labels(client, nodes, attempts, None, |node| {
         let gpu = node.has_nfd_gpu() && node.label(DEPLOY_OPERANDS) != Some("false");
-        std::iter::once(DEPLOY_LABEL)
-            .chain(
-                Operand::GPU_CLUSTER
-                    .into_iter()
-                    .filter_map(Operand::deploy_label),
-            )
+        dra_driver::deploy_keys()
             .filter(|key| gpu && node.label(key).is_none())
             .map(|key| (key.to_owned(), Some("true".to_owned())))
             .collect()

@@ -16,7 +16,9 @@
 //! - An attribute DeviceClass the API server refuses in a dry run (its CEL does not compile), or
 //!   that reads an attribute the driver does not publish, freezes only the attribute classes. A dry
 //!   run is sent once per distinct rendering, so a steady pass writes nothing.
-//! - A GPUCluster being deleted gets no writes: garbage collection removes its objects.
+//! - A GPUCluster being deleted gets no writes: garbage collection removes its objects. Its
+//!   teardown finalizer keeps it until its marks are off the nodes (crate::cleanup,
+//!   [`teardown`]).
 
 mod label;
 mod render;
@@ -121,6 +123,9 @@ pub async fn reconcile_all(
             continue;
         };
         if cluster.metadata.deletion_timestamp.is_some() {
+            if crate::cleanup::has_finalizer(cluster) {
+                teardown(cluster, deps, nvidia_operator.as_deref()).await?;
+            }
             continue;
         }
         let requeue = reconcile(
@@ -137,6 +142,31 @@ pub async fn reconcile_all(
     Ok(next)
 }
 
+/// A deleted GPUCluster that carries our finalizer: its node labels come off
+/// ([`crate::cleanup::Leaving::GpuCluster`]), then the finalizer goes. Not while NVIDIA's
+/// operator is live (it writes the same keys, decision 14): then only the finalizer goes.
+async fn teardown(
+    cluster: &GPUCluster,
+    deps: &Deps,
+    nvidia_operator: Option<&str>,
+) -> Result<(), Error> {
+    let name = kube::ResourceExt::name_any(cluster);
+    if let Some(holder) = nvidia_operator {
+        tracing::warn!(gpu_cluster = %name, nvidia_operator = %holder, "teardown: NVIDIA's operator is live and writes the same node keys; nodes left as they are");
+    } else {
+        let report =
+            crate::cleanup::clean_cluster(&deps.client, crate::cleanup::Leaving::GpuCluster)
+                .await?;
+        tracing::info!(
+            gpu_cluster = %name,
+            nodes = report.nodes.len(),
+            "teardown: the GPUCluster's marks are off the nodes"
+        );
+    }
+    crate::cleanup::remove_finalizer::<GPUCluster>(&deps.client, &name).await?;
+    Ok(())
+}
+
 /// One GPUCluster, stage by stage.
 async fn reconcile(
     cluster: &GPUCluster,
@@ -149,6 +179,14 @@ async fn reconcile(
     if let Some(other) = nvidia_operator {
         status::stand_aside(deps, cluster, other).await?;
         return Ok(None);
+    }
+    // Before the first node is labelled, so that a deletion always finds the finalizer.
+    if !crate::cleanup::has_finalizer(cluster) {
+        crate::cleanup::add_finalizer::<GPUCluster>(
+            &deps.client,
+            &kube::ResourceExt::name_any(cluster),
+        )
+        .await?;
     }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     // Resolve: the node snapshot, and the facts the DRA operands render with.
