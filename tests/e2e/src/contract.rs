@@ -65,6 +65,12 @@ pub struct Row {
 }
 
 impl Row {
+    /// Whether the row says that the ServiceAccount makes no API request at all (verb `-`):
+    /// nothing to allow, and every grant to it is excess.
+    pub fn is_none(&self) -> bool {
+        self.verb == "-"
+    }
+
     /// The resource as RBAC names it (`pods/eviction`).
     pub fn rbac_resource(&self) -> String {
         match &self.subresource {
@@ -90,6 +96,9 @@ impl Row {
 impl fmt::Display for Row {
     /// `list pods (core/v1) in every namespace`, as failure messages name a request.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_none() {
+            return write!(f, "no API request");
+        }
         let group = if self.group.is_empty() {
             "core"
         } else {
@@ -190,6 +199,12 @@ pub fn parse(text: &str) -> Result<Vec<Row>, String> {
 /// spec the operator's ClusterRole is generated from.
 pub fn policy() -> serde_json::Value {
     gpu_operator::render::rbac::every_rbac_variant()
+}
+
+/// The GPUCluster the contract test deploys beside [`policy`]: the DRA driver with compute
+/// domains and every RBAC-bearing option, DCGM, the exporter and the DRA validator.
+pub fn gpu_cluster() -> serde_json::Value {
+    gpu_operator::render::rbac::every_gpu_cluster_rbac_variant()
 }
 
 /// The rows of the facts file.
@@ -302,7 +317,7 @@ pub fn service_accounts(rows: &[Row]) -> BTreeMap<String, BTreeSet<String>> {
 /// One failure line per applicable row that `held_by` does not allow.
 pub fn missing(rows: &[Row], openshift: bool, held_by: impl Fn(&str) -> Held) -> Vec<String> {
     rows.iter()
-        .filter(|r| r.applies(openshift))
+        .filter(|r| r.applies(openshift) && !r.is_none())
         .filter(|r| !allows(&held_by(&r.service_account), r))
         .map(|r| {
             format!(
@@ -383,6 +398,25 @@ pub fn markdown_table(rows: &[Row]) -> String {
         } else {
             r.group.clone()
         };
+        if r.is_none() {
+            out.push_str(&format!(
+                "| {} | {} | {} | none | | | | | {} | {} | {} | `{}` |\n",
+                r.operand,
+                r.container,
+                r.service_account,
+                match r.platform {
+                    Platform::Any => "any",
+                    Platform::OpenShift => "OpenShift",
+                },
+                match r.need {
+                    Need::Uses => "uses",
+                    Need::Parity => "parity",
+                },
+                r.why.replace('|', "\\|"),
+                r.source,
+            ));
+            continue;
+        }
         out.push_str(&format!(
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | `{}` |\n",
             r.operand,
@@ -479,6 +513,8 @@ mod tests {
     use super::*;
     use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec};
     use gpu_operator::facts::{ClusterFacts, ConfigMapData, Runtime};
+    use gpu_operator::model::{Operand, OperandObjects};
+    use gpu_operator::operands::dra_driver::{self, ValidatedGpuCluster};
     use gpu_operator::render::{Outcome, render};
     use gpu_operator::validate::validate;
 
@@ -505,19 +541,34 @@ mod tests {
         }
     }
 
-    /// What the operator renders for a policy with every operand and RBAC-bearing option on.
+    /// What the operator renders for a policy with every operand and RBAC-bearing option on,
+    /// and for the GPUCluster beside it ([`super::gpu_cluster`]).
     fn rendered(openshift: bool) -> Rbac {
         let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
         let facts = rendering_facts(openshift);
         let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
+        let mut objects: Vec<OperandObjects> = render(&policy, &facts)
+            .operands
+            .into_iter()
+            .filter_map(|state| match state.outcome {
+                Outcome::Rendered(o) => Some(o),
+                _ => None,
+            })
+            .collect();
+        let cluster = ValidatedGpuCluster {
+            name: "gpu-cluster".to_owned(),
+            spec: serde_json::from_value(super::gpu_cluster()).unwrap(),
+            ..ValidatedGpuCluster::default()
+        };
+        for operand in Operand::GPU_CLUSTER {
+            objects.extend(dra_driver::render(operand, &cluster, &facts));
+        }
         let mut rbac = Rbac::default();
-        for state in render(&policy, &facts).operands {
-            if let Outcome::Rendered(o) = state.outcome {
-                rbac.roles.extend(o.roles);
-                rbac.role_bindings.extend(o.role_bindings);
-                rbac.cluster_roles.extend(o.cluster_roles);
-                rbac.cluster_role_bindings.extend(o.cluster_role_bindings);
-            }
+        for o in objects {
+            rbac.roles.extend(o.roles);
+            rbac.role_bindings.extend(o.role_bindings);
+            rbac.cluster_roles.extend(o.cluster_roles);
+            rbac.cluster_role_bindings.extend(o.cluster_role_bindings);
         }
         rbac
     }
@@ -637,6 +688,35 @@ mod tests {
         };
         assert_eq!(excess(&rows, false, |_| held.clone()).len(), 1);
         assert!(missing(&rows, false, |_| held.clone()).is_empty());
+    }
+
+    #[test]
+    fn a_grant_to_a_service_account_that_makes_no_request_is_excess() {
+        let rows = rows();
+        let none: Vec<&Row> = rows.iter().filter(|r| r.is_none()).collect();
+        assert_eq!(none.len(), 1, "{none:?}");
+        assert_eq!(none[0].service_account, "nvidia-dra-validator");
+        let rule = PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".to_owned()]),
+            verbs: vec!["get".to_owned()],
+            ..PolicyRule::default()
+        };
+        let held = |sa: &str| Held {
+            namespaced: if sa == "nvidia-dra-validator" {
+                vec![("Role nvidia-dra-validator".to_owned(), rule.clone())]
+            } else {
+                vec![]
+            },
+            cluster: vec![],
+        };
+        let only: Vec<Row> = rows
+            .iter()
+            .filter(|r| r.service_account == "nvidia-dra-validator")
+            .cloned()
+            .collect();
+        assert_eq!(excess(&only, false, held).len(), 1);
+        assert!(missing(&only, false, held).is_empty());
     }
 
     #[test]

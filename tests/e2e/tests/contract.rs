@@ -7,6 +7,11 @@
 //!   (SubjectAccessReview as `system:serviceaccount:<ns>:<sa>`, created by the admin);
 //! - no rendered Role or ClusterRole grants an operand ServiceAccount anything no row needs.
 //!
+//! Beside the policy runs a GPUCluster with every RBAC-bearing option (the DRA driver with
+//! compute domains, DCGM, the exporter, the DRA validator): created first and Ready, so that the
+//! policy's device plugin, which the GPUCluster then reports as a conflict, freezes its objects
+//! without deleting them (docs/dra.md).
+//!
 //! Every failure names the operand, its ServiceAccount and the request. The same checks run
 //! offline on a local rendering in `e2e::contract`'s unit tests, which also show that a Role
 //! with one rule removed fails them.
@@ -16,14 +21,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use e2e::contract::{self, Need, Rbac, Row, Scope};
 use e2e::openshift;
-use e2e::session::{self, Setup, config_map, time_slicing};
-use gpu_operator::api::State;
+use e2e::session::{self, Crd, Setup, TIMEOUT, config_map, time_slicing};
+use e2e::{dra, wait};
+use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster, GpuClusterState, State};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
@@ -67,7 +73,7 @@ async fn discovery_failures(
     let mut failures = Vec::new();
     let mut unserved: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut by_version: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
-    for row in rows.iter().filter(|r| r.need == Need::Uses) {
+    for row in rows.iter().filter(|r| r.need == Need::Uses && !r.is_none()) {
         by_version.entry(row.api_version()).or_default().push(row);
     }
     for (version, rows) in by_version {
@@ -179,7 +185,7 @@ async fn contract_failures(setup: &Setup, openshift: bool) -> Vec<String> {
     }
 
     let mut allowed = 0;
-    for row in &rows {
+    for row in rows.iter().filter(|r| !r.is_none()) {
         if authorized(admin, namespace, row).await {
             allowed += 1;
         } else {
@@ -215,17 +221,69 @@ async fn sharing_config(setup: &Setup) {
     .await;
 }
 
-#[tokio::test]
-async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_makes() {
-    let Some(setup) = session::start(contract::policy(), &[]).await else {
-        return;
+async fn remove_gpu_cluster(admin: &Client) {
+    let api: Api<GPUCluster> = Api::all(admin.clone());
+    let _ = api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await;
+    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "GPUCluster gone")
+        .await
+        .unwrap();
+}
+
+/// The contract session: the GPUCluster (stand-in ResourceSlices published, since its pods
+/// claim GPUs) created and Ready, then the policy with the sharing ConfigMap, Ready.
+async fn start_contract(builder: session::SessionBuilder, what: &str) -> Option<Setup> {
+    let prepared = builder.crd(Crd::GpuCluster).prepare().await?;
+    remove_gpu_cluster(&prepared.admin).await;
+    dra::remove_all(&prepared.admin).await.unwrap();
+    dra::publish_fleet(&prepared.admin).await.unwrap();
+    let (admin, identity, operator) = prepared.start_operator().await;
+    let cluster: GPUCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": GPU_CLUSTER_NAME}, "spec": contract::gpu_cluster(),
+    }))
+    .unwrap();
+    Api::<GPUCluster>::all(admin.clone())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    dra::await_state(
+        &admin,
+        GpuClusterState::Ready,
+        TIMEOUT,
+        &format!("contract GPUCluster ready{what}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    let policy = e2e::cluster::unique_name("cluster-policy");
+    let setup = Setup {
+        admin,
+        identity,
+        operator,
+        policy,
     };
     sharing_config(&setup).await;
+    session::create_policy(&setup.admin, &setup.policy, contract::policy()).await;
     setup
-        .await_state(State::Ready, "contract policy ready")
+        .await_state(State::Ready, &format!("contract policy ready{what}"))
         .await;
-    let failures = contract_failures(&setup, false).await;
+    Some(setup)
+}
+
+/// Deletes the GPUCluster (its objects are garbage-collected) and the stand-in slices, then
+/// the policy ([`Setup::teardown`]).
+async fn stop_contract(setup: Setup) {
+    remove_gpu_cluster(&setup.admin).await;
+    dra::remove_all(&setup.admin).await.unwrap();
     setup.teardown().await;
+}
+
+#[tokio::test]
+async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_makes() {
+    let Some(setup) = start_contract(session::builder(), "").await else {
+        return;
+    };
+    let failures = contract_failures(&setup, false).await;
+    stop_contract(setup).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -240,17 +298,16 @@ async fn on_openshift_every_operand_may_make_its_requests_and_use_its_scc() {
 }
 
 async fn openshift_contract() -> Vec<String> {
-    let setup = openshift::start_with_generated_role(OPERATOR_ROLE, contract::policy()).await;
-    sharing_config(&setup).await;
-    setup
-        .await_state(State::Ready, "contract policy ready on OpenShift")
-        .await;
+    let builder = session::builder().cluster_role(e2e::operator::generated_role(OPERATOR_ROLE));
+    let setup = start_contract(builder, " on OpenShift")
+        .await
+        .expect("the caller connected to the test cluster");
     let log = setup.operator.log_text();
     assert!(
         log.contains("openshift: true"),
         "the operator did not report OpenShift at start-up:\n{log}"
     );
     let failures = contract_failures(&setup, true).await;
-    setup.teardown().await;
+    stop_contract(setup).await;
     failures
 }

@@ -187,25 +187,18 @@ fn render_as(
     };
 
     let mut objects = OperandObjects::default();
-    // NVIDIA's GPUCluster engine reads ResourceClaims (the claims its GPUs come from).
-    let claim_reads = flavor.dra_claim.map(|_| {
-        rule(
+    // NVIDIA's GPUCluster engine is granted reads of ResourceClaims (the claims its GPUs come
+    // from), and no SCC but its own, which admits it by ServiceAccount; a ClusterPolicy's may
+    // also use the privileged SCC, as NVIDIA's.
+    let role_rules = match flavor.dra_claim {
+        Some(_) => vec![rule(
             &["resource.k8s.io"],
             &["resourceclaims"],
             &["get", "list", "watch"],
-        )
-    });
-    common::add_identity(
-        &mut objects,
-        operand,
-        name,
-        openshift::use_privileged_scc(facts)
-            .into_iter()
-            .chain(claim_reads)
-            .collect(),
-        Vec::new(),
-        facts,
-    );
+        )],
+        None => openshift::use_privileged_scc(facts).into_iter().collect(),
+    };
+    common::add_identity(&mut objects, operand, name, role_rules, Vec::new(), facts);
     objects.services.push(service);
     objects
         .daemon_sets

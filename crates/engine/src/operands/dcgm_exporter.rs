@@ -347,7 +347,10 @@ fn render_as(
     // In DRA mode (NVIDIA's dcgm-exporter DRA RBAC) it also reads the ResourceClaims of its
     // namespace and every ResourceSlice, to map (pool, device) names to GPUs.
     let read = ["get", "list", "watch"];
+    // A GPUCluster's exporter has its own SCC only, as NVIDIA's (which admits it by
+    // ServiceAccount); a ClusterPolicy's may also use the privileged one.
     let role_rules = openshift::use_privileged_scc(facts)
+        .filter(|_| !dra)
         .into_iter()
         .chain(dra.then(|| rule(&["resource.k8s.io"], &["resourceclaims"], &read)))
         .chain([rule(&[""], &["configmaps"], &["get", "list"])])

@@ -77,6 +77,8 @@ pub const KUBELET_PLUGIN_SA: &str = "nvidia-dra-driver-kubeletplugin";
 pub const CONTROLLER: &str = "nvidia-dra-driver-controller";
 /// ServiceAccount of the compute-domain daemons the controller starts.
 pub const CD_DAEMON_SA: &str = "compute-domain-daemon-service-account";
+/// The SCC admitting the kubelet plugin's and the compute-domain daemons' pods on OpenShift.
+pub const SCC: &str = "nvidia-dra-driver";
 /// `app.kubernetes.io/name` of every DRA driver object.
 const APP_NAME: &str = "nvidia-dra-driver";
 /// Node label (NVIDIA's key) whose value `true` selects the kubelet plugin's nodes.
@@ -325,6 +327,10 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             metadata: meta(KUBELET_PLUGIN_SA, facts, true, KUBELET_PLUGIN),
             ..Default::default()
         });
+    // Both plugins publish their node's ResourceSlices and read the claims they prepare; the
+    // compute-domain plugin labels its node and follows ComputeDomains in every namespace.
+    // Pods are not read cluster-wide (NVIDIA's chart grants it): only the MPS manager lists
+    // pods, of its own namespace.
     common::add_cluster_role(
         &mut objects,
         op,
@@ -347,21 +353,24 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
                 &["get", "list", "watch", "create", "update", "delete"],
             ),
             ("", "nodes", &["get", "list", "watch", "update", "patch"]),
-            ("", "pods", &["get", "list", "watch"]),
         ]),
         facts,
     );
-    let crud = [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ];
-    common::add_role(
-        &mut objects,
-        op,
-        "nvidia-dra-driver-kubeletplugin-mps",
-        KUBELET_PLUGIN_SA,
-        ns_rules(&[("apps", "deployments", &crud)]),
-        facts,
-    );
+    // The MPS control daemons (feature gate MPSSupport, off by default) are Deployments the
+    // gpus plugin gets, creates and deletes in its namespace, then lists their pods.
+    if mps_support(cluster) {
+        common::add_role(
+            &mut objects,
+            op,
+            "nvidia-dra-driver-kubeletplugin-mps",
+            KUBELET_PLUGIN_SA,
+            ns_rules(&[
+                ("apps", "deployments", &["get", "create", "delete"]),
+                ("", "pods", &["list"]),
+            ]),
+            facts,
+        );
+    }
     common::add_role(
         &mut objects,
         op,
@@ -404,7 +413,6 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
                     &["get", "list", "watch", "create", "update", "delete"],
                 ),
                 ("", "nodes", &["get", "list", "watch", "update"]),
-                ("", "pods", &["get", "list", "watch"]),
             ]),
             facts,
         );
@@ -425,8 +433,15 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             op,
             CONTROLLER,
             CONTROLLER,
+            // The compute-domain daemons' DaemonSets, their pods and the cliques are all in
+            // the driver's namespace (NVIDIA's chart reads pods cluster-wide).
             ns_rules(&[
-                ("apps", "daemonsets", &crud),
+                (
+                    "apps",
+                    "daemonsets",
+                    &["get", "list", "watch", "create", "update", "delete"],
+                ),
+                ("", "pods", &["get", "list", "watch"]),
                 (
                     "resource.nvidia.com",
                     "computedomaincliques",
@@ -444,6 +459,8 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
                 metadata: meta(CD_DAEMON_SA, facts, true, "compute-domain-daemon"),
                 ..Default::default()
             });
+        // A daemon follows its ComputeDomain (in the workload's namespace) and writes its
+        // status; its clique and its own pod are in the driver's namespace, where it runs.
         common::add_cluster_role(
             &mut objects,
             op,
@@ -452,13 +469,27 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             vec![
                 rule(
                     &["resource.nvidia.com"],
-                    &["computedomains", "computedomains/status"],
-                    &["get", "list", "watch", "update", "patch"],
+                    &["computedomains"],
+                    &["get", "list", "watch"],
                 ),
                 rule(
                     &["resource.nvidia.com"],
+                    &["computedomains/status"],
+                    &["update"],
+                ),
+            ],
+            facts,
+        );
+        common::add_role(
+            &mut objects,
+            op,
+            "compute-domain-daemon",
+            CD_DAEMON_SA,
+            vec![
+                rule(
+                    &["resource.nvidia.com"],
                     &["computedomaincliques"],
-                    &["get", "list", "watch", "create", "update", "patch"],
+                    &["get", "list", "watch", "create", "update"],
                 ),
                 rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
             ],
@@ -524,7 +555,31 @@ fn render_driver(cluster: &ValidatedGpuCluster, facts: &ClusterFacts) -> Operand
             facts,
         ));
     }
+    // NVIDIA's SCC for the privileged, host-path pods of the plugin and the daemons.
+    objects.dynamic.extend(super::openshift::scc_for(
+        op,
+        SCC,
+        &[KUBELET_PLUGIN_SA, CD_DAEMON_SA],
+        super::openshift::HostAccess {
+            network: true,
+            ports: true,
+            ..Default::default()
+        },
+        facts,
+    ));
     objects
+}
+
+/// Whether the GPUCluster switches the driver's MPSSupport feature gate on.
+fn mps_support(cluster: &ValidatedGpuCluster) -> bool {
+    cluster
+        .spec
+        .dra_driver
+        .as_ref()
+        .and_then(|d| d.feature_gates.as_ref())
+        .and_then(|g| g.get("MPSSupport"))
+        .copied()
+        .unwrap_or(false)
 }
 
 fn dynamic(api_version: &str, kind: &str, metadata: ObjectMeta, body: Value) -> DynamicObject {

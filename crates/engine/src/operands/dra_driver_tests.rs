@@ -548,3 +548,42 @@ fn dra_plugin_and_compute_domain_daemons_write_only_under_a_confinement_policy()
     let unconfined = super::common::unconfined_writes(&[&objects], "gpu-operator", &[CD_DAEMON_SA]);
     assert!(unconfined.is_empty(), "{unconfined:?}");
 }
+
+#[test]
+fn the_mps_role_comes_with_the_mps_support_gate_and_the_dra_driver_scc_on_openshift() {
+    let roles = |spec: serde_json::Value, facts: &ClusterFacts| {
+        let objects = render(Operand::DraDriver, &cluster(spec), facts).unwrap();
+        let names: Vec<String> = objects
+            .roles
+            .iter()
+            .map(|r| r.metadata.name.clone().unwrap())
+            .collect();
+        (names, kinds_named(&objects, "SecurityContextConstraints"))
+    };
+    let (plain, sccs) = roles(json!({}), &facts());
+    assert!(!plain.contains(&"nvidia-dra-driver-kubeletplugin-mps".to_owned()));
+    assert!(sccs.is_empty());
+    let openshift = ClusterFacts {
+        openshift: true,
+        ..facts()
+    };
+    let (mps, sccs) = roles(
+        json!({"draDriver": {"featureGates": {"MPSSupport": true}}}),
+        &openshift,
+    );
+    assert!(mps.contains(&"nvidia-dra-driver-kubeletplugin-mps".to_owned()));
+    assert_eq!(sccs, [SCC]);
+    let objects = render(Operand::DraDriver, &cluster(json!({})), &openshift).unwrap();
+    let scc = objects
+        .dynamic
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "SecurityContextConstraints")
+        .unwrap();
+    assert_eq!(
+        scc.data["users"],
+        json!([
+            "system:serviceaccount:gpu-operator:nvidia-dra-driver-kubeletplugin",
+            "system:serviceaccount:gpu-operator:compute-domain-daemon-service-account",
+        ])
+    );
+}

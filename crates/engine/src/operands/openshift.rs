@@ -69,6 +69,18 @@ pub fn scc(
     host: HostAccess,
     facts: &ClusterFacts,
 ) -> Option<DynamicObject> {
+    scc_for(operand, name, &[name], host, facts)
+}
+
+/// An SCC `name` admitting the privileged pods of `service_accounts` (in the operator
+/// namespace) with the given host access; `None` off OpenShift.
+pub fn scc_for(
+    operand: Operand,
+    name: &str,
+    service_accounts: &[&str],
+    host: HostAccess,
+    facts: &ClusterFacts,
+) -> Option<DynamicObject> {
     if !facts.openshift {
         return None;
     }
@@ -98,7 +110,10 @@ pub fn scc(
         "seccompProfiles": ["*"],
         "volumes": ["*"],
         "groups": ["system:cluster-admins", "system:nodes", "system:masters"],
-        "users": [format!("system:serviceaccount:{}:{name}", facts.namespace)],
+        "users": service_accounts
+            .iter()
+            .map(|sa| format!("system:serviceaccount:{}:{sa}", facts.namespace))
+            .collect::<Vec<_>>(),
     });
     Some(object)
 }

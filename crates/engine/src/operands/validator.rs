@@ -231,11 +231,13 @@ pub fn render_dra(
     ds.image = Some(&image);
     ds.gpu_access = GpuAccess::None;
     let mut objects = OperandObjects::default();
+    // It makes no API request, and its own SCC admits it by ServiceAccount: no Role (NVIDIA
+    // grants it none either).
     common::add_identity(
         &mut objects,
         operand,
         DRA_NAME,
-        openshift::use_privileged_scc(facts).into_iter().collect(),
+        Vec::new(),
         Vec::new(),
         facts,
     );

@@ -500,6 +500,17 @@ pub fn every_rbac_variant() -> serde_json::Value {
     })
 }
 
+/// A GPUCluster spec with every operand and every option that adds RBAC: compute domains (on
+/// by default), the MPSSupport feature gate (the kubelet plugin's MPS Role), DCGM and the
+/// exporter. The e2e API-contract test deploys it too.
+pub fn every_gpu_cluster_rbac_variant() -> serde_json::Value {
+    serde_json::json!({
+        "draDriver": {"featureGates": {"MPSSupport": true}},
+        "dcgm": {"enabled": true},
+        "dcgmExporter": {},
+    })
+}
+
 /// Policies and facts that together switch on every RBAC-bearing variant of every operand.
 fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
     let everything: ClusterPolicySpec =
@@ -537,26 +548,22 @@ fn rendered_operands() -> Vec<crate::model::OperandObjects> {
             }
         }
     }
-    // Every GPUCluster operand on: DCGM and the exporter are off unless the spec names them.
+    // Every GPUCluster operand on, plain and on OpenShift (SCCs).
     let cluster = crate::operands::dra_driver::ValidatedGpuCluster {
-        spec: crate::api::GpuClusterSpec {
-            dcgm: Some(crate::api::DcgmSpec {
-                enabled: Some(true),
-                ..Default::default()
-            }),
-            dcgm_exporter: Some(crate::api::DcgmExporterSpec::default()),
-            ..Default::default()
-        },
+        spec: serde_json::from_value(every_gpu_cluster_rbac_variant()).unwrap_or_default(),
         ..Default::default()
     };
-    let facts = ClusterFacts {
-        namespace: "gpu-operator".to_owned(),
-        ..ClusterFacts::default()
-    };
-    for operand in crate::model::Operand::GPU_CLUSTER {
-        out.extend(crate::operands::dra_driver::render(
-            operand, &cluster, &facts,
-        ));
+    for openshift in [false, true] {
+        let facts = ClusterFacts {
+            namespace: "gpu-operator".to_owned(),
+            openshift,
+            ..ClusterFacts::default()
+        };
+        for operand in crate::model::Operand::GPU_CLUSTER {
+            out.extend(crate::operands::dra_driver::render(
+                operand, &cluster, &facts,
+            ));
+        }
     }
     out
 }
@@ -993,12 +1000,6 @@ mod tests {
             "nfd-master's ClusterRole: the NodeFeatureGroups of every namespace",
         ),
         (
-            "",
-            "pods",
-            &["patch"],
-            "the DRA compute-domain daemon's ClusterRole",
-        ),
-        (
             "resource.k8s.io",
             "resourceclaimtemplates",
             &["create", "update", "delete"],
@@ -1008,21 +1009,15 @@ mod tests {
         (
             "resource.nvidia.com",
             "computedomains",
-            &["update", "patch"],
-            "the DRA compute-domain controller's and daemon's ClusterRoles: ComputeDomains \
-             live in the users' namespaces",
+            &["update"],
+            "the DRA compute-domain controller's ClusterRole: its finalizer on ComputeDomains, \
+             which live in the users' namespaces",
         ),
         (
             "resource.nvidia.com",
             "computedomains/status",
-            &["update", "patch"],
+            &["update"],
             "the DRA compute-domain controller's and daemon's ClusterRoles",
-        ),
-        (
-            "resource.nvidia.com",
-            "computedomaincliques",
-            &["create", "update", "patch"],
-            "the DRA compute-domain daemon's ClusterRole",
         ),
     ];
 
