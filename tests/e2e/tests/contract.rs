@@ -22,14 +22,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use e2e::contract::{self, Need, Rbac, Row, Scope};
 use e2e::openshift;
 use e2e::session::{self, Crd, Setup, TIMEOUT, config_map, time_slicing};
-use e2e::{dra, wait};
+use e2e::dra;
 use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster, GpuClusterState, State};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=gpu-operator";
@@ -222,11 +222,7 @@ async fn sharing_config(setup: &Setup) {
 }
 
 async fn remove_gpu_cluster(admin: &Client) {
-    let api: Api<GPUCluster> = Api::all(admin.clone());
-    let _ = api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await;
-    wait::until_none_left(&api, &ListParams::default(), TIMEOUT, "GPUCluster gone")
-        .await
-        .unwrap();
+    e2e::dra::remove_gpu_cluster(admin).await.unwrap();
 }
 
 /// The contract session: the GPUCluster (stand-in ResourceSlices published, since its pods
