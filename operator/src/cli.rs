@@ -201,6 +201,10 @@ pub struct RenderArgs {
     /// the policy names it; repeatable.
     #[arg(long = "config-map", value_name = "FILE")]
     pub config_maps: Vec<std::path::PathBuf>,
+    /// The cluster's Nodes (YAML file, several documents allowed), whose labels decide what
+    /// depends on the GPU nodes (precompiled driver pools by kernel, driver DaemonSets per OS).
+    #[arg(long, value_name = "FILE")]
+    pub nodes: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `gpu-operator rbac`.
@@ -272,6 +276,10 @@ impl RenderArgs {
             mig_config: read_one_config_map(self.mig_config.as_deref())?,
             dcgm_metrics: read_one_config_map(self.dcgm_metrics.as_deref())?,
             config_maps,
+            nodes: match &self.nodes {
+                Some(path) => read_yaml_documents(path)?,
+                None => Vec::new(),
+            },
         };
         let facts = facts_for(&policy, &options)?;
         Ok((policy, facts))

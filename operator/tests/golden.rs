@@ -54,6 +54,11 @@ fn cases() -> Vec<(String, Vec<String>)> {
         args.push(example.display().to_string());
         args.extend(["--os-tag", "ubuntu22.04", "--namespace", "gpu-operator"].map(str::to_owned));
         args.extend(config_maps.clone());
+        // The GPU nodes a policy's render depends on, where its example has them.
+        let nodes = repo().join("examples/nodes").join(format!("{stem}.yaml"));
+        if nodes.exists() {
+            args.extend(["--nodes".to_owned(), nodes.display().to_string()]);
+        }
         cases.push((format!("{stem}.yaml"), args.clone()));
         if stem == "clusterpolicy-maximal" {
             // OpenShift with the Prometheus Operator: SCCs, CRI-O, ServiceMonitors.

@@ -27,6 +27,8 @@ pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
 pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
 pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+/// NFD's label of the running kernel: precompiled driver pools select on it.
+pub const KERNEL_VERSION: &str = "feature.node.kubernetes.io/kernel-version.full";
 pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
 pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
@@ -114,6 +116,7 @@ pub fn is_read_label(key: &str) -> bool {
             GPU_MEMORY,
             OS_ID,
             OS_VERSION_ID,
+            KERNEL_VERSION,
             DEVICE_PLUGIN_CONFIG,
             MIG_CONFIG,
             MIG_CONFIG_STATE,

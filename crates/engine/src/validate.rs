@@ -345,9 +345,30 @@ mod tests {
     }
 
     #[test]
-    fn precompiled_driver_is_reported_as_unsupported() {
-        let p = policy("{driver: {usePrecompiled: true}}");
-        assert!(p.invalid[&Operand::Driver].contains("usePrecompiled"));
+    fn a_precompiled_driver_is_valid_and_reports_gpu_nodes_without_a_kernel_pool() {
+        let gpu = std::sync::Arc::new(crate::nodes::NodeView::from_labels(
+            "gpu-0",
+            None,
+            &[("feature.node.kubernetes.io/pci-10de.present", "true")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        ));
+        let f = ClusterFacts {
+            gpu_nodes: vec![gpu],
+            ..facts()
+        };
+        let p = policy_with(
+            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
+            &f,
+        );
+        assert!(!p.invalid.contains_key(&Operand::Driver), "{:?}", p.invalid);
+        assert!(
+            p.reported[&Operand::Driver]
+                .contains("gpu-0 (no NFD feature.node.kubernetes.io/kernel-version.full label)"),
+            "{:?}",
+            p.reported
+        );
     }
 
     #[test]

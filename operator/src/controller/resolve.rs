@@ -362,6 +362,24 @@ impl facts::NamespaceObjects for Cached<'_> {
             .daemon_sets
             .get(&ObjectRef::new(name).within(self.namespace))
     }
+
+    fn daemon_sets_labelled(&self, key: &str, value: &str) -> Vec<Arc<DaemonSet>> {
+        self.stores
+            .daemon_sets
+            .state()
+            .into_iter()
+            .filter(|ds| {
+                ds.metadata.namespace.as_deref() == Some(self.namespace)
+                    && ds
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(key))
+                        .map(String::as_str)
+                        == Some(value)
+            })
+            .collect()
+    }
 }
 
 /// Image fallbacks from the operator's environment (`*_IMAGE`), as OLM sets them.

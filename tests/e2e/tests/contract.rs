@@ -20,9 +20,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use e2e::contract::{self, Need, Rbac, Row, Scope};
+use e2e::dra;
 use e2e::openshift;
 use e2e::session::{self, Crd, Setup, TIMEOUT, config_map, time_slicing};
-use e2e::dra;
 use gpu_operator::api::{GPU_CLUSTER_NAME, GPUCluster, GpuClusterState, State};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,

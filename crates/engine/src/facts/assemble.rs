@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::{ClusterFacts, ConfigMapData, LastGood, Runtime, SharingConfig};
+use super::{ClusterFacts, ConfigMapData, LastGood, LiveDriver, Runtime, SharingConfig};
 use kube_core::Resource;
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec};
@@ -20,6 +20,8 @@ use crate::operands::{device_plugin, driver, driver_os, mig_manager};
 pub trait NamespaceObjects {
     fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>>;
     fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>>;
+    /// The operator namespace's DaemonSets that carry label `key` with `value`.
+    fn daemon_sets_labelled(&self, key: &str, value: &str) -> Vec<Arc<DaemonSet>>;
 }
 
 /// What was observed about the cluster as a whole, besides the namespace's objects.
@@ -82,6 +84,14 @@ pub fn assemble(
         os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
+        live_driver: LiveDriver {
+            built_on_node: !objects
+                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
+                .is_empty(),
+            precompiled: !objects
+                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "true")
+                .is_empty(),
+        },
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,
         nfd_running: observed.nfd_running.is_some(),
@@ -275,6 +285,20 @@ mod tests {
         fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {
             self.daemon_sets.get(name).cloned()
         }
+        fn daemon_sets_labelled(&self, key: &str, value: &str) -> Vec<Arc<DaemonSet>> {
+            self.daemon_sets
+                .values()
+                .filter(|ds| {
+                    ds.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(key))
+                        .map(String::as_str)
+                        == Some(value)
+                })
+                .cloned()
+                .collect()
+        }
     }
 
     fn config_map(name: &str, data: &[(&str, &str)]) -> Arc<ConfigMap> {
@@ -330,6 +354,9 @@ mod tests {
         }
         fn daemon_set(&self, _: &str) -> Option<Arc<DaemonSet>> {
             None
+        }
+        fn daemon_sets_labelled(&self, _: &str, _: &str) -> Vec<Arc<DaemonSet>> {
+            Vec::new()
         }
     }
 

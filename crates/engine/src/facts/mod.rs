@@ -71,6 +71,15 @@ pub enum LastGood {
     Gone(String),
 }
 
+/// Which kinds of driver DaemonSet of ours run now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveDriver {
+    /// The driver that builds on each node (`nvidia-driver-daemonset` and its per-OS siblings).
+    pub built_on_node: bool,
+    /// Precompiled, per-kernel driver DaemonSets (`nvidia.com/precompiled=true`).
+    pub precompiled: bool,
+}
+
 /// Everything validate and render need to know about the cluster: facts only, no verdicts
 /// (validate judges them).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -88,6 +97,9 @@ pub struct ClusterFacts {
     pub openshift: bool,
     /// Whether the Prometheus Operator's ServiceMonitor API is served.
     pub service_monitor_api: bool,
+    /// The driver DaemonSets that run now, by kind: switching between building on the node and
+    /// precompiled images would replace every GPU node's driver at once.
+    pub live_driver: LiveDriver,
     /// Whether the operator serves its own /metrics over HTTPS with token checks
     /// (`--metrics-secure`), which its ServiceMonitor's scheme follows.
     pub operator_metrics_https: bool,

@@ -30,7 +30,7 @@ use crate::api::{
 use crate::facts::{ClusterFacts, Runtime};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
-use crate::nodes::{DRIVER_POOL, NodeView};
+use crate::nodes::{DRIVER_POOL, KERNEL_VERSION, NodeView};
 
 /// What the engine knows about this operand ([`super::Descriptor`]).
 pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
@@ -43,7 +43,13 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     host_paths: super::defaults::no_host_paths,
     render,
     check,
-    report: |_, facts| super::driver_os::report(facts),
+    report: |spec, facts| {
+        if uses_precompiled(spec) {
+            super::driver_kernel::report(facts)
+        } else {
+            super::driver_os::report(facts)
+        }
+    },
 };
 
 /// DaemonSet name and `app` label.
@@ -118,6 +124,75 @@ const HEALTH_PROBE: &[&str] = &[
 /// failure and success thresholds): nvidia-smi can take tens of seconds on a loaded node, and
 /// the startup probe already waited for the first load.
 const HEALTH_PROBE_TIMING: [i32; 5] = [0, 30, 60, 3, 1];
+
+/// What stops `driver.usePrecompiled` (on or off) from being applied as the policy says.
+fn precompiled_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let default_driver = DriverSpec::default();
+    let driver = spec.driver.as_ref().unwrap_or(&default_driver);
+    let mut problems = Vec::new();
+    let live = facts.live_driver;
+    if !driver.uses_precompiled() {
+        if live.precompiled && !live.built_on_node {
+            problems.push(
+                "spec.driver.usePrecompiled: the GPU nodes run precompiled driver DaemonSets \
+                 (nvidia.com/precompiled=true); switching them to drivers built on the node would \
+                 replace the driver on every GPU node at once, which this operator does not do \
+                 yet: set it back to true, or delete those DaemonSets when no GPU job runs"
+                    .to_owned(),
+            );
+        }
+        return problems;
+    }
+    if driver.uses_nvidia_driver_crd() {
+        problems.push(
+            "spec.driver.usePrecompiled: precompiled drivers beside NVIDIADriver pools \
+             (driver.useNvidiaDriverCRD) are not supported by this operator yet; set one of them \
+             to false"
+                .to_owned(),
+        );
+    }
+    if driver
+        .image
+        .version
+        .as_deref()
+        .is_some_and(|v| v.contains("sha256:"))
+    {
+        problems.push(
+            "spec.driver.version: a digest names one image, and precompiled drivers need one per \
+             kernel (tag <version>-<kernel>-<os>); give the driver branch, such as 580"
+                .to_owned(),
+        );
+    }
+    for (field, on) in [
+        (
+            "spec.gds.enabled",
+            spec.gds.as_ref().is_some_and(|g| g.enabled == Some(true)),
+        ),
+        (
+            "spec.gdrcopy.enabled",
+            spec.gdrcopy
+                .as_ref()
+                .is_some_and(|g| g.enabled == Some(true)),
+        ),
+    ] {
+        if on {
+            problems.push(format!(
+                "{field}: NVIDIA publishes no precompiled GPUDirect Storage or GDRCopy modules, \
+                 so they cannot run beside precompiled drivers; set it to false, or \
+                 driver.usePrecompiled to false"
+            ));
+        }
+    }
+    if live.built_on_node && !live.precompiled {
+        problems.push(format!(
+            "spec.driver.usePrecompiled: the GPU nodes run {NAME}, which builds the driver on \
+             each node; switching a running fleet to precompiled drivers would replace the \
+             driver on every GPU node at once, which this operator does not do yet: set it back \
+             to false, or delete {NAME} when no GPU job runs"
+        ));
+    }
+    problems
+}
 
 /// The OS id part of an OS tag (`ubuntu22.04` -> `ubuntu`, `sl-micro6.0` -> `sl-micro`).
 pub fn os_id(os_tag: &str) -> &str {
@@ -229,6 +304,9 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
 /// pools' DaemonSets use them too.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
     let image = common::image(policy, ImageKind::Driver);
+    if uses_precompiled(&policy.spec) {
+        return render_precompiled(policy, facts, &image);
+    }
     if !uses_nvidia_driver_crd(&policy.spec) {
         let pools = driver_os::split(facts);
         return render_fleet(policy, facts, image, pools);
@@ -246,6 +324,64 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     for ds in &mut objects.daemon_sets {
         keep_off_pools(ds);
     }
+    Some(objects)
+}
+
+/// Whether the policy asks for precompiled drivers ([`super::driver_kernel`]).
+pub fn uses_precompiled(spec: &ClusterPolicySpec) -> bool {
+    spec.driver
+        .as_ref()
+        .is_some_and(DriverSpec::uses_precompiled)
+}
+
+/// The driver's objects with precompiled images: one DaemonSet per kernel of the GPU nodes
+/// ([`super::driver_kernel`]), none while no GPU node has a kernel pool. `image` is the
+/// resolved reference with the primary OS suffix, which each pool replaces by its kernel and
+/// OS.
+fn render_precompiled(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    image: &str,
+) -> Option<OperandObjects> {
+    let primary = facts.os_tag.clone().unwrap_or_default();
+    let reference = image
+        .strip_suffix(&format!("-{primary}"))
+        .unwrap_or(image)
+        .to_owned();
+    let mut objects = render_os(policy, facts, image.to_owned())?;
+    let (pools, _) = super::driver_kernel::pools(&facts.gpu_nodes);
+    let mut daemon_sets = Vec::new();
+    for pool in &pools {
+        let pool_facts = ClusterFacts {
+            os_tag: Some(pool.os_tag.clone()),
+            ..facts.clone()
+        };
+        let mut ds = render_os(policy, &pool_facts, pool.image(&reference))?
+            .daemon_sets
+            .into_iter()
+            .next()?;
+        // The OS too, unlike NVIDIA's: nodes of another OS on the same kernel are not the
+        // pool's (driver_kernel::pools reports them).
+        let mut selector = pool.os_selector.clone();
+        selector.push((KERNEL_VERSION.to_owned(), pool.kernel.clone()));
+        let os = driver_os::OsPool {
+            tag: pool.os_tag.clone(),
+            selector,
+            nodes: pool.nodes.clone(),
+        };
+        select_os(&mut ds, &os, Some(pool.daemon_set_name(NAME)));
+        let precompiled = |labels: &mut Option<BTreeMap<String, String>>| {
+            labels
+                .get_or_insert_default()
+                .insert(PRECOMPILED_LABEL.to_owned(), "true".to_owned());
+        };
+        precompiled(&mut ds.metadata.labels);
+        if let Some(spec) = ds.spec.as_mut() {
+            precompiled(&mut spec.template.metadata.get_or_insert_default().labels);
+        }
+        daemon_sets.push(ds);
+    }
+    objects.daemon_sets = daemon_sets;
     Some(objects)
 }
 
@@ -454,6 +590,26 @@ fn host_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
         licensing_files(driver),
         topology_files(driver),
         kernel_module_files(driver, facts),
+    ] {
+        files.append(optional);
+    }
+    if driver.uses_precompiled() {
+        // Nothing is installed from packages; SUSE's precompiled images read the host's
+        // modules tree at run time (NVIDIA's transformDriverContainer).
+        if matches!(os, "sles" | "sl-micro") {
+            files.append(HostFiles {
+                volumes: vec![host_path_volume(
+                    "lib-modules",
+                    "/lib/modules",
+                    HostPathType::Directory,
+                )],
+                driver_mounts: vec![mount("lib-modules", "/run/host/lib/modules").read_only()],
+                peermem_mounts: Vec::new(),
+            });
+        }
+        return files;
+    }
+    for optional in [
         repo_files(driver, os, facts),
         cert_files(driver, os, facts),
         subscription_files(driver, os, facts),
@@ -1146,17 +1302,10 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
 /// What validate says about the driver's input: supported mode, its ConfigMaps present and
 /// placeable on the GPU nodes' OS.
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let mut problems = precompiled_problems(spec, facts);
     let Some(driver) = spec.driver.as_ref() else {
-        return Vec::new();
+        return problems;
     };
-    let mut problems = Vec::new();
-    if driver.uses_precompiled() {
-        problems.push(
-            "spec.driver.usePrecompiled: precompiled driver images (one DaemonSet per kernel) \
-             are not supported by this operator yet; set it to false"
-                .to_owned(),
-        );
-    }
     if driver
         .liveness_probe
         .as_ref()
@@ -1170,7 +1319,15 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
         );
     }
     let os = facts.os_tag.as_deref().map(os_id);
-    for (field, name) in referenced_config_maps(driver) {
+    // Precompiled images install no packages: NVIDIA mounts no repository or certificate
+    // config then, and neither does host_files.
+    let configs = referenced_config_maps(driver)
+        .into_iter()
+        .filter(|(field, _)| {
+            !(driver.uses_precompiled()
+                && (field.contains("repoConfig") || field.contains("certConfig")))
+        });
+    for (field, name) in configs {
         if !facts.driver_config_maps.contains_key(name) {
             problems.push(format!(
                 "{field}: ConfigMap {name} was not found in namespace {}: create it, or clear the \

@@ -41,6 +41,20 @@ pub fn os_tag(node: &NodeView) -> Option<String> {
     Some(format!("{id}{version}"))
 }
 
+/// The node labels that select the nodes of OS `id` at `version` (RHEL-like distributions by
+/// major version, as their images are tagged).
+pub fn os_selector(id: &str, version: &str) -> Vec<(String, String)> {
+    let version_selector = if major_only(id) {
+        (
+            OS_VERSION_MAJOR.to_owned(),
+            version.split('.').next().unwrap_or(version).to_owned(),
+        )
+    } else {
+        (OS_VERSION_ID.to_owned(), version.to_owned())
+    };
+    vec![(OS_ID.to_owned(), id.to_owned()), version_selector]
+}
+
 /// The GPU nodes of one OS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OsPool {
@@ -69,19 +83,11 @@ pub fn pools(gpu_nodes: &[Arc<NodeView>]) -> (Vec<OsPool>, Vec<(String, String)>
             unknown.push((node.name.clone(), tag));
             continue;
         }
-        let version_selector = if major_only(id) {
-            (
-                OS_VERSION_MAJOR.to_owned(),
-                version.split('.').next().unwrap_or(version).to_owned(),
-            )
-        } else {
-            (OS_VERSION_ID.to_owned(), version.to_owned())
-        };
         pools
             .entry(tag.clone())
             .or_insert_with(|| OsPool {
                 tag,
-                selector: vec![(OS_ID.to_owned(), id.to_owned()), version_selector],
+                selector: os_selector(id, version),
                 nodes: Vec::new(),
             })
             .nodes

@@ -480,3 +480,160 @@ fn the_driver_manager_metadata_and_scheduling_leave_the_config_digest_alone() {
         assert_eq!(config_digest(spec), base, "{spec} must not move the digest");
     }
 }
+
+/// `fleet` with each node's kernel label.
+fn kernel_fleet(nodes: &[(&str, (&str, &str), &str)], primary: &str) -> ClusterFacts {
+    let mut f = fleet(
+        &nodes
+            .iter()
+            .map(|(name, os, _)| (*name, Some(*os)))
+            .collect::<Vec<_>>(),
+        primary,
+    );
+    for (node, (_, _, kernel)) in f.gpu_nodes.iter_mut().zip(nodes) {
+        let mut labels = node.labels.clone();
+        labels.insert(
+            crate::nodes::KERNEL_VERSION.to_owned(),
+            (*kernel).to_owned(),
+        );
+        *node = std::sync::Arc::new(crate::nodes::NodeView::from_labels(
+            &node.name, None, &labels,
+        ));
+    }
+    f
+}
+
+const PRECOMPILED: &str = "{driver: {usePrecompiled: true, repository: nvcr.io/nvidia, \
+    image: driver, version: '580', repoConfig: {configMapName: repos}}}";
+
+#[test]
+fn precompiled_drivers_get_one_daemonset_per_kernel_with_nvidias_names_images_and_selectors() {
+    let mut f = kernel_fleet(
+        &[
+            ("a", ("ubuntu", "22.04"), "5.15.0-1048-aws"),
+            ("b", ("ubuntu", "22.04"), "5.15.0-1048-aws"),
+            ("c", ("ubuntu", "24.04"), "6.8.0-1008-aws"),
+        ],
+        "ubuntu22.04",
+    );
+    f.driver_config_maps.insert(
+        "repos".to_owned(),
+        crate::facts::ConfigMapData {
+            name: "repos".to_owned(),
+            data: [("a.list".to_owned(), "deb x".to_owned())].into(),
+        },
+    );
+    let objects = objects(PRECOMPILED, &f, Operand::Driver);
+    let got: Vec<(String, String, BTreeMap<String, String>)> = objects
+        .daemon_sets
+        .iter()
+        .map(|ds| {
+            let p = pod(ds);
+            (
+                ds.metadata.name.clone().unwrap(),
+                container(&p, "nvidia-driver-ctr").image.unwrap(),
+                p.node_selector.unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    let (name, image, selector) = &got[0];
+    assert_eq!(name, "nvidia-driver-daemonset-5.15.0-1048-aws-ubuntu22.04");
+    assert_eq!(
+        image,
+        "nvcr.io/nvidia/driver:580-5.15.0-1048-aws-ubuntu22.04"
+    );
+    assert_eq!(selector[crate::nodes::KERNEL_VERSION], "5.15.0-1048-aws");
+    assert_eq!(selector[crate::nodes::OS_VERSION_ID], "22.04");
+    assert_eq!(selector["nvidia.com/gpu.deploy.driver"], "true");
+    let (name, image, _) = &got[1];
+    assert_eq!(name, "nvidia-driver-daemonset-6.8.0-1008-aws-ubuntu24.04");
+    assert_eq!(
+        image,
+        "nvcr.io/nvidia/driver:580-6.8.0-1008-aws-ubuntu24.04"
+    );
+    for ds in &objects.daemon_sets {
+        assert_eq!(
+            ds.metadata.labels.as_ref().unwrap()[super::driver::PRECOMPILED_LABEL],
+            "true"
+        );
+        let template = ds
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            template.labels.as_ref().unwrap()[super::driver::PRECOMPILED_LABEL],
+            "true"
+        );
+        // Nothing is installed from packages: the repository config is not mounted.
+        let p = pod(ds);
+        assert!(
+            !p.volumes
+                .unwrap_or_default()
+                .iter()
+                .any(|v| v.name.contains("repo")),
+            "{:?}",
+            ds.metadata.name
+        );
+    }
+}
+
+#[test]
+fn precompiled_drivers_are_refused_where_they_cannot_apply_naming_the_field() {
+    let f = kernel_fleet(
+        &[("a", ("ubuntu", "22.04"), "5.15.0-1048-aws")],
+        "ubuntu22.04",
+    );
+    let problem = |spec: &str, facts: &ClusterFacts| match driver_outcome(&state(spec, facts)) {
+        Outcome::Invalid(m) => m.clone(),
+        other => panic!("{spec}: {other:?}"),
+    };
+    assert!(
+        problem(
+            "{driver: {usePrecompiled: true, repository: r, image: driver, version: 'sha256:abc'}}",
+            &f
+        )
+        .contains("spec.driver.version")
+    );
+    assert!(
+        problem(
+            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}, gds: {enabled: true}}",
+            &f
+        )
+        .contains("spec.gds.enabled")
+    );
+    // A running fleet is not switched all at once, either way.
+    let built = ClusterFacts {
+        live_driver: crate::facts::LiveDriver {
+            built_on_node: true,
+            precompiled: false,
+        },
+        ..f.clone()
+    };
+    assert!(
+        problem(
+            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
+            &built
+        )
+        .contains("spec.driver.usePrecompiled: the GPU nodes run nvidia-driver-daemonset")
+    );
+    let precompiled = ClusterFacts {
+        live_driver: crate::facts::LiveDriver {
+            built_on_node: false,
+            precompiled: true,
+        },
+        ..f.clone()
+    };
+    assert!(problem("{}", &precompiled).contains("precompiled driver DaemonSets"));
+    assert!(matches!(
+        driver_outcome(&state(
+            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
+            &precompiled
+        )),
+        Outcome::Rendered(_)
+    ));
+}

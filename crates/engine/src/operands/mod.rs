@@ -8,6 +8,7 @@ pub mod dcgm_exporter;
 pub mod device_plugin;
 pub mod dra_driver;
 pub mod driver;
+pub mod driver_kernel;
 pub mod driver_os;
 pub mod gfd;
 pub mod mig_manager;

@@ -200,6 +200,14 @@ pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
                 .to_owned(),
         );
     }
+    if spec.use_precompiled == Some(true) {
+        problems.push(
+            "spec.usePrecompiled: precompiled drivers for NVIDIADriver pools are not supported by \
+             this operator yet (the ClusterPolicy's driver.usePrecompiled is); set it to false"
+                .to_owned(),
+        );
+        return problems;
+    }
     let as_policy = crate::api::ClusterPolicySpec {
         driver: Some(driver_spec(spec, &DriverSpec::default())),
         ..Default::default()

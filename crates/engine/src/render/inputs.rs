@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use thiserror::Error;
 
 use super::render;
 use crate::api::ClusterPolicy;
 use crate::facts::{self, ClusterFacts, NamespaceObjects, Observed, Runtime};
+use crate::nodes::NodeView;
 use crate::operands::mig_manager;
 use crate::sharing::select::{SharingDecision, select_config};
 use crate::validate::validate;
@@ -39,6 +40,9 @@ pub struct RenderOptions {
     /// Any ConfigMaps; each is used for whichever field of the policy names it (others are
     /// ignored), so one set of files serves every policy.
     pub config_maps: Vec<ConfigMap>,
+    /// The cluster's nodes, for what depends on the GPU nodes' labels (precompiled driver
+    /// pools by kernel, DaemonSets per OS); none: no GPU node is known.
+    pub nodes: Vec<Node>,
 }
 
 /// Why the inputs do not make a set of facts.
@@ -185,11 +189,23 @@ pub fn facts_for(
             foreign_operator_service_monitor: false,
             nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
             nfd_frozen: None,
-            gpu_nodes: Vec::new(),
+            gpu_nodes: facts::gpu_nodes(
+                &options
+                    .nodes
+                    .iter()
+                    .map(|node| {
+                        Arc::new(NodeView::from_labels(
+                            node.metadata.name.as_deref().unwrap_or_default(),
+                            None,
+                            node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+                        ))
+                    })
+                    .collect::<Vec<_>>(),
+            ),
             image_env: BTreeMap::new(),
         },
     );
-    // No nodes here: the flag stands in for the GPU nodes' OS.
+    // The flag stands in for the GPU nodes' OS (the primary one, with --nodes).
     facts.os_tag = options.os_tag.clone().filter(|t| !t.is_empty());
     Ok(facts)
 }
@@ -212,6 +228,11 @@ impl NamespaceObjects for Given<'_> {
 
     fn daemon_set(&self, _: &str) -> Option<Arc<DaemonSet>> {
         None
+    }
+
+    // Offline rendering has no cluster: nothing runs.
+    fn daemon_sets_labelled(&self, _: &str, _: &str) -> Vec<Arc<DaemonSet>> {
+        Vec::new()
     }
 }
 

@@ -333,6 +333,14 @@ impl facts::NamespaceObjects for Listed {
     fn daemon_set(&self, name: &str) -> Option<Arc<DaemonSet>> {
         self.daemon_sets.get(name).cloned()
     }
+
+    fn daemon_sets_labelled(&self, key: &str, value: &str) -> Vec<Arc<DaemonSet>> {
+        self.daemon_sets
+            .values()
+            .filter(|ds| ds.labels().get(key).map(String::as_str) == Some(value))
+            .cloned()
+            .collect()
+    }
 }
 
 /// Whether an NFD master that is not ours runs (resolve's `foreign_nfd_master`).
