@@ -135,10 +135,10 @@ impl Component {
             | Component::DcgmExporter
             | Component::MigManager
             | Component::NodeStatusExporter
-            | Component::Nfd => true,
-            Component::Gds
-            | Component::GdrCopy
-            | Component::SandboxDevicePlugin
+            | Component::Nfd
+            | Component::Gds
+            | Component::GdrCopy => true,
+            Component::SandboxDevicePlugin
             | Component::KataSandboxDevicePlugin
             | Component::VgpuManager
             | Component::VgpuDeviceManager
@@ -361,17 +361,16 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_enabled_lists_gds_and_gdrcopy_only_when_on() {
+    fn gds_and_gdrcopy_are_deployed_so_never_listed_as_unsupported() {
         assert!(
             ClusterPolicySpec::default()
                 .unsupported_enabled()
                 .is_empty()
         );
+        assert!(Component::Gds.is_supported() && Component::GdrCopy.is_supported());
         let s = spec("{gds: {enabled: true}, gdrcopy: {enabled: true}}");
-        assert_eq!(
-            s.unsupported_enabled(),
-            [Component::Gds, Component::GdrCopy]
-        );
+        assert!(s.is_enabled(Component::Gds) && s.is_enabled(Component::GdrCopy));
+        assert_eq!(s.unsupported_enabled(), []);
     }
 
     #[test]

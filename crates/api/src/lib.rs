@@ -178,12 +178,12 @@ pub struct ClusterPolicySpec {
     /// Host paths the operands need when the node's layout differs from the usual one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_paths: Option<HostPathsSpec>,
-    /// GPUDirect Storage (the nvidia-fs kernel module, a driver sidecar). Off unless enabled is
-    /// true. Not supported by this operator yet: it is stored and reported, nothing is deployed.
+    /// GPUDirect Storage: the nvidia-fs kernel module, built and loaded by the nvidia-fs-ctr
+    /// sidecar of the driver pods. Off unless enabled is true. Not with precompiled drivers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gds: Option<GpuDirectStorageSpec>,
-    /// GDRCopy (the gdrdrv kernel module, a driver sidecar). Off unless enabled is true. Not
-    /// supported by this operator yet: it is stored and reported, nothing is deployed.
+    /// GDRCopy: the gdrdrv kernel module, built and loaded by the nvidia-gdrcopy-ctr sidecar of
+    /// the driver pods. Off unless enabled is true. Not with precompiled drivers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gdrcopy: Option<GdrCopySpec>,
     /// GPUs for sandboxed workloads (virtual machines). When enabled, nodes can be dedicated to

@@ -496,10 +496,12 @@ pub struct GpuDirectStorageSpec {
     /// Turn GPUDirect Storage on. Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// The nvidia-fs image. The tag gets the node's OS suffix.
+    /// The nvidia-fs image, run as the nvidia-fs-ctr sidecar of the driver pods. The tag gets
+    /// the GPU nodes' OS suffix (for example 2.29.4-ubuntu22.04) unless it is a digest.
     #[serde(flatten)]
     pub image: ImageSpec,
-    /// Arguments that replace the nvidia-fs container's arguments.
+    /// Accepted for compatibility and not used: NVIDIA's operator does not pass them to the
+    /// nvidia-fs container either (status lists them as not acted on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Vec<String>>,
     /// Environment variables of the nvidia-fs container.
@@ -521,10 +523,12 @@ pub struct GdrCopySpec {
     /// Turn GDRCopy on. Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// The gdrdrv image. The tag gets the node's OS suffix.
+    /// The gdrdrv image, run as the nvidia-gdrcopy-ctr sidecar of the driver pods. The tag gets
+    /// the GPU nodes' OS suffix (for example v2.6-ubuntu22.04) unless it is a digest.
     #[serde(flatten)]
     pub image: ImageSpec,
-    /// Arguments that replace the gdrdrv container's arguments.
+    /// Accepted for compatibility and not used: NVIDIA's operator does not pass them to the
+    /// gdrcopy container either (status lists them as not acted on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Vec<String>>,
     /// Environment variables of the gdrdrv container.

@@ -3,7 +3,7 @@
 //! of NVIDIA's API is silently ignored.
 //!
 //! Two kinds of entries: an enabled section whose operand this operator does not deploy
-//! (`spec.gds`), and a field inside an acted-on part of the policy that no render or controller
+//! (`spec.kataManager`), and a field inside an acted-on part of the policy that no render or controller
 //! code reads (`spec.dcgm.hostPort`). A field counts only when it asks for
 //! something: `false`, empty values and the CRD's own default ask for nothing, so a policy that
 //! only holds server-side defaults reports nothing.
@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 11] = [
+pub const NOT_ACTED_ON: [(&str, &str); 13] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -62,6 +62,14 @@ pub const NOT_ACTED_ON: [(&str, &str); 11] = [
     (
         "spec.sandboxWorkloads",
         "sandbox (virtual machine) workloads are not supported; nodes run containers",
+    ),
+    (
+        "spec.gds.args",
+        "NVIDIA's operator does not pass them to the nvidia-fs sidecar either",
+    ),
+    (
+        "spec.gdrcopy.args",
+        "NVIDIA's operator does not pass them to the gdrcopy sidecar either",
     ),
 ];
 
@@ -207,6 +215,21 @@ mod tests {
     }
 
     #[test]
+    fn gds_and_gdrcopy_are_acted_on_but_their_args_are_not() {
+        assert_eq!(
+            paths(
+                "{gds: {enabled: true, version: '2.29.4', env: [{name: A, value: b}]}, \
+                 gdrcopy: {enabled: true, imagePullSecrets: [s]}}"
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            paths("{gds: {enabled: true, args: [x]}, gdrcopy: {args: [y]}}"),
+            ["spec.gds.args", "spec.gdrcopy.args"]
+        );
+    }
+
+    #[test]
     fn enabled_unsupported_sections_come_first_and_their_fields_are_not_repeated() {
         let got = spec(
             "{gds: {enabled: true, version: '2.29'}, sandboxWorkloads: {enabled: true, mode: kata}, \
@@ -218,8 +241,6 @@ mod tests {
         assert_eq!(
             rendered,
             [
-                "spec.gds is accepted but not acted on by this operator (enabled, but this \
-                 operator does not deploy it)",
                 "spec.kataSandboxDevicePlugin is accepted but not acted on by this operator \
                  (enabled, but this operator does not deploy it)",
                 "spec.validator.vgpuDevices.env is accepted but not acted on by this operator \

@@ -748,7 +748,7 @@ mod tests {
         let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(unsupported_condition(&[], Some(1), None, &now), None);
         let lines = [
-            "spec.gds is accepted but not acted on by this operator (enabled, but this operator \
+            "spec.vgpuManager is accepted but not acted on by this operator (enabled, but this operator \
              does not deploy it)"
                 .to_owned(),
             "spec.driver.livenessProbe is accepted but not acted on by this \
@@ -761,7 +761,11 @@ mod tests {
             (UNSUPPORTED, "True", reason::NOT_ACTED_ON)
         );
         assert_eq!(c.observed_generation, Some(4));
-        assert!(c.message.contains("spec.gds is accepted"), "{}", c.message);
+        assert!(
+            c.message.contains("spec.vgpuManager is accepted"),
+            "{}",
+            c.message
+        );
         assert!(
             c.message.contains("; spec.driver.livenessProbe"),
             "{}",

@@ -7,7 +7,8 @@
 //!   so a policy file rendered by `gpu-operator render` and the same policy read from the
 //!   cluster render identically;
 //! - resolves the image of every enabled operand (policy fields, then `facts.image_env`, then
-//!   the pinned default), appending the GPU nodes' OS suffix to the driver tag;
+//!   the pinned default), appending the GPU nodes' OS suffix to the tags of the driver and of
+//!   the GDS and GDRCopy sidecars (NVIDIA's `resolveDriverTag` rule);
 //! - checks what render cannot do without (named ConfigMaps present, OS known where a path or
 //!   tag depends on it, absolute host paths, supported driver mode).
 //!
@@ -102,17 +103,24 @@ fn resolve_image(
             kind.env_var()
         )
     })?;
-    if kind != ImageKind::Driver || resolved.is_digest {
+    let what = match kind {
+        ImageKind::Driver => "driver",
+        ImageKind::Gds => "GPUDirect Storage (nvidia-fs)",
+        ImageKind::GdrCopy => "GDRCopy (gdrdrv)",
+        _ => return Ok(resolved.reference),
+    };
+    if resolved.is_digest {
         return Ok(resolved.reference);
     }
     match facts.os_tag.as_deref() {
         Some(os) => Ok(format!("{}-{os}", resolved.reference)),
         None => Err(format!(
-            "spec.driver: the driver image tag needs the GPU nodes' OS suffix (for example \
-             {}-ubuntu22.04), and no GPU node with NFD OS labels \
+            "{field}: the {what} image tag needs the GPU nodes' OS suffix (for example \
+             {reference}-ubuntu22.04), and no GPU node with NFD OS labels \
              (feature.node.kubernetes.io/system-os_release.ID and VERSION_ID) is known yet; the \
-             driver renders once one is, or pin spec.driver.version to a sha256 digest",
-            resolved.reference
+             driver renders once one is, or pin {field}.version to a sha256 digest",
+            field = kind.field_path(),
+            reference = resolved.reference
         )),
     }
 }

@@ -210,7 +210,7 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
         json!({
             "driver": {"useOpenKernelModules": true, "upgradePolicy": {"autoUpgrade": false}, "readinessProbe": {"periodSeconds": 20}},
             "dcgm": {"hostPort": 5555},
-            "gds": {"enabled": true},
+            "gds": {"args": ["--verbose"]},
         }),
         &[],
     ).await else {
@@ -219,7 +219,7 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
     let message = await_unsupported(
         &s,
         &[
-            "spec.gds",
+            "spec.gds.args",
             "spec.driver.useOpenKernelModules",
             "spec.dcgm.hostPort",
         ],
@@ -245,7 +245,7 @@ async fn fields_accepted_but_not_acted_on_are_named_in_status_by_path() {
     s.patch_policy(json!({"spec": {
         "driver": {"useOpenKernelModules": null},
         "dcgm": {"hostPort": null},
-        "gds": {"enabled": false},
+        "gds": {"args": null},
     }}))
     .await;
     await_unsupported(&s, &[]).await;

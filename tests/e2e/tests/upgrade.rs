@@ -946,3 +946,210 @@ async fn relabelling_keeps_driver_pods_a_new_driver_manager_restarts_them_in_pla
         .delete(&ml, &DeleteParams::default())
         .await;
 }
+
+/// The driver DaemonSet's live pod template.
+async fn driver_template(s: &Setup) -> serde_json::Value {
+    let ds = s.daemonsets().get(DRIVER).await.unwrap();
+    serde_json::to_value(ds.spec.unwrap().template).unwrap()
+}
+
+const SIDECARS: [&str; 2] = ["nvidia-fs-ctr", "nvidia-gdrcopy-ctr"];
+
+/// `template` without the GDS / GDRCopy sidecars and the env that tells of them (the flags and
+/// the config digest, which follow them).
+fn without_sidecars(mut template: serde_json::Value) -> serde_json::Value {
+    let spec = &mut template["spec"];
+    if let Some(containers) = spec["containers"].as_array_mut() {
+        containers.retain(|c| !SIDECARS.contains(&c["name"].as_str().unwrap_or_default()));
+    }
+    for list in ["initContainers", "containers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            if let Some(env) = c["env"].as_array_mut() {
+                env.retain(|e| {
+                    !["GDS_ENABLED", "GDRCOPY_ENABLED", "DRIVER_CONFIG_DIGEST"]
+                        .contains(&e["name"].as_str().unwrap_or_default())
+                });
+            }
+        }
+    }
+    template
+}
+
+fn container_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
+        .collect()
+}
+
+/// Waits until every node in `nodes` runs a new driver pod (not in `old`) with exactly the
+/// containers `want` and is `upgrade-done`.
+async fn await_driver_pods(
+    s: &Setup,
+    old: &BTreeMap<String, Pod>,
+    want: &[&str],
+    what: &str,
+) -> BTreeMap<String, Pod> {
+    let (admin, ns) = (&s.admin, &s.identity.namespace);
+    wait::until(ROLLOUT, what, || async move {
+        let pods = driver_pods(admin, ns).await;
+        let states = node_states(admin).await;
+        let waiting: Vec<String> = old
+            .iter()
+            .filter(|(node, before)| {
+                !pods
+                    .get(*node)
+                    .is_some_and(|p| p.uid() != before.uid() && container_names(p) == want)
+                    || states.get(*node).map(|(st, _)| st.as_str()) != Some("upgrade-done")
+            })
+            .map(|(node, _)| node.clone())
+            .collect();
+        Ok(if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("waiting: {waiting:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    driver_pods(admin, ns).await
+}
+
+#[tokio::test]
+async fn gds_and_gdrcopy_switched_on_and_off_add_and_remove_only_their_sidecars_and_roll_the_drivers()
+ {
+    let spec = json!({"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 3, "maxUnavailable": "100%",
+        "podDeletion": {"force": true, "timeoutSeconds": 60}
+    }}});
+    let Some(s) = start_on_generated_rbac(spec).await else {
+        return;
+    };
+    let (admin, ns, user) = (
+        s.admin.clone(),
+        s.identity.namespace.clone(),
+        s.identity.username(),
+    );
+    s.await_state(State::Ready, "policy ready").await;
+    let all: BTreeSet<String> = driver_pods(&admin, &ns).await.keys().cloned().collect();
+    assert!(all.len() >= 2, "{all:?}");
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done",
+    )
+    .await;
+    let original = driver_template(&s).await;
+    let before = driver_pods(&admin, &ns).await;
+    let audit = AuditLog::from_env().unwrap();
+
+    // On: the two sidecars and their flags, nothing else of the template changes, and the
+    // upgrade controller replaces every driver pod (the DaemonSet is OnDelete).
+    let mark = audit.mark().unwrap();
+    s.patch_policy(json!({"spec": {"gds": {"enabled": true}, "gdrcopy": {"enabled": true}}}))
+        .await;
+    let s_ref = &s;
+    let with = wait::until(
+        ROLLOUT,
+        "driver template has both sidecars",
+        || async move {
+            let t = driver_template(s_ref).await;
+            let names: Vec<&str> = t["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str())
+                .collect();
+            Ok(
+                if names == ["nvidia-driver-ctr", SIDECARS[0], SIDECARS[1]] {
+                    Ok(t)
+                } else {
+                    Err(format!("{names:?}"))
+                },
+            )
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    assert_eq!(
+        without_sidecars(with.clone()),
+        without_sidecars(original.clone()),
+        "only the sidecars and their env differ"
+    );
+    let main = &with["spec"]["containers"][0];
+    for flag in ["GDS_ENABLED", "GDRCOPY_ENABLED"] {
+        assert!(
+            main["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == flag && e["value"] == "true"),
+            "{flag} on the driver container"
+        );
+    }
+    let os = image(before.values().next().unwrap());
+    let os = os.rsplit('-').next().unwrap();
+    assert_eq!(
+        with["spec"]["containers"][1]["image"],
+        format!("nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4-{os}")
+    );
+    let on = await_driver_pods(
+        &s,
+        &before,
+        &["nvidia-driver-ctr", SIDECARS[0], SIDECARS[1]],
+        "every driver pod replaced with the sidecars",
+    )
+    .await;
+    let events = audit.of_user_since(mark, &user).unwrap();
+    for (node, old) in &before {
+        assert!(
+            events.iter().any(|e| e.verb == "delete"
+                && e.resource() == "pods"
+                && e.name() == Some(old.name_any().as_str())),
+            "{node}: the upgrade controller did not replace its driver pod"
+        );
+    }
+
+    // Off again: the live template is the original one, field for field, and the pods go back.
+    s.patch_policy(json!({"spec": {"gds": {"enabled": false}, "gdrcopy": null}}))
+        .await;
+    let original_ref = &original;
+    wait::until(
+        ROLLOUT,
+        "driver template back to the original",
+        || async move {
+            let t = driver_template(s_ref).await;
+            Ok(if &t == original_ref {
+                Ok(())
+            } else {
+                Err(json_diff(original_ref, &t))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    await_driver_pods(
+        &s,
+        &on,
+        &["nvidia-driver-ctr"],
+        "every driver pod replaced without the sidecars",
+    )
+    .await;
+    teardown(s, &[]).await;
+}
+
+/// The container names and env of a template, for a failure message.
+fn json_diff(want: &serde_json::Value, got: &serde_json::Value) -> String {
+    let brief = |t: &serde_json::Value| {
+        t["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{} env={}", c["name"], c["env"]))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    format!("want {}\ngot  {}", brief(want), brief(got))
+}

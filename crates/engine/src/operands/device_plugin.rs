@@ -264,6 +264,15 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     for var in common::mig_env(spec) {
         common::set_env(&mut envs, var);
     }
+    // The plugin then injects /dev/nvidia-fs* and the InfiniBand devices (GDS), and
+    // /dev/gdrdrv (GDRCopy), into the containers it allocates GPUs to.
+    if spec.is_enabled(Component::Gds) {
+        common::set_env(&mut envs, env("GDS_ENABLED", "true"));
+        common::set_env(&mut envs, env("MOFED_ENABLED", "true"));
+    }
+    if spec.is_enabled(Component::GdrCopy) {
+        common::set_env(&mut envs, env("GDRCOPY_ENABLED", "true"));
+    }
     if common::cdi_enabled(spec) {
         common::set_env(&mut envs, env("CDI_ENABLED", "true"));
         common::set_env(

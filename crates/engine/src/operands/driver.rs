@@ -1,20 +1,22 @@
 //! Render stage, driver (pure, no IO): DaemonSet `nvidia-driver-daemonset` (always OnDelete,
 //! hostPID) with the k8s-driver-manager init container, the driver container and its startup
-//! probe, the optional nvidia-peermem sidecar, the startup-probe ConfigMap and RBAC
-//! (docs/operand-facts.md §5). The image tag carries the GPU nodes' OS suffix, added by validate.
+//! probe, the optional nvidia-peermem, nvidia-fs (GPUDirect Storage, `spec.gds`) and
+//! nvidia-gdrcopy (`spec.gdrcopy`) sidecars, the startup-probe ConfigMap and RBAC
+//! (docs/operand-facts.md §5). The image tags of the driver and of the GDS and GDRCopy sidecars
+//! carry the GPU nodes' OS suffix, added by validate.
 //!
 //! Not rendered here: precompiled and OpenShift Driver Toolkit variants (validate rejects
 //! precompiled; DTK needs ImageStream facts we do not have, so OpenShift gets the standard
-//! driver), and the GDS / GDRCopy sidecars (reported as unsupported).
+//! driver).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar, ExecAction,
-    KeyToPath, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource,
-    SecretVolumeSource, Volume, VolumeMount,
+    KeyToPath, Lifecycle, LifecycleHandler, LocalObjectReference, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe,
+    SecretEnvSource, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -25,7 +27,8 @@ use super::common::{
 };
 use super::{driver_os, openshift};
 use crate::api::{
-    ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, ImageKind, KernelModuleType,
+    ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, EnvVar as PolicyEnvVar,
+    ImageKind, ImageSpec, KernelModuleType,
 };
 use crate::facts::{ClusterFacts, Runtime};
 use crate::model::ValidatedPolicy;
@@ -39,7 +42,7 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     deploy_label: Some(crate::nodes::DEPLOY_DRIVER),
     consumes_sharing_config: false,
     enabled: super::Enabled::BySwitch,
-    images: |_, _| vec![ImageKind::Driver, ImageKind::DriverManager],
+    images: |spec, _| images(spec),
     host_paths: super::defaults::no_host_paths,
     render,
     check,
@@ -59,6 +62,10 @@ pub const SERVICE_ACCOUNT: &str = "nvidia-driver";
 pub const MAIN_CONTAINER: &str = "nvidia-driver-ctr";
 pub const MANAGER_CONTAINER: &str = "k8s-driver-manager";
 pub const PEERMEM_CONTAINER: &str = "nvidia-peermem-ctr";
+/// The GPUDirect Storage sidecar (loads nvidia-fs), with `gds.enabled`.
+pub const GDS_CONTAINER: &str = "nvidia-fs-ctr";
+/// The GDRCopy sidecar (loads gdrdrv), with `gdrcopy.enabled`.
+pub const GDRCOPY_CONTAINER: &str = "nvidia-gdrcopy-ctr";
 /// `app.kubernetes.io/component` of driver pods; the validator finds the driver DaemonSet by
 /// it and the anti-affinity keeps one driver pod per node with it.
 pub const COMPONENT: &str = "nvidia-driver";
@@ -222,6 +229,59 @@ pub fn cert_dir(os_id: &str) -> Option<&'static str> {
     }
 }
 
+/// The images the driver's pods run: the driver and its manager, and the GDS and GDRCopy
+/// sidecars' images where the policy turns them on.
+fn images(spec: &ClusterPolicySpec) -> Vec<ImageKind> {
+    let mut kinds = vec![ImageKind::Driver, ImageKind::DriverManager];
+    if spec.is_enabled(Component::Gds) {
+        kinds.push(ImageKind::Gds);
+    }
+    if spec.is_enabled(Component::GdrCopy) {
+        kinds.push(ImageKind::GdrCopy);
+    }
+    kinds
+}
+
+/// The images of one OS's driver pods, each with that OS's suffix (unless pinned by digest):
+/// the driver, and the GDS and GDRCopy sidecars' images when they are on (`None`: no sidecar).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverImages {
+    pub driver: String,
+    pub gds: Option<String>,
+    pub gdrcopy: Option<String>,
+}
+
+impl DriverImages {
+    /// The policy's images, resolved by validate with the primary OS's suffix.
+    fn of_policy(policy: &ValidatedPolicy) -> DriverImages {
+        let sidecar = |component, kind| {
+            policy
+                .spec
+                .is_enabled(component)
+                .then(|| common::image(policy, kind))
+        };
+        DriverImages {
+            driver: common::image(policy, ImageKind::Driver),
+            gds: sidecar(Component::Gds, ImageKind::Gds),
+            gdrcopy: sidecar(Component::GdrCopy, ImageKind::GdrCopy),
+        }
+    }
+
+    /// These images (suffixed for `primary`) for the nodes of `tag`: the OS suffix replaced,
+    /// digests kept (a digest pins one image for every OS).
+    fn for_os(&self, primary: &str, tag: &str) -> DriverImages {
+        let swap = |image: &String| match image.strip_suffix(&format!("-{primary}")) {
+            Some(reference) => format!("{reference}-{tag}"),
+            None => image.clone(),
+        };
+        DriverImages {
+            driver: swap(&self.driver),
+            gds: self.gds.as_ref().map(swap),
+            gdrcopy: self.gdrcopy.as_ref().map(swap),
+        }
+    }
+}
+
 fn non_empty(s: Option<&String>) -> Option<&str> {
     s.map(String::as_str).filter(|s| !s.is_empty())
 }
@@ -303,9 +363,9 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
 /// is left, none is rendered. The ServiceAccount, RBAC and startup-probe ConfigMap stay, as the
 /// pools' DaemonSets use them too.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
-    let image = common::image(policy, ImageKind::Driver);
+    let image = DriverImages::of_policy(policy);
     if uses_precompiled(&policy.spec) {
-        return render_precompiled(policy, facts, &image);
+        return render_precompiled(policy, facts, image);
     }
     if !uses_nvidia_driver_crd(&policy.spec) {
         let pools = driver_os::split(facts);
@@ -335,20 +395,21 @@ pub fn uses_precompiled(spec: &ClusterPolicySpec) -> bool {
 }
 
 /// The driver's objects with precompiled images: one DaemonSet per kernel of the GPU nodes
-/// ([`super::driver_kernel`]), none while no GPU node has a kernel pool. `image` is the
-/// resolved reference with the primary OS suffix, which each pool replaces by its kernel and
-/// OS.
+/// ([`super::driver_kernel`]), none while no GPU node has a kernel pool. The driver image of
+/// `images` is the resolved reference with the primary OS suffix, which each pool replaces by
+/// its kernel and OS.
 fn render_precompiled(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
-    image: &str,
+    images: DriverImages,
 ) -> Option<OperandObjects> {
     let primary = facts.os_tag.clone().unwrap_or_default();
-    let reference = image
+    let reference = images
+        .driver
         .strip_suffix(&format!("-{primary}"))
-        .unwrap_or(image)
+        .unwrap_or(&images.driver)
         .to_owned();
-    let mut objects = render_os(policy, facts, image.to_owned())?;
+    let mut objects = render_os(policy, facts, images)?;
     let (pools, _) = super::driver_kernel::pools(&facts.gpu_nodes);
     let mut daemon_sets = Vec::new();
     for pool in &pools {
@@ -356,7 +417,13 @@ fn render_precompiled(
             os_tag: Some(pool.os_tag.clone()),
             ..facts.clone()
         };
-        let mut ds = render_os(policy, &pool_facts, pool.image(&reference))?
+        // No GDS or GDRCopy beside precompiled drivers (check refuses them).
+        let pool_images = DriverImages {
+            driver: pool.image(&reference),
+            gds: None,
+            gdrcopy: None,
+        };
+        let mut ds = render_os(policy, &pool_facts, pool_images)?
             .daemon_sets
             .into_iter()
             .next()?;
@@ -427,21 +494,21 @@ fn keep_off_pools(ds: &mut DaemonSet) {
     });
 }
 
-/// The driver DaemonSet for the GPU nodes of one OS, with driver image `image` (the OS suffix
-/// included), named `name` and selecting the OS's nodes: what an NVIDIADriver pool renders
-/// per OS, from the same render as the policy's own driver.
+/// The driver DaemonSet for the GPU nodes of one OS, with `images` (the OS suffix included),
+/// named `name` and selecting the OS's nodes: what an NVIDIADriver pool renders per OS, from
+/// the same render as the policy's own driver.
 pub fn render_pool_daemon_set(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
     pool: &driver_os::OsPool,
-    image: String,
+    images: DriverImages,
     name: &str,
 ) -> Option<DaemonSet> {
     let pool_facts = ClusterFacts {
         os_tag: Some(pool.tag.clone()),
         ..facts.clone()
     };
-    let mut ds = render_os(policy, &pool_facts, image)?
+    let mut ds = render_os(policy, &pool_facts, images)?
         .daemon_sets
         .into_iter()
         .next()?;
@@ -454,7 +521,7 @@ pub fn render_pool_daemon_set(
 fn render_fleet(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
-    image: String,
+    image: DriverImages,
     pools: Option<Vec<driver_os::OsPool>>,
 ) -> Option<OperandObjects> {
     let mut objects = render_os(policy, facts, image.clone())?;
@@ -471,12 +538,7 @@ fn render_fleet(
                 os_tag: Some(pool.tag.clone()),
                 ..facts.clone()
             };
-            let image = match image.strip_suffix(&format!("-{primary}")) {
-                Some(reference) => format!("{reference}-{}", pool.tag),
-                // A digest pins one image for every OS.
-                None => image.clone(),
-            };
-            render_os(policy, &pool_facts, image)?
+            render_os(policy, &pool_facts, image.for_os(&primary, &pool.tag))?
                 .daemon_sets
                 .into_iter()
                 .next()?
@@ -529,11 +591,11 @@ fn select_os(ds: &mut DaemonSet, pool: &driver_os::OsPool, rename: Option<String
     ds.metadata.name = Some(name);
 }
 
-/// The driver's objects for the GPU nodes of `facts.os_tag`, with driver image `image`.
+/// The driver's objects for the GPU nodes of `facts.os_tag`, with `images` (that OS's).
 fn render_os(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
-    image: String,
+    images: DriverImages,
 ) -> Option<OperandObjects> {
     let spec = &policy.spec;
     let default_driver = DriverSpec::default();
@@ -541,13 +603,139 @@ fn render_os(
     if !spec.is_enabled(Component::Driver) {
         return None;
     }
+    let sidecars = sidecars(spec, &images);
     let files = host_files(driver, facts);
     let manager = manager_container(policy, driver);
-    let mut containers = vec![driver_container(driver, &image, files.driver_mounts)];
-    containers.extend(peermem_container(driver, &image, files.peermem_mounts));
+    let mut containers = vec![driver_container(
+        driver,
+        &sidecars,
+        &images.driver,
+        files.driver_mounts,
+    )];
+    containers.extend(peermem_container(
+        driver,
+        &images.driver,
+        files.peermem_mounts,
+    ));
+    containers.extend(
+        sidecars
+            .iter()
+            .map(|s| sidecar_container(driver, s, files.sidecar_mounts.clone())),
+    );
     let pod = pod_spec(manager, containers, files.volumes);
-    let daemon_set = daemon_set(policy, facts, driver, pod);
+    let mut daemon_set = daemon_set(policy, facts, driver, pod);
+    sidecar_pull_settings(&mut daemon_set, &sidecars);
     Some(objects(facts, daemon_set))
+}
+
+/// One kernel-module sidecar of the driver pod (GDS or GDRCopy): what NVIDIA's
+/// `transformGDSContainer` / `transformGDRCopyContainer` make of the asset's container.
+struct Sidecar<'a> {
+    container: &'static str,
+    /// Driver container env var telling the startup probe (and so the validator) it is on.
+    flag: &'static str,
+    image: &'a str,
+    /// The kernel module it loads, as `lsmod` names it.
+    module: &'static str,
+    /// The command of its image that builds and loads the module.
+    install: &'static str,
+    settings: &'a ImageSpec,
+    env: Option<&'a Vec<PolicyEnvVar>>,
+}
+
+/// The sidecars `images` holds an image for (validate resolved one exactly for those the
+/// policy turns on), GDS first as in NVIDIA's DaemonSet.
+fn sidecars<'a>(spec: &'a ClusterPolicySpec, images: &'a DriverImages) -> Vec<Sidecar<'a>> {
+    let mut out = Vec::new();
+    if let (Some(gds), Some(image)) = (spec.gds.as_ref(), images.gds.as_deref()) {
+        out.push(Sidecar {
+            container: GDS_CONTAINER,
+            flag: "GDS_ENABLED",
+            image,
+            module: "nvidia_fs",
+            install: "nvidia-gds-driver",
+            settings: &gds.image,
+            env: gds.env.as_ref(),
+        });
+    }
+    if let (Some(gdrcopy), Some(image)) = (spec.gdrcopy.as_ref(), images.gdrcopy.as_deref()) {
+        out.push(Sidecar {
+            container: GDRCOPY_CONTAINER,
+            flag: "GDRCOPY_ENABLED",
+            image,
+            module: "gdrdrv",
+            install: "nvidia-gdrcopy-driver",
+            settings: &gdrcopy.image,
+            env: gdrcopy.env.as_ref(),
+        });
+    }
+    out
+}
+
+/// A kernel-module sidecar: it waits until the driver container has published its sources and
+/// loaded the driver, then builds and loads its module; started once `lsmod` lists it. The
+/// policy's env for it, the driver's secret env (the build may need proxies or credentials) and
+/// the package repository and CA files it builds with.
+fn sidecar_container(
+    driver: &DriverSpec,
+    sidecar: &Sidecar<'_>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let mut sidecar_env = Vec::new();
+    merge_user_env(&mut sidecar_env, sidecar.env);
+    let wait_and_install = format!(
+        "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep nvidia; do echo  Waiting for \
+         nvidia-driver to be installed...; sleep 10; done; exec {} install",
+        sidecar.install
+    );
+    let loaded = format!("lsmod | grep {}", sidecar.module);
+    let mut sidecar_mounts = vec![
+        mount(RUN_NVIDIA, "/run/nvidia").host_to_container(),
+        mount(VAR_LOG, "/var/log"),
+        mount(DEV_LOG, "/dev/log").read_only(),
+    ];
+    sidecar_mounts.extend(mounts);
+    Container {
+        env: (!sidecar_env.is_empty()).then_some(sidecar_env),
+        env_from: secret_env_from(driver),
+        security_context: Some(common::privileged_s0()),
+        volume_mounts: Some(sidecar_mounts),
+        startup_probe: Some(probe(&["sh", "-c", &loaded], [10, 10, 10, 120, 1], None)),
+        ..common::container(
+            sidecar.container,
+            sidecar.image,
+            &["bash", "-xc"],
+            &[&wait_and_install],
+        )
+    }
+}
+
+/// Pull policy and pull secrets of the sidecars from their own sections (the common rules gave
+/// every container the driver's pull policy): NVIDIA adds their pull secrets to the pod's.
+fn sidecar_pull_settings(daemon_set: &mut DaemonSet, sidecars: &[Sidecar<'_>]) {
+    let Some(pod) = daemon_set
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    else {
+        return;
+    };
+    for sidecar in sidecars {
+        if let Some(c) = pod
+            .containers
+            .iter_mut()
+            .find(|c| c.name == sidecar.container)
+        {
+            c.image_pull_policy = Some(common::pull_policy(Some(sidecar.settings)));
+        }
+        let names = sidecar.settings.image_pull_secrets.iter().flatten();
+        for name in names.filter(|n| !n.is_empty()) {
+            let secrets = pod.image_pull_secrets.get_or_insert_with(Vec::new);
+            if !secrets.iter().any(|s| &s.name == name) {
+                secrets.push(LocalObjectReference { name: name.clone() });
+            }
+        }
+    }
 }
 
 /// Whether the driver builds against the host's MOFED instead of the MOFED driver container's.
@@ -564,12 +752,14 @@ fn config_map_keys(facts: &ClusterFacts, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The driver pod's volumes and what the driver and peermem containers mount of them.
+/// The driver pod's volumes and what the driver, peermem and GDS / GDRCopy sidecars mount of
+/// them (the sidecars' own host directories are in [`sidecar_container`]).
 #[derive(Default)]
 struct HostFiles {
     volumes: Vec<Volume>,
     driver_mounts: Vec<VolumeMount>,
     peermem_mounts: Vec<VolumeMount>,
+    sidecar_mounts: Vec<VolumeMount>,
 }
 
 impl HostFiles {
@@ -578,6 +768,7 @@ impl HostFiles {
         self.volumes.extend(other.volumes);
         self.driver_mounts.extend(other.driver_mounts);
         self.peermem_mounts.extend(other.peermem_mounts);
+        self.sidecar_mounts.extend(other.sidecar_mounts);
     }
 }
 
@@ -605,6 +796,7 @@ fn host_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
                 )],
                 driver_mounts: vec![mount("lib-modules", "/run/host/lib/modules").read_only()],
                 peermem_mounts: Vec::new(),
+                sidecar_mounts: Vec::new(),
             });
         }
         return files;
@@ -651,6 +843,7 @@ fn standard_host_files(host_mofed: bool) -> HostFiles {
         volumes: standard_volumes(host_mofed),
         driver_mounts,
         peermem_mounts,
+        sidecar_mounts: Vec::new(),
     }
 }
 
@@ -777,6 +970,7 @@ fn licensing_files(driver: &DriverSpec) -> HostFiles {
         volumes: vec![volume],
         driver_mounts,
         peermem_mounts: Vec::new(),
+        sidecar_mounts: Vec::new(),
     }
 }
 
@@ -803,6 +997,7 @@ fn topology_files(driver: &DriverSpec) -> HostFiles {
                 .read_only(),
         ],
         peermem_mounts: Vec::new(),
+        sidecar_mounts: Vec::new(),
     }
 }
 
@@ -821,6 +1016,7 @@ fn kernel_module_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
         )],
         driver_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
         peermem_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
+        sidecar_mounts: Vec::new(),
     }
 }
 
@@ -830,10 +1026,13 @@ fn repo_files(driver: &DriverSpec, os: &str, facts: &ClusterFacts) -> HostFiles 
     let (Some(name), Some(dir)) = (repo_config_name(driver), repo_dir(os)) else {
         return HostFiles::default();
     };
+    let mounts = per_key_mounts(REPO_CONFIG, dir, &config_map_keys(facts, name));
     HostFiles {
         volumes: vec![common::config_map_volume(REPO_CONFIG, name, None, &[])],
-        driver_mounts: per_key_mounts(REPO_CONFIG, dir, &config_map_keys(facts, name)),
+        driver_mounts: mounts.clone(),
         peermem_mounts: Vec::new(),
+        // The sidecars build their modules with the OS's packages too.
+        sidecar_mounts: mounts,
     }
 }
 
@@ -842,10 +1041,12 @@ fn cert_files(driver: &DriverSpec, os: &str, facts: &ClusterFacts) -> HostFiles 
     let (Some(name), Some(dir)) = (cert_config_name(driver), cert_dir(os)) else {
         return HostFiles::default();
     };
+    let mounts = per_key_mounts(CERT_CONFIG, dir, &config_map_keys(facts, name));
     HostFiles {
         volumes: vec![common::config_map_volume(CERT_CONFIG, name, None, &[])],
-        driver_mounts: per_key_mounts(CERT_CONFIG, dir, &config_map_keys(facts, name)),
+        driver_mounts: mounts.clone(),
         peermem_mounts: Vec::new(),
+        sidecar_mounts: mounts,
     }
 }
 
@@ -944,8 +1145,10 @@ fn manager_container(policy: &ValidatedPolicy, driver: &DriverSpec) -> Container
     }
 }
 
-/// The driver container's env: the node, the kernel module flavour, RDMA, then the user's.
-fn driver_env(driver: &DriverSpec) -> Vec<EnvVar> {
+/// The driver container's env: the node, the kernel module flavour, the GDRCopy and GDS
+/// flags (the startup probe hands them to the validator through `.driver-ctr-ready`), RDMA,
+/// then the user's.
+fn driver_env(driver: &DriverSpec, sidecars: &[Sidecar<'_>]) -> Vec<EnvVar> {
     let mut driver_env = vec![
         env_field("NODE_NAME", "spec.nodeName"),
         env_field("NODE_IP", "status.hostIP"),
@@ -961,25 +1164,41 @@ fn driver_env(driver: &DriverSpec) -> Vec<EnvVar> {
             driver_env.push(env("OPEN_KERNEL_MODULES_ENABLED", "true"));
         }
     }
+    // NVIDIA's order: GDRCopy, then GDS.
+    for flag in ["GDRCOPY_ENABLED", "GDS_ENABLED"] {
+        if sidecars.iter().any(|s| s.flag == flag) {
+            driver_env.push(env(flag, "true"));
+        }
+    }
     driver_env.extend(rdma_env(driver));
     merge_user_env(&mut driver_env, driver.container.env.as_ref());
     driver_env
 }
 
+/// The driver's `secretEnv` as an env source (driver container and sidecars).
+fn secret_env_from(driver: &DriverSpec) -> Option<Vec<EnvFromSource>> {
+    non_empty(driver.secret_env.as_ref()).map(|secret| {
+        vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name: secret.to_owned(),
+                optional: None,
+            }),
+            ..EnvFromSource::default()
+        }]
+    })
+}
+
 /// The driver container, which builds (or installs) and loads the driver and keeps it loaded.
-fn driver_container(driver: &DriverSpec, image: &str, mounts: Vec<VolumeMount>) -> Container {
+fn driver_container(
+    driver: &DriverSpec,
+    sidecars: &[Sidecar<'_>],
+    image: &str,
+    mounts: Vec<VolumeMount>,
+) -> Container {
     let ready_files = "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status";
     Container {
-        env: Some(driver_env(driver)),
-        env_from: non_empty(driver.secret_env.as_ref()).map(|secret| {
-            vec![EnvFromSource {
-                secret_ref: Some(SecretEnvSource {
-                    name: secret.to_owned(),
-                    optional: None,
-                }),
-                ..EnvFromSource::default()
-            }]
-        }),
+        env: Some(driver_env(driver, sidecars)),
+        env_from: secret_env_from(driver),
         security_context: Some(common::privileged_s0()),
         volume_mounts: Some(mounts),
         // Building and loading the modules can take many minutes.

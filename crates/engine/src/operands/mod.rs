@@ -29,6 +29,8 @@ mod device_plugin_tests;
 #[cfg(test)]
 mod dra_driver_tests;
 #[cfg(test)]
+mod driver_gds_tests;
+#[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
 mod mig_manager_tests;

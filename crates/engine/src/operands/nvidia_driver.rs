@@ -53,6 +53,10 @@ pub struct ValidatedNvidiaDriver {
     pub image: String,
     /// The driver-manager image, when the NVIDIADriver names one (else the ClusterPolicy's).
     pub manager_image: Option<String>,
+    /// The GPUDirect Storage (nvidia-fs) image without the OS suffix, when `gds` is enabled.
+    pub gds_image: Option<String>,
+    /// The GDRCopy (gdrdrv) image without the OS suffix, when `gdrcopy` is enabled.
+    pub gdrcopy_image: Option<String>,
     /// The GPU nodes the pool selects.
     pub nodes: Vec<Arc<NodeView>>,
 }
@@ -180,6 +184,77 @@ pub fn image(spec: &NvidiaDriverSpec) -> Result<String, String> {
     })
 }
 
+/// The image of an enabled GDS or GDRCopy sidecar (`field` is `spec.gds` or `spec.gdrcopy`)
+/// without the OS suffix: as for the driver, NVIDIA takes no image from the operator's
+/// environment for an NVIDIADriver, so the image must be named in the NVIDIADriver.
+fn sidecar_image(fields: &ImageSpec, kind: ImageKind, field: &str) -> Result<String, String> {
+    let set = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
+    if !set(&fields.repository) && !set(&fields.image) && !set(&fields.version) {
+        return Err(format!(
+            "{field}: enabled without an image; set {field}.repository, image and version (for \
+             example {}), NVIDIA takes no default image for an NVIDIADriver",
+            kind.pinned().unwrap_or_default()
+        ));
+    }
+    crate::api::resolve(Some(fields), kind, &|_| None)
+        .map(|r| r.reference)
+        .map_err(|e| e.to_string().replacen(kind.field_path(), field, 1))
+}
+
+/// The images of the pool's enabled GDS and GDRCopy sidecars (without OS suffix), or the
+/// problems with them.
+pub fn sidecar_images(
+    spec: &NvidiaDriverSpec,
+) -> Result<(Option<String>, Option<String>), Vec<String>> {
+    let mut problems = Vec::new();
+    let mut resolve = |fields: Option<&ImageSpec>, kind, field| {
+        let fields = fields?;
+        sidecar_image(fields, kind, field)
+            .map_err(|e| problems.push(e))
+            .ok()
+    };
+    let gds = resolve(
+        spec.gds
+            .as_ref()
+            .filter(|g| g.is_enabled())
+            .map(|g| &g.image),
+        ImageKind::Gds,
+        "spec.gds",
+    );
+    let gdrcopy = resolve(
+        spec.gdrcopy
+            .as_ref()
+            .filter(|g| g.is_enabled())
+            .map(|g| &g.image),
+        ImageKind::GdrCopy,
+        "spec.gdrcopy",
+    );
+    if problems.is_empty() {
+        Ok((gds, gdrcopy))
+    } else {
+        Err(problems)
+    }
+}
+
+/// Whether GPUDirect Storage at `version` needs the open kernel modules: from 2.17.5 on, and
+/// for a digest (whose version is unknown), as NVIDIA's `IsOpenKernelModulesRequired` decides.
+fn gds_needs_open_modules(version: &str) -> bool {
+    if version.starts_with("sha256") {
+        return true;
+    }
+    let parts: Vec<u64> = version
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .take(3)
+        .map_while(|p| p.parse().ok())
+        .collect();
+    let mut padded = [0u64; 3];
+    for (slot, part) in padded.iter_mut().zip(&parts) {
+        *slot = *part;
+    }
+    !parts.is_empty() && padded >= [2, 17, 5]
+}
+
 /// The image for nodes of `os_tag`: `-<os>` appended unless the image is pinned by digest.
 pub fn image_for_os(image: &str, os_tag: &str) -> String {
     if image.contains("@sha256:") {
@@ -218,6 +293,17 @@ pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
             .into_iter()
             .map(|p| p.replace("spec.driver.", "spec.")),
     );
+    if let Some(gds) = spec.gds.as_ref().filter(|g| g.is_enabled()) {
+        let version = gds.image.version.as_deref().unwrap_or_default();
+        let open = spec.kernel_module_type == Some(crate::api::KernelModuleType::Open);
+        if gds_needs_open_modules(version) && !open {
+            problems.push(format!(
+                "spec.kernelModuleType: GPUDirect Storage {version} (spec.gds.version) works only \
+                 with the open kernel modules; set spec.kernelModuleType to open, or disable \
+                 spec.gds"
+            ));
+        }
+    }
     problems
 }
 
@@ -240,16 +326,18 @@ pub fn not_acted_on(spec: &NvidiaDriverSpec) -> Vec<String> {
         "deprecated: use kernelModuleType",
     );
     add(
-        spec.gds.as_ref().is_some_and(|g| g.enabled == Some(true)),
-        "spec.gds",
-        "enabled, but this operator does not deploy GPUDirect Storage",
+        spec.gds
+            .as_ref()
+            .is_some_and(|g| g.args.as_ref().is_some_and(|a| !a.is_empty())),
+        "spec.gds.args",
+        "NVIDIA's operator does not pass them to the nvidia-fs sidecar either",
     );
     add(
         spec.gdrcopy
             .as_ref()
-            .is_some_and(|g| g.enabled == Some(true)),
-        "spec.gdrcopy",
-        "enabled, but this operator does not deploy GDRCopy",
+            .is_some_and(|g| g.args.as_ref().is_some_and(|a| !a.is_empty())),
+        "spec.gdrcopy.args",
+        "NVIDIA's operator does not pass them to the gdrcopy sidecar either",
     );
     lines
 }
@@ -370,6 +458,14 @@ fn pool_policy(policy: &ValidatedPolicy, pool: &ValidatedNvidiaDriver) -> Valida
     let mut out = policy.clone();
     let own = policy.spec.driver.clone().unwrap_or_default();
     out.spec.driver = Some(driver_spec(&pool.spec, &own));
+    // A pool's sidecars are its own, never the ClusterPolicy's (NVIDIA's state-driver reads
+    // only the NVIDIADriver).
+    out.spec.gds = pool.spec.gds.clone().filter(|_| pool.gds_image.is_some());
+    out.spec.gdrcopy = pool
+        .spec
+        .gdrcopy
+        .clone()
+        .filter(|_| pool.gdrcopy_image.is_some());
     let d = &pool.spec;
     let daemonsets = out
         .spec
@@ -419,8 +515,15 @@ pub fn render(
     let mut objects = OperandObjects::default();
     for os in &os_pools {
         let name = daemon_set_name(&pool.name, driver_type, &os.tag);
-        let image = image_for_os(&pool.image, &os.tag);
-        let Some(mut ds) = driver::render_pool_daemon_set(&pool_policy, facts, os, image, &name)
+        let images = driver::DriverImages {
+            driver: image_for_os(&pool.image, &os.tag),
+            gds: pool.gds_image.as_ref().map(|i| image_for_os(i, &os.tag)),
+            gdrcopy: pool
+                .gdrcopy_image
+                .as_ref()
+                .map(|i| image_for_os(i, &os.tag)),
+        };
+        let Some(mut ds) = driver::render_pool_daemon_set(&pool_policy, facts, os, images, &name)
         else {
             continue;
         };
@@ -506,13 +609,122 @@ mod tests {
 
     fn pool(name: &str, spec: serde_json::Value, nodes: Vec<NodeView>) -> ValidatedNvidiaDriver {
         let spec: NvidiaDriverSpec = serde_json::from_value(spec).unwrap();
+        let (gds_image, gdrcopy_image) = sidecar_images(&spec).unwrap();
         ValidatedNvidiaDriver {
             name: name.to_owned(),
             image: image(&spec).unwrap(),
             spec,
             manager_image: None,
+            gds_image,
+            gdrcopy_image,
             nodes: nodes.into_iter().map(Arc::new).collect(),
         }
+    }
+
+    fn containers(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> Vec<(String, String)> {
+        let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        pod.containers
+            .iter()
+            .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn a_pool_runs_its_own_gds_and_gdrcopy_sidecars_with_each_os_suffix_never_the_policys() {
+        let p = pool(
+            "pool-a",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "a"},
+                "kernelModuleType": "open",
+                "gds": {"enabled": true, "repository": "nvcr.io/nvidia/cloud-native",
+                    "image": "nvidia-fs", "version": "2.26.6"},
+                "gdrcopy": {"enabled": true, "repository": "nvcr.io/nvidia/cloud-native",
+                    "image": "gdrdrv", "version": "v2.5.1", "env": [{"name": "A", "value": "b"}]}}),
+            vec![
+                node("a1", ("ubuntu", "22.04"), "a"),
+                node("a2", ("ubuntu", "24.04"), "a"),
+            ],
+        );
+        let objects = render(&policy("{}"), &p, &facts());
+        for (ds, os) in objects
+            .daemon_sets
+            .iter()
+            .zip(["ubuntu22.04", "ubuntu24.04"])
+        {
+            assert_eq!(
+                containers(ds),
+                [
+                    (
+                        "nvidia-driver-ctr".to_owned(),
+                        format!("nvcr.io/nvidia/driver:580.95.05-{os}")
+                    ),
+                    (
+                        "nvidia-fs-ctr".to_owned(),
+                        format!("nvcr.io/nvidia/cloud-native/nvidia-fs:2.26.6-{os}")
+                    ),
+                    (
+                        "nvidia-gdrcopy-ctr".to_owned(),
+                        format!("nvcr.io/nvidia/cloud-native/gdrdrv:v2.5.1-{os}")
+                    ),
+                ]
+            );
+        }
+        // The ClusterPolicy's own switches do not reach a pool that leaves them off.
+        let plain = pool(
+            "pool-b",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "b"}}),
+            vec![node("b1", ("ubuntu", "22.04"), "b")],
+        );
+        let objects = render(
+            &policy("{gds: {enabled: true}, gdrcopy: {enabled: true}}"),
+            &plain,
+            &facts(),
+        );
+        let names: Vec<String> = containers(&objects.daemon_sets[0])
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["nvidia-driver-ctr"]);
+    }
+
+    #[test]
+    fn a_pools_sidecar_needs_its_image_and_recent_gds_needs_open_modules() {
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        let problems =
+            sidecar_images(&spec(serde_json::json!({"gds": {"enabled": true}}))).unwrap_err();
+        assert!(
+            problems[0].starts_with("spec.gds: enabled without an image; set spec.gds.repository"),
+            "{problems:?}"
+        );
+        let problems = sidecar_images(&spec(serde_json::json!({"gdrcopy": {"enabled": true,
+            "repository": "r.local", "image": "gdrdrv"}})))
+        .unwrap_err();
+        assert!(
+            problems[0].starts_with("spec.gdrcopy: repository, image and version"),
+            "{problems:?}"
+        );
+        // Off: no image needed.
+        assert_eq!(
+            sidecar_images(&spec(serde_json::json!({"gds": {"enabled": false}}))).unwrap(),
+            (None, None)
+        );
+        let gds = |version: &str, kind: &str| {
+            check(
+                &spec(serde_json::json!({"version": "1", "kernelModuleType": kind,
+                    "gds": {"enabled": true, "repository": "r", "image": "nvidia-fs",
+                        "version": version}})),
+                &facts(),
+            )
+        };
+        let needs_open = gds("2.17.5", "auto");
+        assert!(
+            needs_open[0].starts_with("spec.kernelModuleType: GPUDirect Storage 2.17.5"),
+            "{needs_open:?}"
+        );
+        assert_eq!(gds("v2.26.6", "proprietary").len(), 1);
+        assert_eq!(gds("sha256:abc", "auto").len(), 1);
+        assert!(gds("2.26.6", "open").is_empty());
+        assert!(gds("2.16.1", "auto").is_empty());
     }
 
     #[test]
@@ -641,12 +853,21 @@ mod tests {
     fn unsupported_settings_are_reported_and_host_manager_is_rejected() {
         let spec: NvidiaDriverSpec = serde_json::from_value(serde_json::json!({
             "driverType": "vgpu-host-manager", "version": "1",
-            "nodeAffinity": {}, "gds": {"enabled": true}
+            "nodeAffinity": {}, "gds": {"enabled": true}, "gdrcopy": {"enabled": true, "args": ["x"]}
         }))
         .unwrap();
         let lines = not_acted_on(&spec);
         assert!(lines.iter().any(|l| l.starts_with("spec.nodeAffinity")));
-        assert!(lines.iter().any(|l| l.starts_with("spec.gds")));
+        // GDS and GDRCopy are deployed; only their args are not (NVIDIA ignores them too).
+        assert!(
+            !lines.iter().any(|l| l.starts_with("spec.gds")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.starts_with("spec.gdrcopy.args")),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 2, "{lines:?}");
         let problems = check(&spec, &facts());
         assert!(problems[0].starts_with("spec.driverType"));
         let precompiled: NvidiaDriverSpec =

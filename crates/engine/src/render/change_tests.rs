@@ -247,6 +247,14 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
             "spec.sandboxWorkloads",
             json!({"sandboxWorkloads": {"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kata"}}),
         ),
+        (
+            "spec.gds.args",
+            json!({"gds": {"enabled": true, "args": ["--verbose"]}}),
+        ),
+        (
+            "spec.gdrcopy.args",
+            json!({"gdrcopy": {"enabled": true, "args": ["--verbose"]}}),
+        ),
     ];
     let rules: BTreeSet<&str> = crate::api::NOT_ACTED_ON.iter().map(|(p, _)| *p).collect();
     let patched: BTreeSet<&str> = patches.iter().map(|(p, _)| *p).collect();
@@ -255,7 +263,8 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
     // Every operand on, so that no field goes unread only because its operand is off.
     let base = with(
         &example("clusterpolicy-default.yaml"),
-        json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true}}),
+        json!({"dcgm": {"enabled": true}, "nodeStatusExporter": {"enabled": true},
+            "gds": {"enabled": true}, "gdrcopy": {"enabled": true}}),
     );
     for (rule, patch) in patches {
         let policy = with(&base, patch);

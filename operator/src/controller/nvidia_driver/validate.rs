@@ -67,8 +67,8 @@ pub fn validate_all<'a>(
     pools
 }
 
-/// Validate stage of one NVIDIADriver: its image, the driver-manager image it names, and the
-/// driver operand's own checks. Returns the pool and its problems.
+/// Validate stage of one NVIDIADriver: its image, the driver-manager image it names, the GDS
+/// and GDRCopy images when they are on, and the driver operand's own checks. Returns the pool and its problems.
 fn validate(
     d: &NVIDIADriver,
     nodes: Vec<Arc<NodeView>>,
@@ -93,12 +93,18 @@ fn validate(
         }
         _ => None,
     };
+    let (gds_image, gdrcopy_image) = pool::sidecar_images(&d.spec).unwrap_or_else(|e| {
+        problems.extend(e);
+        (None, None)
+    });
     (
         ValidatedNvidiaDriver {
             name: d.name_any(),
             spec: d.spec.clone(),
             image,
             manager_image,
+            gds_image,
+            gdrcopy_image,
             nodes,
         },
         problems,
