@@ -108,18 +108,9 @@ pub fn report(facts: &ClusterFacts) -> Option<String> {
     if unplaced.is_empty() {
         return None;
     }
-    let named: Vec<String> = unplaced
-        .iter()
-        .take(10)
-        .map(|(node, why)| format!("{node} ({why})"))
-        .collect();
-    let more = match unplaced.len().saturating_sub(10) {
-        0 => String::new(),
-        n => format!(" and {n} more"),
-    };
     Some(format!(
-        "GPU nodes without a precompiled driver pool get no driver pod: {}{more}",
-        named.join(", ")
+        "GPU nodes without a precompiled driver pool get no driver pod: {}",
+        super::driver_os::name_nodes(&unplaced)
     ))
 }
 

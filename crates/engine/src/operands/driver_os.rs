@@ -131,35 +131,35 @@ pub fn split(facts: &ClusterFacts) -> Option<Vec<OsPool>> {
     (pools.len() > 1 || (pools.len() == 1 && !unknown.is_empty())).then_some(pools)
 }
 
+/// Nodes with the reason each is set apart, for status: the first ten, then how many more.
+pub fn name_nodes(nodes: &[(String, String)]) -> String {
+    let named: Vec<String> = nodes
+        .iter()
+        .take(10)
+        .map(|(node, why)| format!("{node} ({why})"))
+        .collect();
+    match nodes.len().saturating_sub(10) {
+        0 => named.join(", "),
+        more => format!("{} and {more} more", named.join(", ")),
+    }
+}
+
 /// What status says about GPU nodes whose OS has no driver image, when there are any.
 pub fn report(facts: &ClusterFacts) -> Option<String> {
     let (pools, unknown) = pools(&facts.gpu_nodes);
     if unknown.is_empty() {
         return None;
     }
-    let named: Vec<String> = unknown
-        .iter()
-        .take(10)
-        .map(|(node, why)| format!("{node} ({why})"))
-        .collect();
-    let more = unknown.len().saturating_sub(10);
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
+    let named = name_nodes(&unknown);
     Some(if pools.is_empty() {
         format!(
-            "no driver image is known for the GPU nodes' OS: {}{more}; the image tag carries \
+            "no driver image is known for the GPU nodes' OS: {named}; the image tag carries \
              that OS as it is (known: {})",
-            named.join(", "),
             KNOWN_OS.join(", ")
         )
     } else {
         format!(
-            "GPU nodes whose OS has no known driver image get no driver pod: {}{more} (known: \
-             {})",
-            named.join(", "),
+            "GPU nodes whose OS has no known driver image get no driver pod: {named} (known: {})",
             KNOWN_OS.join(", ")
         )
     })
