@@ -311,7 +311,7 @@ async fn reconcile(
             },
             now,
         );
-        status::report(policy, deps, &computed.status, &nodes).await?;
+        status::report(policy, deps, &computed.status, &nodes, &resolved.facts).await?;
         watch.lap("status");
         tracing::debug!(
             target: PASS_TIMING,

@@ -128,6 +128,7 @@ pub async fn report(
     deps: &Deps,
     status: &ClusterPolicyStatus,
     nodes: &[Arc<NodeView>],
+    facts: &crate::facts::ClusterFacts,
 ) -> Result<(), Error> {
     deps.metrics.observe_state(
         nodes.iter().filter(|n| n.is_gpu_node()).count(),
@@ -138,16 +139,7 @@ pub async fn report(
             .filter(|c| c.desired > 0 && c.available == c.desired)
             .count(),
         nodes.iter().filter(|n| n.has_nfd_gpu()).count(),
-        // OpenShift's Driver Toolkit is on unless switched off; the driver is built the standard
-        // way here (operands::driver), so a request for it cannot be honoured.
-        deps.resolver.discovered.openshift
-            && policy.spec.is_enabled(crate::api::Component::Driver)
-            && policy
-                .spec
-                .operator
-                .as_ref()
-                .and_then(|o| o.use_ocp_driver_toolkit)
-                .unwrap_or(true),
+        crate::operands::driver_toolkit::gauges(&policy.spec, facts),
     );
     let error = compute_status::has_error(status);
     deps.metrics.observe_status(
