@@ -229,6 +229,10 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 /// restarts show in no watch of ours).
 const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
 
+/// How soon a pass reads OpenShift's driver-toolkit ImageStream again (no watch covers it; a
+/// GET by name each time).
+const IMAGE_STREAM_POLL: Duration = Duration::from_secs(30);
+
 /// Requeue stage: when to look again without a watch event.
 pub fn requeue(
     deps: &Deps,
@@ -237,6 +241,7 @@ pub fn requeue(
     applied: &ApplyReport,
     labelled: &Labelled,
     upgrades: &upgrade::Report,
+    polls_image_stream: bool,
 ) -> Requeue {
     // A node's vanished GPU label reaches its grace period, or the label stage retries.
     let grace = labelled
@@ -256,9 +261,14 @@ pub fn requeue(
             || !applied.rejected.is_empty(),
         unsettled: !applied.unsettled().is_empty() || labelled.in_flight > 0,
         retry_after: applied.retry_after,
-        deadline: [grace, unexplained, upgrading]
-            .into_iter()
-            .fold(None, scheduler::earliest),
+        deadline: [
+            grace,
+            unexplained,
+            upgrading,
+            polls_image_stream.then_some(IMAGE_STREAM_POLL),
+        ]
+        .into_iter()
+        .fold(None, scheduler::earliest),
     }
     .requeue(deps.settings.not_ready_requeue)
 }
