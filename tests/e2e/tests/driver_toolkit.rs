@@ -1,7 +1,8 @@
 //! OpenShift's Driver Toolkit on the simulated OpenShift (docs/operand-facts.md §3.3): GPU nodes
 //! of two RHCOS versions get one driver DaemonSet each with the version's toolkit image from
 //! ImageStream `openshift/driver-toolkit`; a node of a third version gets a third; that
-//! version's tag removed, status names the version and its node while every pool stays.
+//! version's tag removed, status names the version and its node while every pool stays; and
+//! the running toolkit fleet is not switched back to the standard driver at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -283,6 +284,34 @@ async fn steps(admin: &Client) {
             (pool(V415), toolkit_image(V415)),
             (pool(V416), toolkit_image(V416)),
         ])
+    );
+
+    // Switching the running toolkit fleet back to the standard driver is refused, naming the
+    // field, and nothing is torn down.
+    s.patch_policy(json!({"spec": {"operator": {"use_ocp_driver_toolkit": false}}}))
+        .await;
+    wait::until(TIMEOUT, "the switch back refused", || {
+        let (admin, policy) = (admin.clone(), policy.clone());
+        async move {
+            let message = session::ready_message(&admin, &policy).await?;
+            Ok(
+                if message.contains("spec.operator.use_ocp_driver_toolkit") {
+                    Ok(())
+                } else {
+                    Err(message)
+                },
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    assert_eq!(toolkit_pools(admin, &namespace).await.len(), 3);
+    assert!(
+        Api::<DaemonSet>::namespaced(admin.clone(), &namespace)
+            .get_opt("nvidia-driver-daemonset")
+            .await
+            .unwrap()
+            .is_none()
     );
 
     s.teardown().await;

@@ -95,6 +95,16 @@ pub fn assemble(
             precompiled: !objects
                 .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "true")
                 .is_empty(),
+            without_toolkit: objects
+                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
+                .iter()
+                .any(|ds| {
+                    ds.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(driver_toolkit::IDENTIFICATION_LABEL))
+                        .is_none()
+                }),
         },
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,

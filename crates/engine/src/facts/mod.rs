@@ -78,6 +78,10 @@ pub struct LiveDriver {
     pub built_on_node: bool,
     /// Precompiled, per-kernel driver DaemonSets (`nvidia.com/precompiled=true`).
     pub precompiled: bool,
+    /// A driver that builds on the node without OpenShift's Driver Toolkit (no
+    /// `openshift.driver-toolkit=true`; the toolkit pools are in
+    /// [`ClusterFacts::live_driver_toolkit`]).
+    pub without_toolkit: bool,
 }
 
 /// Everything validate and render need to know about the cluster: facts only, no verdicts

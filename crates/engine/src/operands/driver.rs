@@ -1562,6 +1562,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
 /// placeable on the GPU nodes' OS.
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
     let mut problems = precompiled_problems(spec, facts);
+    problems.extend(super::driver_toolkit::switch_problems(spec, facts));
     let Some(driver) = spec.driver.as_ref() else {
         return problems;
     };
