@@ -205,6 +205,11 @@ pub struct RenderArgs {
     /// depends on the GPU nodes (precompiled driver pools by kernel, driver DaemonSets per OS).
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<std::path::PathBuf>,
+    /// OpenShift's `openshift/driver-toolkit` ImageStream (YAML file, as `oc get imagestream -n
+    /// openshift driver-toolkit -o yaml` prints it): its tags are the Driver Toolkit images by
+    /// RHCOS version, for `operator.use_ocp_driver_toolkit`; absent: no ImageStream.
+    #[arg(long, value_name = "FILE")]
+    pub driver_toolkit_imagestream: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `gpu-operator rbac`.
@@ -279,6 +284,18 @@ impl RenderArgs {
             nodes: match &self.nodes {
                 Some(path) => read_yaml_documents(path)?,
                 None => Vec::new(),
+            },
+            driver_toolkit: match &self.driver_toolkit_imagestream {
+                Some(path) => {
+                    let mut docs: Vec<serde_json::Value> = read_yaml_documents(path)?;
+                    anyhow::ensure!(
+                        docs.len() == 1,
+                        "{} must hold exactly one ImageStream",
+                        path.display()
+                    );
+                    docs.pop()
+                }
+                None => None,
             },
         };
         let facts = facts_for(&policy, &options)?;

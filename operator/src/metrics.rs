@@ -117,11 +117,11 @@ impl NvidiaCompatible {
             ),
             (
                 "nfd_too_old",
-                "1 if OCP DriverToolkit is enabled but NFD doesn't expose OSTREE labels, 0 otherwise",
+                "1 if OCP DriverToolkit was requested but NFD does not expose the required OSTREE labels, 0 otherwise",
             ),
             (
                 "imagestream_missing",
-                "1 if OCP DriverToolkit is enabled but its imagestream is not available, 0 otherwise",
+                "1 if OCP DriverToolkit was requested but its imagestream is not available, 0 otherwise",
             ),
             (
                 "rhcos_tags_missing",
@@ -129,7 +129,7 @@ impl NvidiaCompatible {
             ),
             (
                 "imagestream_broken",
-                "1 if OCP DriverToolkit is enabled but its imagestream is broken, 0 otherwise",
+                "1 if OCP DriverToolkit is enabled but its imagestream is broken (rhbz#2015024), 0 otherwise",
             ),
         ];
         for ((name, help), gauge) in toolkit.into_iter().zip(&self.driver_toolkit) {
@@ -227,15 +227,14 @@ impl Metrics {
         }
     }
 
-    /// What a pass saw. `toolkit_requested`: the policy asks for OpenShift's Driver Toolkit on
-    /// OpenShift, which this operator does not build drivers with (NVIDIA's -1: requested but
-    /// not possible).
+    /// What a pass saw. `toolkit`: the `openshift_driver_toolkit_*` gauges in their order
+    /// (operands::driver_toolkit::gauges).
     pub fn observe_state(
         &self,
         gpu_nodes: usize,
         ready_operands: usize,
         nfd_labelled_nodes: usize,
-        toolkit_requested: bool,
+        toolkit: [i64; 5],
     ) {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.gpu_nodes.set(count(gpu_nodes));
@@ -244,7 +243,9 @@ impl Metrics {
         self.nvidia
             .has_nfd_labels
             .set(i64::from(nfd_labelled_nodes > 0));
-        self.nvidia.driver_toolkit[0].set(if toolkit_requested { -1 } else { 0 });
+        for (gauge, value) in self.nvidia.driver_toolkit.iter().zip(toolkit) {
+            gauge.set(value);
+        }
     }
 
     /// Driver upgrades: whether they are on, and the nodes per state (all 0 when off).
@@ -332,7 +333,7 @@ mod tests {
         let m = Metrics::default();
         m.observe_reconcile(Duration::from_millis(3));
         m.observe_error("ApplyFailed");
-        m.observe_state(6, 5, 6, false);
+        m.observe_state(6, 5, 6, [0; 5]);
         let text = m.encode();
         assert!(text.contains("gpu_operator_reconciles_total 1"), "{text}");
         assert!(
@@ -397,7 +398,7 @@ mod tests {
     fn every_nvidia_metric_name_is_exported_with_its_meaning() {
         let m = Metrics::default();
         m.observe_reconcile(Duration::from_millis(3));
-        m.observe_state(6, 5, 6, false);
+        m.observe_state(6, 5, 6, [0; 5]);
         m.observe_status(ReconciliationStatus::Success, 1_700_000_000.0);
         let text = m.encode();
         let sample = |name: &str| {

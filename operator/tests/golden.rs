@@ -59,6 +59,23 @@ fn cases() -> Vec<(String, Vec<String>)> {
         if nodes.exists() {
             args.extend(["--nodes".to_owned(), nodes.display().to_string()]);
         }
+        // OpenShift's Driver Toolkit ImageStream, where its example has one: the example is
+        // then rendered for OpenShift (RHCOS nodes, CRI-O).
+        let stream = repo()
+            .join("examples/imagestreams")
+            .join(format!("{stem}.yaml"));
+        if stream.exists() {
+            for arg in args.iter_mut() {
+                if arg == "ubuntu22.04" {
+                    *arg = "rhcos4.14".to_owned();
+                }
+            }
+            args.extend([
+                "--openshift".to_owned(),
+                "--driver-toolkit-imagestream".to_owned(),
+                stream.display().to_string(),
+            ]);
+        }
         cases.push((format!("{stem}.yaml"), args.clone()));
         if stem == "clusterpolicy-maximal" {
             // OpenShift with the Prometheus Operator: SCCs, CRI-O, ServiceMonitors.

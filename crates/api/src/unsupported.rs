@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 13] = [
+pub const NOT_ACTED_ON: [(&str, &str); 12] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -26,10 +26,6 @@ pub const NOT_ACTED_ON: [(&str, &str); 13] = [
     (
         "spec.operator.initContainer",
         "no operand runs a separate CUDA init container",
-    ),
-    (
-        "spec.operator.use_ocp_driver_toolkit",
-        "the OpenShift Driver Toolkit is not used to build the driver",
     ),
     (
         "spec.psp",

@@ -29,6 +29,9 @@ pub const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
 pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
 /// NFD's label of the running kernel: precompiled driver pools select on it.
 pub const KERNEL_VERSION: &str = "feature.node.kubernetes.io/kernel-version.full";
+/// NFD's label of an RHCOS node's OSTree version (`414.92.202312132152-0`): OpenShift Driver
+/// Toolkit pools select on it (operands::driver_toolkit).
+pub const OSTREE_VERSION: &str = "feature.node.kubernetes.io/system-os_release.OSTREE_VERSION";
 pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
 pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
 pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
@@ -117,6 +120,7 @@ pub fn is_read_label(key: &str) -> bool {
             OS_ID,
             OS_VERSION_ID,
             KERNEL_VERSION,
+            OSTREE_VERSION,
             DEVICE_PLUGIN_CONFIG,
             MIG_CONFIG,
             MIG_CONFIG_STATE,

@@ -283,6 +283,7 @@ impl Resolver {
                 facts::config_map_names(&policy.spec),
             )
             .await?;
+        let driver_toolkit = self.driver_toolkit_image_stream(policy).await?;
         let facts = facts::assemble(
             &policy.spec,
             &Cached {
@@ -303,9 +304,43 @@ impl Resolver {
                 nfd_frozen,
                 gpu_nodes,
                 image_env: self.image_env.clone(),
+                driver_toolkit: driver_toolkit.as_ref().map(facts::driver_toolkit_tags),
+                driver_toolkit_broken: driver_toolkit
+                    .as_ref()
+                    .is_some_and(facts::driver_toolkit_broken),
             },
         );
         Ok(Resolved { facts, notes })
+    }
+
+    /// OpenShift's `openshift/driver-toolkit` ImageStream when the policy asks for the Driver
+    /// Toolkit on OpenShift (one GET; the image API is OpenShift's); `None` when it is absent
+    /// or not asked for.
+    async fn driver_toolkit_image_stream(
+        &self,
+        policy: &ClusterPolicy,
+    ) -> Result<Option<serde_json::Value>, kube::Error> {
+        use crate::operands::driver_toolkit::{IMAGE_STREAM, IMAGE_STREAM_NAMESPACE};
+        let asked = policy
+            .spec
+            .operator
+            .as_ref()
+            .and_then(|o| o.use_ocp_driver_toolkit)
+            == Some(true);
+        if !self.discovered.openshift || !asked {
+            return Ok(None);
+        }
+        let resource = kube::discovery::ApiResource {
+            group: "image.openshift.io".to_owned(),
+            version: "v1".to_owned(),
+            api_version: "image.openshift.io/v1".to_owned(),
+            kind: "ImageStream".to_owned(),
+            plural: "imagestreams".to_owned(),
+        };
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(self.client.clone(), IMAGE_STREAM_NAMESPACE, &resource);
+        let found = api.get_opt(IMAGE_STREAM).await?;
+        Ok(found.map(|stream| serde_json::to_value(&stream).unwrap_or_default()))
     }
 
     /// The cluster's runtime ([`facts::cluster_runtime`]). Each GPU node is read once (its

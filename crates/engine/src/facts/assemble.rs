@@ -14,7 +14,7 @@ use kube_core::Resource;
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
-use crate::operands::{device_plugin, driver, driver_os, mig_manager};
+use crate::operands::{device_plugin, driver, driver_os, driver_toolkit, mig_manager};
 
 /// The objects of the operator namespace that facts are read from, by name.
 pub trait NamespaceObjects {
@@ -43,6 +43,10 @@ pub struct Observed {
     /// The GPU nodes, as [`gpu_nodes`] picks them.
     pub gpu_nodes: Vec<Arc<NodeView>>,
     pub image_env: BTreeMap<String, String>,
+    /// See [`ClusterFacts::driver_toolkit`].
+    pub driver_toolkit: Option<BTreeMap<String, String>>,
+    /// See [`ClusterFacts::driver_toolkit_broken`].
+    pub driver_toolkit_broken: bool,
 }
 
 /// The facts validate and render need, from the policy's references and what was observed.
@@ -91,6 +95,16 @@ pub fn assemble(
             precompiled: !objects
                 .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "true")
                 .is_empty(),
+            without_toolkit: objects
+                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
+                .iter()
+                .any(|ds| {
+                    ds.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(driver_toolkit::IDENTIFICATION_LABEL))
+                        .is_none()
+                }),
         },
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,
@@ -103,7 +117,33 @@ pub fn assemble(
         driver_config_maps,
         gpu_nodes: observed.gpu_nodes,
         image_env: observed.image_env,
+        driver_toolkit: observed.driver_toolkit,
+        driver_toolkit_broken: observed.driver_toolkit_broken,
+        live_driver_toolkit: live_driver_toolkit(objects),
     }
+}
+
+/// The toolkit image of each Driver Toolkit DaemonSet of ours, by its RHCOS version label.
+fn live_driver_toolkit(objects: &impl NamespaceObjects) -> BTreeMap<String, String> {
+    objects
+        .daemon_sets_labelled(driver_toolkit::IDENTIFICATION_LABEL, "true")
+        .iter()
+        .filter_map(|ds| {
+            let version = ds
+                .metadata
+                .labels
+                .as_ref()?
+                .get(driver_toolkit::VERSION_LABEL)?;
+            let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
+            let image = pod
+                .containers
+                .iter()
+                .find(|c| c.name == driver_toolkit::CONTAINER)?
+                .image
+                .clone()?;
+            Some((version.clone(), image))
+        })
+        .collect()
 }
 
 /// Every ConfigMap of the operator namespace whose data [`assemble`] reads for `spec`, besides

@@ -78,6 +78,10 @@ pub struct LiveDriver {
     pub built_on_node: bool,
     /// Precompiled, per-kernel driver DaemonSets (`nvidia.com/precompiled=true`).
     pub precompiled: bool,
+    /// A driver that builds on the node without OpenShift's Driver Toolkit (no
+    /// `openshift.driver-toolkit=true`; the toolkit pools are in
+    /// [`ClusterFacts::live_driver_toolkit`]).
+    pub without_toolkit: bool,
 }
 
 /// Everything validate and render need to know about the cluster: facts only, no verdicts
@@ -130,6 +134,50 @@ pub struct ClusterFacts {
     /// The GPU nodes (NFD's GPU label or our `nvidia.com/gpu.present`), with the labels the
     /// operator reads; empty for `gpu-operator render`.
     pub gpu_nodes: Vec<Arc<NodeView>>,
+    /// The tags of OpenShift's `openshift/driver-toolkit` ImageStream: RHCOS version to Driver
+    /// Toolkit image (`spec.tags[].from.name`, as NVIDIA reads them); `None` when the
+    /// ImageStream is absent (or the cluster is not OpenShift).
+    pub driver_toolkit: Option<BTreeMap<String, String>>,
+    /// The toolkit image each running Driver Toolkit DaemonSet of ours uses, by RHCOS version:
+    /// kept while the version's tag is gone (operands::driver_toolkit).
+    pub live_driver_toolkit: BTreeMap<String, String>,
+    /// The ImageStream has a tag without a name (NVIDIA's "imagestream broken", rhbz#2015024).
+    pub driver_toolkit_broken: bool,
     /// Image fallbacks from the operator's environment (`DRIVER_IMAGE`, ...), for OLM.
     pub image_env: BTreeMap<String, String>,
+}
+
+/// The toolkit images of OpenShift's `driver-toolkit` ImageStream (`image`: the object as the
+/// API serves it), by RHCOS version, read as NVIDIA's `ocpHasDriverToolkitImageStream` reads
+/// them: `spec.tags[]` with a name and a `from.name`, `latest` left out.
+pub fn driver_toolkit_tags(image_stream: &serde_json::Value) -> BTreeMap<String, String> {
+    image_stream
+        .pointer("/spec/tags")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|tag| {
+            let name = tag.get("name")?.as_str().filter(|n| !n.is_empty())?;
+            let from = tag
+                .pointer("/from/name")?
+                .as_str()
+                .filter(|f| !f.is_empty())?;
+            (name != "latest").then(|| (name.to_owned(), from.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether the ImageStream has a tag without a name ([`ClusterFacts::driver_toolkit_broken`]).
+pub fn driver_toolkit_broken(image_stream: &serde_json::Value) -> bool {
+    image_stream
+        .pointer("/spec/tags")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|tag| {
+            tag.get("name")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .is_empty()
+        })
 }

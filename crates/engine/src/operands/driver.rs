@@ -5,9 +5,9 @@
 //! (docs/operand-facts.md §5). The image tags of the driver and of the GDS and GDRCopy sidecars
 //! carry the GPU nodes' OS suffix, added by validate.
 //!
-//! Not rendered here: precompiled and OpenShift Driver Toolkit variants (validate rejects
-//! precompiled; DTK needs ImageStream facts we do not have, so OpenShift gets the standard
-//! driver).
+//! The variants with one DaemonSet per node group: per OS (operands::driver_os), per kernel
+//! for precompiled drivers (operands::driver_kernel), per RHCOS version with OpenShift's Driver
+//! Toolkit (operands::driver_toolkit).
 
 use std::collections::BTreeMap;
 
@@ -47,7 +47,9 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     render,
     check,
     report: |spec, facts| {
-        if uses_precompiled(spec) {
+        if super::driver_toolkit::requested(spec, facts) {
+            super::driver_toolkit::report(facts)
+        } else if uses_precompiled(spec) {
             super::driver_kernel::report(facts)
         } else {
             super::driver_os::report(facts)
@@ -78,12 +80,12 @@ pub const STARTUP_PROBE_KEY: &str = "startup-probe.sh";
 const STARTUP_PROBE_PATH: &str = "/usr/local/bin/startup-probe.sh";
 
 const RUN_NVIDIA: &str = "run-nvidia";
-const VAR_LOG: &str = "var-log";
+pub const VAR_LOG: &str = "var-log";
 const DEV_LOG: &str = "dev-log";
-const HOST_OS_RELEASE: &str = "host-os-release";
+pub const HOST_OS_RELEASE: &str = "host-os-release";
 const RUN_FABRICMANAGER: &str = "run-nvidia-fabricmanager";
 const RUN_TOPOLOGYD: &str = "run-nvidia-topologyd";
-const MOFED_USR_SRC: &str = "mlnx-ofed-usr-src";
+pub const MOFED_USR_SRC: &str = "mlnx-ofed-usr-src";
 const RUN_MELLANOX: &str = "run-mellanox-drivers";
 const HOST_SYS: &str = "host-sys";
 const FIRMWARE_SEARCH_PATH: &str = "firmware-search-path";
@@ -93,8 +95,8 @@ const STARTUP_PROBE_VOLUME: &str = "driver-startup-probe-script";
 const LICENSING: &str = "licensing-config";
 const TOPOLOGY: &str = "topology-config";
 const KERNEL_MODULE_CONFIG: &str = "kernel-module-config";
-const REPO_CONFIG: &str = "repo-config";
-const CERT_CONFIG: &str = "cert-config";
+pub const REPO_CONFIG: &str = "repo-config";
+pub const CERT_CONFIG: &str = "cert-config";
 const MOFED_DRIVERS_DIR: &str = "/run/mellanox/drivers";
 
 /// What the startup probe does (our script): fail until the module is loaded, the driver
@@ -367,6 +369,9 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     if uses_precompiled(&policy.spec) {
         return render_precompiled(policy, facts, image);
     }
+    if super::driver_toolkit::requested(&policy.spec, facts) {
+        return render_toolkit(policy, facts, image);
+    }
     if !uses_nvidia_driver_crd(&policy.spec) {
         let pools = driver_os::split(facts);
         return render_fleet(policy, facts, image, pools);
@@ -446,6 +451,37 @@ fn render_precompiled(
         if let Some(spec) = ds.spec.as_mut() {
             precompiled(&mut spec.template.metadata.get_or_insert_default().labels);
         }
+        daemon_sets.push(ds);
+    }
+    objects.daemon_sets = daemon_sets;
+    Some(objects)
+}
+
+/// The driver's objects built with OpenShift's Driver Toolkit: one DaemonSet per RHCOS version
+/// of the GPU nodes that has a toolkit image ([`super::driver_toolkit`]), each with its nodes'
+/// OS tag on the driver image.
+fn render_toolkit(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    images: DriverImages,
+) -> Option<OperandObjects> {
+    let primary = facts.os_tag.clone().unwrap_or_default();
+    let mut objects = render_os(policy, facts, images.clone())?;
+    let (pools, _) = super::driver_toolkit::pools(facts);
+    let mut daemon_sets = Vec::new();
+    for pool in &pools {
+        let tag = pool.os_tag.clone().unwrap_or_else(|| primary.clone());
+        let pool_facts = ClusterFacts {
+            os_tag: Some(tag.clone()),
+            ..facts.clone()
+        };
+        let mut ds = render_os(policy, &pool_facts, images.for_os(&primary, &tag))?
+            .daemon_sets
+            .into_iter()
+            .next()?;
+        super::driver_toolkit::apply(&mut ds, pool);
+        // The digest covers the toolkit container and the entrypoint, as NVIDIA's does.
+        add_config_digest(&mut ds);
         daemon_sets.push(ds);
     }
     objects.daemon_sets = daemon_sets;
@@ -1509,7 +1545,11 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
         .flatten()
         .chain(pod.containers.iter_mut())
     {
-        if c.name == MANAGER_CONTAINER || c.name == MAIN_CONTAINER {
+        // NVIDIA's toolkit container reads it to skip a rebuild of an unchanged driver.
+        if c.name == MANAGER_CONTAINER
+            || c.name == MAIN_CONTAINER
+            || c.name == super::driver_toolkit::CONTAINER
+        {
             set_env(
                 c.env.get_or_insert_with(Vec::new),
                 env(CONFIG_DIGEST_ENV, &digest),
@@ -1522,6 +1562,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
 /// placeable on the GPU nodes' OS.
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
     let mut problems = precompiled_problems(spec, facts);
+    problems.extend(super::driver_toolkit::switch_problems(spec, facts));
     let Some(driver) = spec.driver.as_ref() else {
         return problems;
     };

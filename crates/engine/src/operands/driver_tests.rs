@@ -611,6 +611,7 @@ fn precompiled_drivers_are_refused_where_they_cannot_apply_naming_the_field() {
         live_driver: crate::facts::LiveDriver {
             built_on_node: true,
             precompiled: false,
+            without_toolkit: true,
         },
         ..f.clone()
     };
@@ -625,6 +626,7 @@ fn precompiled_drivers_are_refused_where_they_cannot_apply_naming_the_field() {
         live_driver: crate::facts::LiveDriver {
             built_on_node: false,
             precompiled: true,
+            without_toolkit: false,
         },
         ..f.clone()
     };

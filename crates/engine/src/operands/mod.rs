@@ -10,6 +10,7 @@ pub mod dra_driver;
 pub mod driver;
 pub mod driver_kernel;
 pub mod driver_os;
+pub mod driver_toolkit;
 pub mod gfd;
 pub mod mig_manager;
 pub mod mps;
@@ -32,6 +33,8 @@ mod dra_driver_tests;
 mod driver_gds_tests;
 #[cfg(test)]
 mod driver_tests;
+#[cfg(test)]
+mod driver_toolkit_tests;
 #[cfg(test)]
 mod mig_manager_tests;
 #[cfg(test)]

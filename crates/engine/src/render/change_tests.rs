@@ -220,10 +220,6 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
             "spec.operator.initContainer",
             json!({"operator": {"initContainer": {"repository": "r.example", "image": "cuda", "version": "12"}}}),
         ),
-        (
-            "spec.operator.use_ocp_driver_toolkit",
-            json!({"operator": {"use_ocp_driver_toolkit": true}}),
-        ),
         ("spec.psp", json!({"psp": {"enabled": true}})),
         ("spec.cdi.default", json!({"cdi": {"default": true}})),
         (

@@ -43,6 +43,9 @@ pub struct RenderOptions {
     /// The cluster's nodes, for what depends on the GPU nodes' labels (precompiled driver
     /// pools by kernel, DaemonSets per OS); none: no GPU node is known.
     pub nodes: Vec<Node>,
+    /// OpenShift's `openshift/driver-toolkit` ImageStream, as the API serves it (its tags are
+    /// the Driver Toolkit images by RHCOS version); none: absent.
+    pub driver_toolkit: Option<serde_json::Value>,
 }
 
 /// Why the inputs do not make a set of facts.
@@ -203,6 +206,14 @@ pub fn facts_for(
                     .collect::<Vec<_>>(),
             ),
             image_env: BTreeMap::new(),
+            driver_toolkit: options
+                .driver_toolkit
+                .as_ref()
+                .map(facts::driver_toolkit_tags),
+            driver_toolkit_broken: options
+                .driver_toolkit
+                .as_ref()
+                .is_some_and(facts::driver_toolkit_broken),
         },
     );
     // The flag stands in for the GPU nodes' OS (the primary one, with --nodes).

@@ -107,6 +107,12 @@ const RESOURCES: &[(&str, &str, &str, Scope)] = &[
         Scope::Cluster,
     ),
     ("config.openshift.io", "proxies", "Proxy", Scope::Cluster),
+    (
+        "image.openshift.io",
+        "imagestreams",
+        "ImageStream",
+        Scope::Namespaced,
+    ),
     ("coordination.k8s.io", "leases", "Lease", Scope::Namespaced),
     ("events.k8s.io", "events", "Event", Scope::Namespaced),
     (
@@ -422,6 +428,16 @@ fn controller_cluster_rules() -> Vec<PolicyRule> {
             &["config.openshift.io"],
             &["clusterversions", "proxies"],
             &READ,
+        ),
+        // The Driver Toolkit images by RHCOS version: ImageStream `openshift/driver-toolkit`
+        // (operands::driver_toolkit). A read by name; a Role in namespace `openshift` would
+        // need a RoleBinding there, which OLM's CSV cannot carry (its `permissions` land in the
+        // operator namespace), so the name is the scope.
+        rule_named(
+            &["image.openshift.io"],
+            &["imagestreams"],
+            &[crate::operands::driver_toolkit::IMAGE_STREAM],
+            &["get"],
         ),
         // Whether a Lease with NVIDIA's operator name, or a foreign NFD master, comes from a
         // ServiceAccount with cluster-wide privilege (decisions 14 and 16); and who may read

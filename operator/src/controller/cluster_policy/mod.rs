@@ -311,7 +311,7 @@ async fn reconcile(
             },
             now,
         );
-        status::report(policy, deps, &computed.status, &nodes).await?;
+        status::report(policy, deps, &computed.status, &nodes, &resolved.facts).await?;
         watch.lap("status");
         tracing::debug!(
             target: PASS_TIMING,
@@ -320,7 +320,19 @@ async fn reconcile(
             rest = %watch,
             "policy pass"
         );
-        let again = status::requeue(deps, &computed, &desired, &applied, &labelled, &upgrades);
+        // No watch covers OpenShift's driver-toolkit ImageStream (an OpenShift API, read by
+        // name): while the policy builds with it, a pass reads it again after a while.
+        let polls_image_stream =
+            crate::operands::driver_toolkit::requested(&validated.spec, &resolved.facts);
+        let again = status::requeue(
+            deps,
+            &computed,
+            &desired,
+            &applied,
+            &labelled,
+            &upgrades,
+            polls_image_stream,
+        );
         Ok::<_, Error>(Ran::Done(again))
     };
     // What follows the apply (observe, upgrade, status) is redone by the next pass: a user's

@@ -128,6 +128,7 @@ pub async fn report(
     deps: &Deps,
     status: &ClusterPolicyStatus,
     nodes: &[Arc<NodeView>],
+    facts: &crate::facts::ClusterFacts,
 ) -> Result<(), Error> {
     deps.metrics.observe_state(
         nodes.iter().filter(|n| n.is_gpu_node()).count(),
@@ -138,16 +139,7 @@ pub async fn report(
             .filter(|c| c.desired > 0 && c.available == c.desired)
             .count(),
         nodes.iter().filter(|n| n.has_nfd_gpu()).count(),
-        // OpenShift's Driver Toolkit is on unless switched off; the driver is built the standard
-        // way here (operands::driver), so a request for it cannot be honoured.
-        deps.resolver.discovered.openshift
-            && policy.spec.is_enabled(crate::api::Component::Driver)
-            && policy
-                .spec
-                .operator
-                .as_ref()
-                .and_then(|o| o.use_ocp_driver_toolkit)
-                .unwrap_or(true),
+        crate::operands::driver_toolkit::gauges(&policy.spec, facts),
     );
     let error = compute_status::has_error(status);
     deps.metrics.observe_status(
@@ -237,6 +229,10 @@ fn unsupported_lines(spec: &crate::api::ClusterPolicySpec) -> Vec<String> {
 /// restarts show in no watch of ours).
 const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
 
+/// How soon a pass reads OpenShift's driver-toolkit ImageStream again (no watch covers it; a
+/// GET by name each time).
+const IMAGE_STREAM_POLL: Duration = Duration::from_secs(30);
+
 /// Requeue stage: when to look again without a watch event.
 pub fn requeue(
     deps: &Deps,
@@ -245,6 +241,7 @@ pub fn requeue(
     applied: &ApplyReport,
     labelled: &Labelled,
     upgrades: &upgrade::Report,
+    polls_image_stream: bool,
 ) -> Requeue {
     // A node's vanished GPU label reaches its grace period, or the label stage retries.
     let grace = labelled
@@ -264,9 +261,14 @@ pub fn requeue(
             || !applied.rejected.is_empty(),
         unsettled: !applied.unsettled().is_empty() || labelled.in_flight > 0,
         retry_after: applied.retry_after,
-        deadline: [grace, unexplained, upgrading]
-            .into_iter()
-            .fold(None, scheduler::earliest),
+        deadline: [
+            grace,
+            unexplained,
+            upgrading,
+            polls_image_stream.then_some(IMAGE_STREAM_POLL),
+        ]
+        .into_iter()
+        .fold(None, scheduler::earliest),
     }
     .requeue(deps.settings.not_ready_requeue)
 }

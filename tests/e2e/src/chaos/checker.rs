@@ -316,6 +316,10 @@ pub async fn live_facts(
             nfd_frozen: facts::nfd_beside_ours(foreign, ours_deployed),
             gpu_nodes,
             image_env: BTreeMap::new(),
+            // The chaos policies never ask for OpenShift's Driver Toolkit, so the operator
+            // reads no ImageStream either.
+            driver_toolkit: None,
+            driver_toolkit_broken: false,
         },
     ))
 }
