@@ -400,38 +400,22 @@ pub fn uses_precompiled(spec: &ClusterPolicySpec) -> bool {
 }
 
 /// The driver's objects with precompiled images: one DaemonSet per kernel of the GPU nodes
-/// ([`super::driver_kernel`]), none while no GPU node has a kernel pool. The driver image of
-/// `images` is the resolved reference with the primary OS suffix, which each pool replaces by
-/// its kernel and OS.
+/// ([`super::driver_kernel`]), none while no GPU node has a kernel pool. Each pool's image
+/// swaps the primary OS suffix for its kernel and OS.
 fn render_precompiled(
     policy: &ValidatedPolicy,
     facts: &ClusterFacts,
     images: DriverImages,
 ) -> Option<OperandObjects> {
     let primary = facts.os_tag.clone().unwrap_or_default();
-    let reference = images
-        .driver
-        .strip_suffix(&format!("-{primary}"))
-        .unwrap_or(&images.driver)
-        .to_owned();
-    let mut objects = render_os(policy, facts, images)?;
+    let mut objects = render_os(policy, facts, images.clone())?;
     let (pools, _) = super::driver_kernel::pools(&facts.gpu_nodes);
     let mut daemon_sets = Vec::new();
     for pool in &pools {
-        let pool_facts = ClusterFacts {
-            os_tag: Some(pool.os_tag.clone()),
-            ..facts.clone()
-        };
-        // No GDS or GDRCopy beside precompiled drivers (check refuses them).
-        let pool_images = DriverImages {
-            driver: pool.image(&reference),
-            gds: None,
-            gdrcopy: None,
-        };
-        let mut ds = render_os(policy, &pool_facts, pool_images)?
-            .daemon_sets
-            .into_iter()
-            .next()?;
+        // GDS and GDRCopy are refused beside precompiled drivers, so only the driver image
+        // is here to retag.
+        let pool_images = images.for_os(&primary, &pool.tag_suffix());
+        let mut ds = daemon_set_for_os(policy, facts, &pool.os_tag, pool_images)?;
         // The OS too, unlike NVIDIA's: nodes of another OS on the same kernel are not the
         // pool's (driver_kernel::pools reports them).
         let mut selector = pool.os_selector.clone();
@@ -471,14 +455,7 @@ fn render_toolkit(
     let mut daemon_sets = Vec::new();
     for pool in &pools {
         let tag = pool.os_tag.clone().unwrap_or_else(|| primary.clone());
-        let pool_facts = ClusterFacts {
-            os_tag: Some(tag.clone()),
-            ..facts.clone()
-        };
-        let mut ds = render_os(policy, &pool_facts, images.for_os(&primary, &tag))?
-            .daemon_sets
-            .into_iter()
-            .next()?;
+        let mut ds = daemon_set_for_os(policy, facts, &tag, images.for_os(&primary, &tag))?;
         super::driver_toolkit::apply(&mut ds, pool);
         // The digest covers the toolkit container and the entrypoint, as NVIDIA's does.
         add_config_digest(&mut ds);
@@ -540,16 +517,27 @@ pub fn render_pool_daemon_set(
     images: DriverImages,
     name: &str,
 ) -> Option<DaemonSet> {
-    let pool_facts = ClusterFacts {
-        os_tag: Some(pool.tag.clone()),
-        ..facts.clone()
-    };
-    let mut ds = render_os(policy, &pool_facts, images)?
-        .daemon_sets
-        .into_iter()
-        .next()?;
+    let mut ds = daemon_set_for_os(policy, facts, &pool.tag, images)?;
     select_os(&mut ds, pool, Some(name.to_owned()));
     Some(ds)
+}
+
+/// The driver DaemonSet for the GPU nodes of OS `os_tag` with `images` (before any pool's
+/// name, selector or labels): every per-OS, per-kernel and per-RHCOS pool starts from it.
+fn daemon_set_for_os(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    os_tag: &str,
+    images: DriverImages,
+) -> Option<DaemonSet> {
+    let pool_facts = ClusterFacts {
+        os_tag: Some(os_tag.to_owned()),
+        ..facts.clone()
+    };
+    render_os(policy, &pool_facts, images)?
+        .daemon_sets
+        .into_iter()
+        .next()
 }
 
 /// The driver's objects, with one DaemonSet per OS pool in `pools` (`None`: one DaemonSet
@@ -570,14 +558,7 @@ fn render_fleet(
         let mut ds = if pool.tag == primary {
             objects.daemon_sets.first()?.clone()
         } else {
-            let pool_facts = ClusterFacts {
-                os_tag: Some(pool.tag.clone()),
-                ..facts.clone()
-            };
-            render_os(policy, &pool_facts, image.for_os(&primary, &pool.tag))?
-                .daemon_sets
-                .into_iter()
-                .next()?
+            daemon_set_for_os(policy, facts, &pool.tag, image.for_os(&primary, &pool.tag))?
         };
         let rename = (pool.tag != primary).then(|| format!("{NAME}-{}", pool.tag));
         select_os(&mut ds, pool, rename);

@@ -37,9 +37,9 @@ impl KernelPool {
         format!("{base}-{}-{}", sanitized_kernel(&self.kernel), self.os_tag)
     }
 
-    /// The pool's image: `reference` (`<repository>/<image>:<branch>`) with the kernel and OS.
-    pub fn image(&self, reference: &str) -> String {
-        format!("{reference}-{}-{}", self.kernel, self.os_tag)
+    /// What follows the driver branch in the pool's image tag: `<kernel>-<OS tag>`.
+    pub fn tag_suffix(&self) -> String {
+        format!("{}-{}", self.kernel, self.os_tag)
     }
 }
 
@@ -184,10 +184,7 @@ mod tests {
                 ),
             ]
         );
-        assert_eq!(
-            pools[0].image("nvcr.io/nvidia/driver:580"),
-            "nvcr.io/nvidia/driver:580-5.15.0-1048-aws-ubuntu22.04"
-        );
+        assert_eq!(pools[0].tag_suffix(), "5.15.0-1048-aws-ubuntu22.04");
         let names: Vec<&str> = unplaced.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["e", "f", "g"]);
         assert!(
