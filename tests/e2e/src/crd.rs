@@ -80,3 +80,66 @@ pub async fn install_nvidia_driver_crd(client: &Client, field_manager: &str) -> 
     await_established(client, gpu_operator::api::nvidia_driver_crd::CRD_NAME).await?;
     Ok(())
 }
+
+/// A CRD (of an API the harness does not serve, such as the Prometheus Operator's or
+/// OpenShift's) that one test installs and that is removed again when this is dropped,
+/// whatever happens, with the namespaces named by [`Self::also_removing`]: the other suites
+/// expect a cluster without that API.
+pub struct TemporaryCrd {
+    name: String,
+    namespaces: Vec<String>,
+}
+
+impl TemporaryCrd {
+    /// Applies `file` (the CRD, and any objects beside it) server-side and waits until CRD
+    /// `name` is established.
+    pub fn apply(file: &std::path::Path, name: &str) -> Result<Self> {
+        // Built first, so that a failure below still removes what was applied.
+        let crd = TemporaryCrd {
+            name: name.to_owned(),
+            namespaces: Vec::new(),
+        };
+        let path = file.to_str().context("a CRD file path that is not UTF-8")?;
+        crate::cluster::kubectl_output(&["apply", "--server-side", "-f", path])?;
+        crate::cluster::kubectl_output(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            &format!("crd/{name}"),
+        ])?;
+        Ok(crd)
+    }
+
+    /// Deletes namespace `namespace` too when dropped.
+    pub fn also_removing(mut self, namespace: &str) -> Self {
+        self.namespaces.push(namespace.to_owned());
+        self
+    }
+}
+
+impl Drop for TemporaryCrd {
+    fn drop(&mut self) {
+        let crd = [
+            "delete",
+            "crd",
+            &self.name,
+            "--ignore-not-found",
+            "--timeout=60s",
+        ];
+        if let Err(e) = crate::cluster::kubectl_output(&crd) {
+            eprintln!("deleting CRD {}: {e}", self.name);
+        }
+        for namespace in &self.namespaces {
+            let args = [
+                "delete",
+                "namespace",
+                namespace,
+                "--ignore-not-found",
+                "--wait=false",
+            ];
+            if let Err(e) = crate::cluster::kubectl_output(&args) {
+                eprintln!("deleting namespace {namespace}: {e}");
+            }
+        }
+    }
+}

@@ -459,3 +459,17 @@ pub async fn gpu_node_names(client: &Client) -> Result<Vec<String>> {
         .filter_map(|n| n.metadata.name)
         .collect())
 }
+
+/// Sets label `key` of node `name` to `value`, or removes it (`None`), as NFD would after a
+/// node's OS or kernel changed.
+pub async fn set_label(client: &Client, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    Api::<Node>::all(client.clone())
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await?;
+    Ok(())
+}

@@ -7,14 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use e2e::openshift;
+use e2e::crd::TemporaryCrd;
 use e2e::session::{self, TIMEOUT};
 use e2e::wait;
+use e2e::{nodes, openshift};
 use gpu_operator::api::State;
 use gpu_operator::nodes::OSTREE_VERSION;
 use gpu_operator::operands::driver_toolkit::{CONTAINER, IMAGE_STREAM, IMAGE_STREAM_NAMESPACE};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
@@ -32,12 +32,8 @@ const V416: &str = "416.94.202410211619-0";
 /// field (x-kubernetes-preserve-unknown-fields), not openshift/api's: the operator reads only
 /// `spec.tags[].name` and `spec.tags[].from.name`. Dropping the guard removes the CRD (its
 /// ImageStreams with it) and namespace `openshift`, so other suites see no such API.
-struct ImageStreamApi;
-
-impl ImageStreamApi {
-    fn install() -> Self {
-        let guard = ImageStreamApi;
-        let manifest = r#"
+fn install_image_stream_api() -> TemporaryCrd {
+    let manifest = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -62,40 +58,11 @@ kind: Namespace
 metadata:
   name: openshift
 "#;
-        let file =
-            std::env::temp_dir().join(format!("e2e-imagestream-{}.yaml", std::process::id()));
-        std::fs::write(&file, manifest).unwrap();
-        e2e::cluster::kubectl_output(&["apply", "--server-side", "-f", file.to_str().unwrap()])
-            .unwrap();
-        let _ = std::fs::remove_file(&file);
-        e2e::cluster::kubectl_output(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{CRD}"),
-        ])
-        .unwrap();
-        guard
-    }
-}
-
-impl Drop for ImageStreamApi {
-    fn drop(&mut self) {
-        for args in [
-            ["delete", "crd", CRD, "--ignore-not-found", "--timeout=60s"],
-            [
-                "delete",
-                "namespace",
-                "openshift",
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-        ] {
-            if let Err(e) = e2e::cluster::kubectl_output(&args) {
-                eprintln!("removing the ImageStream API: {e}");
-            }
-        }
-    }
+    let file = std::env::temp_dir().join(format!("e2e-imagestream-{}.yaml", std::process::id()));
+    std::fs::write(&file, manifest).unwrap();
+    let crd = TemporaryCrd::apply(&file, CRD);
+    let _ = std::fs::remove_file(&file);
+    crd.unwrap().also_removing("openshift")
 }
 
 fn image_streams(client: &Client) -> Api<DynamicObject> {
@@ -155,12 +122,7 @@ async fn write_image_stream(client: &Client, versions: &[&str]) {
 }
 
 async fn set_rhcos(admin: &Client, node: &str, version: Option<&str>) {
-    Api::<Node>::all(admin.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {OSTREE_VERSION: version}}})),
-        )
+    nodes::set_label(admin, node, OSTREE_VERSION, version)
         .await
         .unwrap();
 }
@@ -199,7 +161,7 @@ async fn each_rhcos_version_gets_its_toolkit_pool_and_a_version_losing_its_tag_i
 }
 
 async fn steps(admin: &Client) {
-    let _api = ImageStreamApi::install();
+    let _api = install_image_stream_api();
     write_image_stream(admin, &[V414, V415, V416]).await;
     let mut gpu_nodes = e2e::nodes::gpu_node_names(admin).await.unwrap();
     gpu_nodes.sort();

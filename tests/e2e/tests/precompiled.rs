@@ -11,8 +11,8 @@ use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::nodes::KERNEL_VERSION;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -20,12 +20,7 @@ const OLD_KERNEL: &str = "5.15.0-1048-aws";
 const NEW_KERNEL: &str = "5.15.0-1050-aws";
 
 async fn set_kernel(admin: &Client, node: &str, kernel: Option<&str>) {
-    Api::<Node>::all(admin.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {KERNEL_VERSION: kernel}}})),
-        )
+    nodes::set_label(admin, node, KERNEL_VERSION, kernel)
         .await
         .unwrap();
 }

@@ -11,6 +11,7 @@
 //! without the Prometheus Operator's API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use e2e::crd::TemporaryCrd;
 use e2e::session::{self, Setup};
 use e2e::{tools, wait};
 use gpu_operator::api::State;
@@ -24,39 +25,12 @@ use std::time::Duration;
 const CRD: &str = "servicemonitors.monitoring.coreos.com";
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The ServiceMonitor CRD, deleted again when dropped.
-struct ServiceMonitorCrd;
-
-impl ServiceMonitorCrd {
-    fn install() -> Option<Self> {
-        let dir = tools::checker("tests/monitoring/crds.sh")?;
-        let file = dir.join("monitoring.coreos.com_servicemonitors.yaml");
-        let crd = ServiceMonitorCrd;
-        e2e::cluster::kubectl_output(&["apply", "--server-side", "-f", file.to_str().unwrap()])
-            .unwrap();
-        e2e::cluster::kubectl_output(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{CRD}"),
-        ])
-        .unwrap();
-        Some(crd)
-    }
-}
-
-impl Drop for ServiceMonitorCrd {
-    fn drop(&mut self) {
-        if let Err(e) = e2e::cluster::kubectl_output(&[
-            "delete",
-            "crd",
-            CRD,
-            "--ignore-not-found",
-            "--timeout=60s",
-        ]) {
-            eprintln!("deleting the ServiceMonitor CRD: {e}");
-        }
-    }
+/// The Prometheus Operator's ServiceMonitor CRD at the pinned version, removed when dropped;
+/// `None` where it cannot be fetched (the test is skipped).
+fn install_service_monitor_crd() -> Option<TemporaryCrd> {
+    let dir = tools::checker("tests/monitoring/crds.sh")?;
+    let file = dir.join("monitoring.coreos.com_servicemonitors.yaml");
+    Some(TemporaryCrd::apply(&file, CRD).unwrap())
 }
 
 fn service_monitors(s: &Setup) -> Api<DynamicObject> {
@@ -110,7 +84,7 @@ async fn the_policy_service_monitor_is_created_tuned_and_removed_and_an_installe
     let Some(prepared) = session::builder().prepare().await else {
         return;
     };
-    let Some(_crd) = ServiceMonitorCrd::install() else {
+    let Some(_crd) = install_service_monitor_crd() else {
         return;
     };
     // NVIDIA's documented form: settings without `enabled`.
