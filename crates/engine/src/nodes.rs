@@ -43,6 +43,9 @@ pub const DRIVER_UPGRADE_SKIP: &str = "nvidia.com/gpu-driver-upgrade.skip";
 /// name, or `true` when the name is no valid label value). The ClusterPolicy's own driver
 /// DaemonSets keep off nodes that carry it (operands::nvidia_driver).
 pub const DRIVER_POOL: &str = "nvidia.com/gpu-operator.nvidiadriver";
+/// Our label on a GPU node handed to a driver variant during a switch between drivers built
+/// on the node, precompiled drivers and the Driver Toolkit (operands::driver_variant).
+pub const DRIVER_VARIANT: &str = "nvidia.com/gpu-operator.driver-variant";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
@@ -127,6 +130,7 @@ pub fn is_read_label(key: &str) -> bool {
             DRIVER_UPGRADE_STATE,
             DRIVER_UPGRADE_SKIP,
             DRIVER_POOL,
+            DRIVER_VARIANT,
         ]
         .contains(&key)
 }

@@ -109,8 +109,11 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
         }
     }
     let state = labels.get(STATE_LABEL);
-    if state.is_some() {
-        out.labels.push(STATE_LABEL.to_owned());
+    // The upgrade state, and the driver variant a switch handed the node to.
+    for key in [STATE_LABEL, crate::nodes::DRIVER_VARIANT] {
+        if labels.contains_key(key) {
+            out.labels.push(key.to_owned());
+        }
     }
     out.labels.sort();
     out.labels.dedup();
@@ -339,6 +342,8 @@ mod tests {
                 ),
                 ("nvidia.com/gpu.deploy.operands", "false"),
                 ("nvidia.com/mig.config", "all-disabled"),
+                // A driver variant switch handed the node over.
+                (crate::nodes::DRIVER_VARIANT, "precompiled"),
             ],
             &[(RECORD_ANNOTATION, &record)],
             vec![
@@ -350,7 +355,12 @@ mod tests {
         let cleanup = plan(&node, Options::default());
         assert_eq!(
             cleanup.labels,
-            ["gpu-type", "nvidia.com/gpu.deploy.driver", GPU_PRESENT]
+            [
+                "gpu-type",
+                "nvidia.com/gpu-operator.driver-variant",
+                "nvidia.com/gpu.deploy.driver",
+                GPU_PRESENT
+            ]
         );
         assert_eq!(cleanup.taints, ["dedicated=gpu:NoExecute"]);
         assert_eq!(cleanup.capacity, ["example.com/vram"]);

@@ -13,6 +13,7 @@ use super::{ClusterFacts, ConfigMapData, LastGood, LiveDriver, Runtime, SharingC
 use kube_core::Resource;
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec};
+use crate::model::{OPERAND_LABEL, Operand};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
 use crate::operands::{device_plugin, driver, driver_os, driver_toolkit, mig_manager};
 
@@ -89,22 +90,7 @@ pub fn assemble(
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
         live_driver: LiveDriver {
-            built_on_node: !objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
-                .is_empty(),
-            precompiled: !objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "true")
-                .is_empty(),
-            without_toolkit: objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
-                .iter()
-                .any(|ds| {
-                    ds.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(driver_toolkit::IDENTIFICATION_LABEL))
-                        .is_none()
-                }),
+            daemon_sets: objects.daemon_sets_labelled(OPERAND_LABEL, Operand::Driver.name()),
         },
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,

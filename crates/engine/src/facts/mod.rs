@@ -71,17 +71,20 @@ pub enum LastGood {
     Gone(String),
 }
 
-/// Which kinds of driver DaemonSet of ours run now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The policy's own driver DaemonSets that run now (NVIDIADriver pools' aside): a switch
+/// between driver variants hands their nodes over one at a time (operands::driver_variant).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveDriver {
-    /// The driver that builds on each node (`nvidia-driver-daemonset` and its per-OS siblings).
-    pub built_on_node: bool,
-    /// Precompiled, per-kernel driver DaemonSets (`nvidia.com/precompiled=true`).
-    pub precompiled: bool,
-    /// A driver that builds on the node without OpenShift's Driver Toolkit (no
-    /// `openshift.driver-toolkit=true`; the toolkit pools are in
-    /// [`ClusterFacts::live_driver_toolkit`]).
-    pub without_toolkit: bool,
+    pub daemon_sets: Vec<Arc<k8s_openapi::api::apps::v1::DaemonSet>>,
+}
+
+impl LiveDriver {
+    /// Whether a DaemonSet of `variant` runs.
+    pub fn runs(&self, variant: crate::operands::driver_variant::Variant) -> bool {
+        self.daemon_sets
+            .iter()
+            .any(|ds| crate::operands::driver_variant::Variant::of_daemon_set(ds) == variant)
+    }
 }
 
 /// Everything validate and render need to know about the cluster: facts only, no verdicts
@@ -101,8 +104,8 @@ pub struct ClusterFacts {
     pub openshift: bool,
     /// Whether the Prometheus Operator's ServiceMonitor API is served.
     pub service_monitor_api: bool,
-    /// The driver DaemonSets that run now, by kind: switching between building on the node and
-    /// precompiled images would replace every GPU node's driver at once.
+    /// The policy's driver DaemonSets that run now: a switch of variant hands their nodes over
+    /// one at a time instead of replacing every GPU node's driver at once.
     pub live_driver: LiveDriver,
     /// Whether the operator serves its own /metrics over HTTPS with token checks
     /// (`--metrics-secure`), which its ServiceMonitor's scheme follows.

@@ -25,6 +25,7 @@ use super::common::{
     self, COMPONENT_LABEL, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env,
     env_field, host_path_volume, merge_user_env, mount, rule, set_env,
 };
+use super::driver_variant::Variant;
 use super::{driver_os, openshift};
 use crate::api::{
     ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, EnvVar as PolicyEnvVar,
@@ -47,12 +48,16 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     render,
     check,
     report: |spec, facts| {
-        if super::driver_toolkit::requested(spec, facts) {
+        let nodes = if super::driver_toolkit::requested(spec, facts) {
             super::driver_toolkit::report(facts)
         } else if uses_precompiled(spec) {
             super::driver_kernel::report(facts)
         } else {
             super::driver_os::report(facts)
+        };
+        match (super::driver_variant::report(spec, facts), nodes) {
+            (Some(handover), Some(nodes)) => Some(format!("{handover}; {nodes}")),
+            (handover, nodes) => handover.or(nodes),
         }
     },
 };
@@ -134,22 +139,14 @@ const HEALTH_PROBE: &[&str] = &[
 /// the startup probe already waited for the first load.
 const HEALTH_PROBE_TIMING: [i32; 5] = [0, 30, 60, 3, 1];
 
-/// What stops `driver.usePrecompiled` (on or off) from being applied as the policy says.
-fn precompiled_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+/// What stops `driver.usePrecompiled` from being applied as the policy says. A switch of a
+/// running fleet either way is not one of them: it is handed over node by node
+/// (operands::driver_variant).
+fn precompiled_problems(spec: &ClusterPolicySpec) -> Vec<String> {
     let default_driver = DriverSpec::default();
     let driver = spec.driver.as_ref().unwrap_or(&default_driver);
     let mut problems = Vec::new();
-    let live = facts.live_driver;
     if !driver.uses_precompiled() {
-        if live.precompiled && !live.built_on_node {
-            problems.push(
-                "spec.driver.usePrecompiled: the GPU nodes run precompiled driver DaemonSets \
-                 (nvidia.com/precompiled=true); switching them to drivers built on the node would \
-                 replace the driver on every GPU node at once, which this operator does not do \
-                 yet: set it back to true, or delete those DaemonSets when no GPU job runs"
-                    .to_owned(),
-            );
-        }
         return problems;
     }
     if driver.uses_nvidia_driver_crd() {
@@ -191,14 +188,6 @@ fn precompiled_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<S
                  driver.usePrecompiled to false"
             ));
         }
-    }
-    if live.built_on_node && !live.precompiled {
-        problems.push(format!(
-            "spec.driver.usePrecompiled: the GPU nodes run {NAME}, which builds the driver on \
-             each node; switching a running fleet to precompiled drivers would replace the \
-             driver on every GPU node at once, which this operator does not do yet: set it back \
-             to false, or delete {NAME} when no GPU job runs"
-        ));
     }
     problems
 }
@@ -366,16 +355,26 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
 /// pools' DaemonSets use them too.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
     let image = DriverImages::of_policy(policy);
-    if uses_precompiled(&policy.spec) {
-        return render_precompiled(policy, facts, image);
-    }
-    if super::driver_toolkit::requested(&policy.spec, facts) {
-        return render_toolkit(policy, facts, image);
-    }
-    if !uses_nvidia_driver_crd(&policy.spec) {
-        let pools = driver_os::split(facts);
-        return render_fleet(policy, facts, image, pools);
-    }
+    let variant = super::driver_variant::wanted(&policy.spec, facts);
+    let mut objects = match variant {
+        Variant::Precompiled => render_precompiled(policy, facts, image)?,
+        Variant::DriverToolkit => render_toolkit(policy, facts, image)?,
+        Variant::BuiltOnNode if uses_nvidia_driver_crd(&policy.spec) => {
+            return render_beside_pools(policy, facts, image);
+        }
+        Variant::BuiltOnNode => render_fleet(policy, facts, image, driver_os::split(facts))?,
+    };
+    // A running fleet of another variant moves to this one node by node.
+    super::driver_variant::with_handover(facts, variant, &mut objects);
+    Some(objects)
+}
+
+/// With `useNvidiaDriverCRD`: the driver for the GPU nodes no NVIDIADriver pool runs on.
+fn render_beside_pools(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    image: DriverImages,
+) -> Option<OperandObjects> {
     let gpu = |n: &std::sync::Arc<NodeView>| n.is_gpu_node() || n.has_nfd_gpu();
     let had_gpu_nodes = facts.gpu_nodes.iter().any(gpu);
     let facts = uncovered(facts);
@@ -1542,8 +1541,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
 /// What validate says about the driver's input: supported mode, its ConfigMaps present and
 /// placeable on the GPU nodes' OS.
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    let mut problems = precompiled_problems(spec, facts);
-    problems.extend(super::driver_toolkit::switch_problems(spec, facts));
+    let mut problems = precompiled_problems(spec);
     let Some(driver) = spec.driver.as_ref() else {
         return problems;
     };

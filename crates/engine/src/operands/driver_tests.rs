@@ -606,36 +606,4 @@ fn precompiled_drivers_are_refused_where_they_cannot_apply_naming_the_field() {
         )
         .contains("spec.gds.enabled")
     );
-    // A running fleet is not switched all at once, either way.
-    let built = ClusterFacts {
-        live_driver: crate::facts::LiveDriver {
-            built_on_node: true,
-            precompiled: false,
-            without_toolkit: true,
-        },
-        ..f.clone()
-    };
-    assert!(
-        problem(
-            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
-            &built
-        )
-        .contains("spec.driver.usePrecompiled: the GPU nodes run nvidia-driver-daemonset")
-    );
-    let precompiled = ClusterFacts {
-        live_driver: crate::facts::LiveDriver {
-            built_on_node: false,
-            precompiled: true,
-            without_toolkit: false,
-        },
-        ..f.clone()
-    };
-    assert!(problem("{}", &precompiled).contains("precompiled driver DaemonSets"));
-    assert!(matches!(
-        driver_outcome(&state(
-            "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
-            &precompiled
-        )),
-        Outcome::Rendered(_)
-    ));
 }

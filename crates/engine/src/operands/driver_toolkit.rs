@@ -57,36 +57,6 @@ pub fn requested(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
         && !driver::uses_nvidia_driver_crd(spec)
 }
 
-/// What stops `use_ocp_driver_toolkit` (on or off) from being applied to a running fleet:
-/// the switch would rename every driver DaemonSet and so replace the driver on every GPU node
-/// at once (decision 20), as a switch to or from precompiled drivers would.
-pub fn switch_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    if !facts.openshift || driver::uses_precompiled(spec) || driver::uses_nvidia_driver_crd(spec) {
-        return Vec::new();
-    }
-    let toolkit_live = !facts.live_driver_toolkit.is_empty();
-    let standard_live = facts.live_driver.without_toolkit;
-    let field = "spec.operator.use_ocp_driver_toolkit";
-    if requested(spec, facts) && standard_live && !toolkit_live {
-        return vec![format!(
-            "{field}: the GPU nodes run {}, built without the Driver Toolkit; switching a running \
-             fleet to it would replace the driver on every GPU node at once, which this operator \
-             does not do yet: set it back to false, or delete {} when no GPU job runs",
-            driver::NAME,
-            driver::NAME
-        )];
-    }
-    if !requested(spec, facts) && toolkit_live && !standard_live {
-        return vec![format!(
-            "{field}: the GPU nodes run Driver Toolkit DaemonSets ({IDENTIFICATION_LABEL}=true); \
-             switching them to the standard driver would replace the driver on every GPU node at \
-             once, which this operator does not do yet: set it back to true, or delete those \
-             DaemonSets when no GPU job runs"
-        )];
-    }
-    Vec::new()
-}
-
 /// Where a pool's toolkit image comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ImageSource {

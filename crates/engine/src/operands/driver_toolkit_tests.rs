@@ -274,33 +274,3 @@ fn the_gauges_say_what_nvidias_say() {
     };
     assert_eq!(gauges(&spec(DTK), &broken), [1, 0, 0, 0, 1]);
 }
-
-#[test]
-fn a_running_fleet_is_not_switched_to_or_from_the_toolkit_at_once() {
-    let problem = |spec: &str, f: &ClusterFacts| {
-        crate::operands::check(Operand::Driver, &policy(spec).spec, f).join("\n")
-    };
-    let mut standard = openshift(&[("a", Some(V414))], Some(&[V414]));
-    standard.live_driver.built_on_node = true;
-    standard.live_driver.without_toolkit = true;
-    assert!(problem(DTK, &standard).contains(
-        "spec.operator.use_ocp_driver_toolkit: the GPU nodes run nvidia-driver-daemonset"
-    ));
-    assert!(matches!(
-        state(DTK, &standard)
-            .operands
-            .iter()
-            .find(|o| o.operand == Operand::Driver)
-            .unwrap()
-            .outcome,
-        Outcome::Invalid(_)
-    ));
-    assert_eq!(problem("{}", &standard), "");
-    let mut toolkit = openshift(&[("a", Some(V414))], Some(&[V414]));
-    toolkit.live_driver.built_on_node = true;
-    toolkit
-        .live_driver_toolkit
-        .insert(V414.to_owned(), "quay.io/x@sha256:a".to_owned());
-    assert!(problem("{}", &toolkit).contains("Driver Toolkit DaemonSets"));
-    assert_eq!(problem(DTK, &toolkit), "");
-}

@@ -11,6 +11,7 @@ pub mod driver;
 pub mod driver_kernel;
 pub mod driver_os;
 pub mod driver_toolkit;
+pub mod driver_variant;
 pub mod gfd;
 pub mod mig_manager;
 pub mod mps;

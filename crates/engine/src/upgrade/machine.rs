@@ -259,6 +259,10 @@ pub enum DriverRevision {
     RestartOnly,
     /// What the driver installs changed (or a digest is missing): the full upgrade.
     Outdated,
+    /// Its DaemonSet is of a driver variant the policy switched away from, and a DaemonSet of
+    /// the new variant selects the node (operands::driver_variant): the full upgrade, ending in
+    /// a handover of the node instead of a pod deletion.
+    Outgoing,
 }
 
 /// What one driver DaemonSet runs now, for [`classify`].
@@ -272,6 +276,22 @@ pub struct DesiredDriver {
     pub digest: Option<String>,
     /// Older revisions whose template differs from the current one in pod metadata only.
     pub metadata_only: BTreeSet<String>,
+    /// For an outgoing DaemonSet of a variant switch: the variant its nodes are handed to, and
+    /// the node selectors of that variant's DaemonSets (a node none selects is not moved).
+    pub handover: Option<(String, Vec<BTreeMap<String, String>>)>,
+}
+
+/// The variant a node with `labels` running a pod of `desired` is to be handed to: `Some` when
+/// `desired` is an outgoing DaemonSet and a DaemonSet of the new variant selects the node.
+pub fn handover_to<'a>(
+    desired: &'a DesiredDriver,
+    labels: &BTreeMap<String, String>,
+) -> Option<&'a str> {
+    let (to, selectors) = desired.handover.as_ref()?;
+    selectors
+        .iter()
+        .any(|s| crate::operands::driver_variant::selector_matches(s, labels))
+        .then_some(to.as_str())
 }
 
 /// Classifies a driver pod by its revision hash and the driver config digest it carries. A
@@ -292,10 +312,26 @@ pub fn classify(
 }
 
 /// Whether two DaemonSet ControllerRevisions' `data` (the pod template, as the DaemonSet
-/// controller stores it) differ in the template's metadata only: same pod spec. Data without a
-/// template never counts as metadata-only.
-pub fn differs_only_in_metadata(old: &serde_json::Value, new: &serde_json::Value) -> bool {
-    let spec = |data: &serde_json::Value| data.pointer("/spec/template/spec").cloned();
+/// controller stores it) differ in the template's metadata or in where its pods may be placed
+/// (node selector, node affinity) only. A running pod is unchanged by either: the DaemonSet
+/// controller itself removes pods from nodes no longer selected. Data without a template never
+/// counts.
+pub fn differs_only_in_metadata_or_placement(
+    old: &serde_json::Value,
+    new: &serde_json::Value,
+) -> bool {
+    let spec = |data: &serde_json::Value| {
+        let mut spec = data.pointer("/spec/template/spec")?.clone();
+        let pod = spec.as_object_mut()?;
+        pod.remove("nodeSelector");
+        if let Some(affinity) = pod.get_mut("affinity").and_then(|a| a.as_object_mut()) {
+            affinity.remove("nodeAffinity");
+            if affinity.is_empty() {
+                pod.remove("affinity");
+            }
+        }
+        Some(spec)
+    };
     match (spec(old), spec(new)) {
         (Some(old), Some(new)) => old == new,
         _ => false,
@@ -309,6 +345,8 @@ pub struct DriverPod {
     /// The DaemonSet owning it.
     pub daemon_set: String,
     pub revision: DriverRevision,
+    /// With [`DriverRevision::Outgoing`]: the variant the node is handed to.
+    pub handover_to: Option<String>,
     pub ready: bool,
     /// Crash-looping or failed (its container keeps exiting).
     pub failing: bool,
@@ -398,6 +436,9 @@ pub enum Action {
     Evict(Vec<String>),
     /// Delete the node's driver pod (OnDelete: the DaemonSet recreates it on its new revision).
     DeleteDriverPod(String),
+    /// Hand the node to this driver variant (its label value): the outgoing DaemonSet lets go
+    /// of the node and removes its pod, the new variant's DaemonSet starts one.
+    HandOver(String),
     /// Delete the node's validator pod so it validates the new driver.
     DeleteValidatorPod(String),
     /// Set (`Some`) or remove (`None`) a node annotation.
@@ -627,7 +668,10 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
             }
         }
         S::PodRestartRequired => {
-            if !driver.current() {
+            if let Some(to) = driver.handover_to.as_ref() {
+                // The outgoing DaemonSet removes its pod once the node is handed over.
+                Step::stay().with(Action::HandOver(to.clone()))
+            } else if !driver.current() {
                 Step::stay().with(Action::DeleteDriverPod(driver.name.clone()))
             } else if driver.ready {
                 moving(node, S::ValidationRequired, now)

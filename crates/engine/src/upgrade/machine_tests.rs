@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -31,6 +32,7 @@ fn driver_on(revision: DriverRevision, ready: bool) -> Option<DriverPod> {
         name: "nvidia-driver-daemonset-x".into(),
         daemon_set: "nvidia-driver-daemonset".into(),
         revision,
+        handover_to: None,
         ready,
         failing: false,
         created: NOW - 10,
@@ -444,6 +446,7 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
         revision: "new".into(),
         digest: Some("d1".into()),
         metadata_only: ["relabelled".to_owned()].into(),
+        handover: None,
     };
     let cases = [
         (
@@ -504,22 +507,104 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
 }
 
 #[test]
-fn revisions_differ_only_in_metadata_when_their_pod_specs_are_equal() {
-    let data = |labels: serde_json::Value, image: &str| {
+fn revisions_differ_only_in_metadata_or_placement_when_the_rest_of_their_pod_specs_is_equal() {
+    let data = |labels: serde_json::Value, image: &str, placement: serde_json::Value| {
+        let mut spec = serde_json::json!({"containers": [{"name": "nvidia-driver-ctr", "image": image}]});
+        for (k, v) in placement.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
         serde_json::json!({"spec": {"template": {"$patch": "replace",
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{"name": "nvidia-driver-ctr", "image": image}]}}}})
+            "metadata": {"labels": labels}, "spec": spec}}})
     };
-    let old = data(serde_json::json!({"app": "d"}), "driver:1");
-    assert!(differs_only_in_metadata(
+    let none = serde_json::json!({});
+    let old = data(serde_json::json!({"app": "d"}), "driver:1", none.clone());
+    assert!(differs_only_in_metadata_or_placement(
         &old,
-        &data(serde_json::json!({"app": "d", "team": "ml"}), "driver:1")
+        &data(serde_json::json!({"app": "d", "team": "ml"}), "driver:1", none.clone())
     ));
-    assert!(!differs_only_in_metadata(
+    // A variant switch adds a node-affinity requirement, a pool a node selector: the pods that
+    // stay on their nodes run the same.
+    let anti = serde_json::json!({"podAntiAffinity": {"x": 1}});
+    let placed = serde_json::json!({
+        "nodeSelector": {"k": "v"},
+        "affinity": {"nodeAffinity": {"required": 1}, "podAntiAffinity": {"x": 1}},
+    });
+    let with_anti = data(serde_json::json!({"app": "d"}), "driver:1", serde_json::json!({"affinity": anti}));
+    assert!(differs_only_in_metadata_or_placement(
+        &with_anti,
+        &data(serde_json::json!({"app": "d"}), "driver:1", placed.clone())
+    ));
+    assert!(differs_only_in_metadata_or_placement(
         &old,
-        &data(serde_json::json!({"app": "d"}), "driver:2")
+        &data(serde_json::json!({"app": "d"}), "driver:1", serde_json::json!({"affinity": {"nodeAffinity": {}}}))
     ));
-    assert!(!differs_only_in_metadata(&old, &serde_json::json!({})));
+    // Anything else in the pod spec is a change.
+    assert!(!differs_only_in_metadata_or_placement(&old, &with_anti));
+    assert!(!differs_only_in_metadata_or_placement(
+        &old,
+        &data(serde_json::json!({"app": "d"}), "driver:2", none)
+    ));
+    assert!(!differs_only_in_metadata_or_placement(&old, &serde_json::json!({})));
+}
+
+#[test]
+fn an_outgoing_node_takes_the_full_upgrade_and_is_handed_over_instead_of_restarted() {
+    let p = policy("{drain: {enable: true}}", 1);
+    let mut n = node("gpu-1", UpgradeState::Done);
+    n.driver = driver_on(DriverRevision::Outgoing, true);
+    n.driver.as_mut().unwrap().handover_to = Some("precompiled".into());
+    assert_eq!(
+        step(&n, &p, false, NOW).next,
+        Some(UpgradeState::UpgradeRequired)
+    );
+    n.state = Some(UpgradeState::UpgradeRequired);
+    assert_eq!(
+        step(&n, &p, true, NOW).next,
+        Some(UpgradeState::CordonRequired),
+        "cordoned like any new driver, never restarted in place"
+    );
+    n.state = Some(UpgradeState::PodRestartRequired);
+    assert_eq!(
+        step(&n, &p, false, NOW).actions,
+        [Action::HandOver("precompiled".into())]
+    );
+    // The old pod goes, the new variant's comes up Ready: validated as after any restart.
+    n.driver = None;
+    assert_eq!(step(&n, &p, false, NOW), Step::default());
+    n.driver = driver(true, true);
+    assert_eq!(
+        step(&n, &p, false, NOW).next,
+        Some(UpgradeState::ValidationRequired)
+    );
+}
+
+#[test]
+fn a_node_is_handed_over_only_where_a_daemonset_of_the_new_variant_selects_it() {
+    let labels = |kernel: &str| -> BTreeMap<String, String> {
+        [
+            ("feature.node.kubernetes.io/kernel-version.full", kernel),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    };
+    let mut selector = labels("5.15.0-1048-aws");
+    // A user's key on every variant's DaemonSets is not among the labels node views keep.
+    selector.insert("example.com/team".to_owned(), "ml".to_owned());
+    let outgoing = DesiredDriver {
+        handover: Some(("precompiled".into(), vec![selector])),
+        ..DesiredDriver::default()
+    };
+    assert_eq!(
+        handover_to(&outgoing, &labels("5.15.0-1048-aws")),
+        Some("precompiled")
+    );
+    assert_eq!(handover_to(&outgoing, &labels("6.8.0-1008-aws")), None);
+    assert_eq!(
+        handover_to(&DesiredDriver::default(), &labels("5.15.0-1048-aws")),
+        None
+    );
 }
 
 #[test]

@@ -26,13 +26,13 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
-    Action, DesiredDriver, DriverPod, NodeFacts, PodFacts, Policy, Pool, STATE_LABEL, Step,
+    Action, DesiredDriver, DriverPod, DriverRevision, NodeFacts, PodFacts, Policy, Pool, STATE_LABEL, Step,
     Summary, UpgradeState, ValidatorPod,
 };
 use crate::api::{ClusterPolicySpec, Component, DriverUpgradePolicySpec, NVIDIADriver};
 use crate::metrics::UpgradeCounts;
 use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
-use crate::operands::{driver, nvidia_driver, validator};
+use crate::operands::{driver, driver_variant, nvidia_driver, validator};
 
 /// `app.kubernetes.io/component` of the driver DaemonSets and their pods.
 const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
@@ -94,7 +94,12 @@ pub fn quiet(
                 && status.updated_number_scheduled.unwrap_or(0) >= status.desired_number_scheduled
                 && status.number_available.unwrap_or(0) >= status.desired_number_scheduled
         });
+    // A variant switch moves nodes although every DaemonSet is settled.
+    let handing_over = daemon_sets
+        .values()
+        .any(|d| driver_variant::is_handing_over(d).is_some());
     drivers_settled
+        && !handing_over
         && nodes
             .iter()
             .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
@@ -228,18 +233,26 @@ impl UpgradePod {
     }
 }
 
-/// The node's driver pod, if one of the driver DaemonSets owns it.
+/// The node's driver pod, if one of the driver DaemonSets owns it. A pod of an outgoing
+/// DaemonSet on a node the new variant's DaemonSets select is [`DriverRevision::Outgoing`].
 fn driver_pod(
     pods: &[&UpgradePod],
     current: &BTreeMap<String, DesiredDriver>,
+    node: &NodeView,
 ) -> Option<DriverPod> {
     pods.iter().find_map(|p| {
         let (owner, hash) = p.driver.as_ref()?;
         let desired = current.get(owner)?;
+        let handover_to = machine::handover_to(desired, &node.labels).map(str::to_owned);
         Some(DriverPod {
             name: p.name.clone(),
             daemon_set: desired.daemon_set.clone(),
-            revision: machine::classify(hash.as_deref(), p.digest.as_deref(), desired),
+            revision: if handover_to.is_some() {
+                DriverRevision::Outgoing
+            } else {
+                machine::classify(hash.as_deref(), p.digest.as_deref(), desired)
+            },
+            handover_to,
             ready: p.ready,
             failing: p.failing,
             created: p.created,
@@ -293,7 +306,7 @@ pub fn cached_facts(
         .filter(|n| n.label(GPU_PRESENT) == Some("true"))
         .filter_map(|node| {
             let on_node = by_node.get(node.name.as_str()).unwrap_or(&none);
-            let driver = driver_pod(on_node, current);
+            let driver = driver_pod(on_node, current, node);
             let state = node
                 .label(STATE_LABEL)
                 .map(|s| UpgradeState::parse(Some(s)));
@@ -534,7 +547,7 @@ async fn current_revisions(
             .iter()
             .filter(|r| r.revision != newest.revision)
             .filter(|r| match (data(r), newest_data.as_ref()) {
-                (Some(old), Some(new)) => machine::differs_only_in_metadata(&old, new),
+                (Some(old), Some(new)) => machine::differs_only_in_metadata_or_placement(&old, new),
                 _ => false,
             })
             .filter_map(|r| r.labels().get(REVISION_HASH_LABEL).cloned())
@@ -552,6 +565,7 @@ async fn current_revisions(
                 revision: hash,
                 digest,
                 metadata_only,
+                handover: driver_variant::successors(ds, drivers.iter().copied()),
             },
         );
     }
@@ -669,6 +683,7 @@ async fn run_step(
     let nodes: Api<Node> = Api::all(client.clone());
     let name = facts.name.clone();
     let mut annotations = serde_json::Map::new();
+    let mut handed_over = None;
     if facts
         .annotations
         .get(machine::ENABLED_ANNOTATION)
@@ -718,6 +733,8 @@ async fn run_step(
                     Err(e) => return Err(e),
                 }
             }
+            // Sent again while the old pod is still there: the patch is idempotent.
+            Action::HandOver(variant) => handed_over = Some(variant.clone()),
             Action::Annotate(key, value) => {
                 let value = value.as_ref().map_or(Value::Null, |v| json!(v));
                 if facts
@@ -732,9 +749,17 @@ async fn run_step(
             }
         }
     }
-    let mut patch = serde_json::Map::new();
+    let mut labels = serde_json::Map::new();
     if let Some(next) = step.next.filter(|n| Some(*n) != facts.state) {
-        patch.insert("labels".to_owned(), json!({STATE_LABEL: next.label()}));
+        labels.insert(STATE_LABEL.to_owned(), json!(next.label()));
+    }
+    if let Some(variant) = &handed_over {
+        tracing::info!(node = %name, %variant, "handed over to another driver variant");
+        labels.insert(driver_variant::VARIANT_LABEL.to_owned(), json!(variant));
+    }
+    let mut patch = serde_json::Map::new();
+    if !labels.is_empty() {
+        patch.insert("labels".to_owned(), Value::Object(labels));
     }
     if !annotations.is_empty() {
         patch.insert("annotations".to_owned(), Value::Object(annotations));
