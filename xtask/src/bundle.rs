@@ -1137,15 +1137,25 @@ fn crd_description() -> String {
         .unwrap_or_default()
 }
 
-/// `alm-examples`: the examples as a JSON array.
+/// `alm-examples`: the examples as a JSON array. The console form's policy (the first) asks
+/// for the Driver Toolkit, as NVIDIA's OperatorHub example does: the bundle is installed on
+/// OpenShift, where the driver builds against each node's RHCOS without entitlements only
+/// with it, and the operator turns it on only when asked (operands::driver_toolkit).
 pub fn alm_examples() -> anyhow::Result<Value> {
-    ALM_EXAMPLES
+    let mut examples = ALM_EXAMPLES
         .iter()
         .map(|(path, text)| {
             serde_yaml_ng::from_str(text).with_context(|| format!("parsing {path}"))
         })
-        .collect::<anyhow::Result<Vec<Value>>>()
-        .map(Value::Array)
+        .collect::<anyhow::Result<Vec<Value>>>()?;
+    if let Some(operator) = examples
+        .first_mut()
+        .and_then(|policy| policy.pointer_mut("/spec/operator"))
+        .and_then(Value::as_object_mut)
+    {
+        operator.insert("use_ocp_driver_toolkit".to_owned(), Value::Bool(true));
+    }
+    Ok(Value::Array(examples))
 }
 
 const DESCRIPTION: &str = r#"The GPU Operator rolls out the NVIDIA GPU software stack on every GPU node of the cluster from one cluster-scoped `ClusterPolicy` (`nvidia.com/v1`):
@@ -1634,6 +1644,13 @@ mod tests {
             let policy: api::ClusterPolicy = serde_json::from_value(example.clone()).unwrap();
             assert_eq!(&serde_json::to_value(policy).unwrap(), example);
         }
+    }
+
+    #[test]
+    fn the_console_forms_policy_asks_for_the_driver_toolkit_as_nvidias_does() {
+        let examples = alm_examples().unwrap();
+        assert_eq!(examples[0]["kind"], "ClusterPolicy");
+        assert_eq!(examples[0]["spec"]["operator"]["use_ocp_driver_toolkit"], true);
     }
 
     #[test]

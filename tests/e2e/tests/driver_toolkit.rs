@@ -2,7 +2,7 @@
 //! of two RHCOS versions get one driver DaemonSet each with the version's toolkit image from
 //! ImageStream `openshift/driver-toolkit`; a node of a third version gets a third; that
 //! version's tag removed, status names the version and its node while every pool stays; and
-//! the running toolkit fleet is not switched back to the standard driver at once.
+//! the running toolkit fleet is switched back to the standard driver only node by node.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +15,7 @@ use gpu_operator::api::State;
 use gpu_operator::nodes::OSTREE_VERSION;
 use gpu_operator::operands::driver_toolkit::{CONTAINER, IMAGE_STREAM, IMAGE_STREAM_NAMESPACE};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
@@ -248,16 +249,21 @@ async fn steps(admin: &Client) {
         ])
     );
 
-    // Switching the running toolkit fleet back to the standard driver is refused, naming the
-    // field, and nothing is torn down.
+    // Switching the running toolkit fleet back to the standard driver, with automatic
+    // upgrades off: nothing is torn down; the standard DaemonSet waits for nodes handed to it,
+    // and status says how to hand them over.
     s.patch_policy(json!({"spec": {"operator": {"use_ocp_driver_toolkit": false}}}))
         .await;
-    wait::until(TIMEOUT, "the switch back refused", || {
+    wait::until(TIMEOUT, "the switch back waits for nodes handed over", || {
         let (admin, policy) = (admin.clone(), policy.clone());
         async move {
             let message = session::ready_message(&admin, &policy).await?;
             Ok(
-                if message.contains("spec.operator.use_ocp_driver_toolkit") {
+                if message.contains(
+                    "switching from drivers built with the Driver Toolkit to drivers built on \
+                     the node",
+                ) && message.contains("nvidia.com/gpu-operator.driver-variant=built-on-node")
+                {
                     Ok(())
                 } else {
                     Err(message)
@@ -273,8 +279,21 @@ async fn steps(admin: &Client) {
             .get_opt("nvidia-driver-daemonset")
             .await
             .unwrap()
-            .is_none()
+            .is_some()
     );
+    let standard_pods = Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=nvidia-driver"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.owner_references()
+                .iter()
+                .any(|o| o.name == "nvidia-driver-daemonset")
+        })
+        .count();
+    assert_eq!(standard_pods, 0, "no node was handed to the standard driver");
 
     s.teardown().await;
     for node in &gpu_nodes {
