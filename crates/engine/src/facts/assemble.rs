@@ -88,24 +88,10 @@ pub fn assemble(
         os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
-        live_driver: LiveDriver {
-            built_on_node: !objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
-                .is_empty(),
-            precompiled: !objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "true")
-                .is_empty(),
-            without_toolkit: objects
-                .daemon_sets_labelled(driver::PRECOMPILED_LABEL, "false")
-                .iter()
-                .any(|ds| {
-                    ds.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(driver_toolkit::IDENTIFICATION_LABEL))
-                        .is_none()
-                }),
-        },
+        live_driver: live_driver(&policy_driver_daemon_sets(
+            objects,
+            driver::PRECOMPILED_LABEL,
+        )),
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,
         nfd_running: observed.nfd_running.is_some(),
@@ -119,15 +105,63 @@ pub fn assemble(
         image_env: observed.image_env,
         driver_toolkit: observed.driver_toolkit,
         driver_toolkit_broken: observed.driver_toolkit_broken,
-        live_driver_toolkit: live_driver_toolkit(objects),
+        live_driver_toolkit: live_driver_toolkit(&policy_driver_daemon_sets(
+            objects,
+            driver_toolkit::IDENTIFICATION_LABEL,
+        )),
     }
 }
 
-/// The toolkit image of each Driver Toolkit DaemonSet of ours, by its RHCOS version label.
-fn live_driver_toolkit(objects: &impl NamespaceObjects) -> BTreeMap<String, String> {
-    objects
-        .daemon_sets_labelled(driver_toolkit::IDENTIFICATION_LABEL, "true")
+/// The policy's own driver DaemonSets that carry `key` (with any value): NVIDIADriver pools'
+/// are theirs, and each pool judges its own switches.
+fn policy_driver_daemon_sets(objects: &impl NamespaceObjects, key: &str) -> Vec<Arc<DaemonSet>> {
+    let pool = Some(crate::model::Operand::NvidiaDriver.name());
+    ["true", "false"]
+        .into_iter()
+        .flat_map(|value| objects.daemon_sets_labelled(key, value))
+        .filter(|ds| {
+            ds.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::model::OPERAND_LABEL))
+                .map(String::as_str)
+                != pool
+        })
+        .collect()
+}
+
+fn label_is(ds: &DaemonSet, key: &str, value: &str) -> bool {
+    ds.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .is_some_and(|v| v == value)
+}
+
+/// Which kinds of driver DaemonSet run among `daemon_sets` (one owner's: the policy's, or one
+/// NVIDIADriver's), told apart by their labels.
+pub fn live_driver(daemon_sets: &[Arc<DaemonSet>]) -> LiveDriver {
+    let built: Vec<&Arc<DaemonSet>> = daemon_sets
         .iter()
+        .filter(|ds| label_is(ds, driver::PRECOMPILED_LABEL, "false"))
+        .collect();
+    LiveDriver {
+        built_on_node: !built.is_empty(),
+        precompiled: daemon_sets
+            .iter()
+            .any(|ds| label_is(ds, driver::PRECOMPILED_LABEL, "true")),
+        without_toolkit: built
+            .iter()
+            .any(|ds| !label_is(ds, driver_toolkit::IDENTIFICATION_LABEL, "true")),
+    }
+}
+
+/// The toolkit image of each Driver Toolkit DaemonSet among `daemon_sets` (one owner's), by its
+/// RHCOS version label.
+pub fn live_driver_toolkit(daemon_sets: &[Arc<DaemonSet>]) -> BTreeMap<String, String> {
+    daemon_sets
+        .iter()
+        .filter(|ds| label_is(ds, driver_toolkit::IDENTIFICATION_LABEL, "true"))
         .filter_map(|ds| {
             let version = ds
                 .metadata

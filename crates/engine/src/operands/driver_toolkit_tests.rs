@@ -284,7 +284,7 @@ fn a_running_fleet_is_not_switched_to_or_from_the_toolkit_at_once() {
     standard.live_driver.built_on_node = true;
     standard.live_driver.without_toolkit = true;
     assert!(problem(DTK, &standard).contains(
-        "spec.operator.use_ocp_driver_toolkit: the GPU nodes run nvidia-driver-daemonset"
+        "spec.operator.use_ocp_driver_toolkit: the GPU nodes run driver DaemonSets built without"
     ));
     assert!(matches!(
         state(DTK, &standard)
