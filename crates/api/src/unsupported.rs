@@ -156,6 +156,20 @@ impl ClusterPolicySpec {
                 found.extend(paths.into_iter().map(|path| Unsupported { path, why }));
             }
         }
+        // As in NVIDIA's operator, the CRD hands the driver to the NVIDIADrivers, whose own
+        // usePrecompiled decides for their pools.
+        if self
+            .driver
+            .as_ref()
+            .is_some_and(|d| d.uses_precompiled() && d.uses_nvidia_driver_crd())
+        {
+            found.push(Unsupported {
+                path: "spec.driver.usePrecompiled".to_owned(),
+                why: "with driver.useNvidiaDriverCRD the NVIDIADrivers decide: set \
+                      spec.usePrecompiled on an NVIDIADriver; GPU nodes no NVIDIADriver selects \
+                      keep a driver built on the node",
+            });
+        }
         found
     }
 }
@@ -208,6 +222,15 @@ mod tests {
                 "spec.validator.vfioPCI.env",
             ]
         );
+    }
+
+    #[test]
+    fn use_precompiled_is_not_acted_on_while_nvidiadrivers_decide() {
+        assert_eq!(
+            paths("{driver: {usePrecompiled: true, useNvidiaDriverCRD: true}}"),
+            ["spec.driver.usePrecompiled"]
+        );
+        assert!(paths("{driver: {usePrecompiled: true}}").is_empty());
     }
 
     #[test]

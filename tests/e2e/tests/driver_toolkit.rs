@@ -2,22 +2,24 @@
 //! of two RHCOS versions get one driver DaemonSet each with the version's toolkit image from
 //! ImageStream `openshift/driver-toolkit`; a node of a third version gets a third; that
 //! version's tag removed, status names the version and its node while every pool stays; and
-//! the running toolkit fleet is switched back to the standard driver only node by node.
+//! the running toolkit fleet is switched back to the standard driver only node by node. An
+//! NVIDIADriver pool gets its own toolkit DaemonSet per RHCOS version of its nodes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use e2e::crd::TemporaryCrd;
-use e2e::session::{self, TIMEOUT};
+use e2e::session::{self, Crd, TIMEOUT};
 use e2e::wait;
 use e2e::{nodes, openshift};
-use gpu_operator::api::State;
+use gpu_operator::api::{NVIDIADriver, NvidiaDriverState, State};
 use gpu_operator::nodes::OSTREE_VERSION;
 use gpu_operator::operands::driver_toolkit::{CONTAINER, IMAGE_STREAM, IMAGE_STREAM_NAMESPACE};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -298,5 +300,108 @@ async fn steps(admin: &Client) {
     s.teardown().await;
     for node in &gpu_nodes {
         set_rhcos(admin, node, None).await;
+    }
+}
+
+const POOL_ROLE: &str = "gpu-operator-e2e-driver-toolkit-pool";
+const POOL_LABEL: &str = "nvidia.com/gpu-operator.nvidiadriver";
+
+#[tokio::test]
+async fn an_nvidia_driver_pool_gets_a_toolkit_daemonset_per_rhcos_version_of_its_nodes() {
+    let Some(admin) = e2e::connect().await else {
+        return;
+    };
+    openshift::run_on_simulated_openshift(&admin, POOL_ROLE, pool_steps(&admin)).await;
+}
+
+async fn pool_steps(admin: &Client) {
+    let _api = install_image_stream_api();
+    write_image_stream(admin, &[V414, V415]).await;
+    let mut gpu_nodes = e2e::nodes::gpu_node_names(admin).await.unwrap();
+    gpu_nodes.sort();
+    assert!(gpu_nodes.len() >= 2, "{gpu_nodes:?}");
+    let (old, new) = gpu_nodes.split_at(gpu_nodes.len() / 2);
+    for node in old {
+        set_rhcos(admin, node, Some(V414)).await;
+    }
+    for node in new {
+        set_rhcos(admin, node, Some(V415)).await;
+    }
+    let s = session::builder()
+        .crd(Crd::NvidiaDriver)
+        .cluster_role(e2e::operator::generated_role(POOL_ROLE))
+        .start(json!({"operator": {"use_ocp_driver_toolkit": true},
+                      "driver": {"useNvidiaDriverCRD": true}}))
+        .await
+        .expect("the caller connected to the test cluster");
+    // No nodeSelector: every GPU node is the pool's.
+    let drivers = Api::<NVIDIADriver>::all(admin.clone());
+    let pool: NVIDIADriver = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+        "metadata": {"name": "dtk"},
+        "spec": {"driverType": "gpu", "repository": "nvcr.io/nvidia", "image": "driver",
+                 "version": "580.95.05"}
+    }))
+    .unwrap();
+    drivers.create(&PostParams::default(), &pool).await.unwrap();
+    let namespace = s.identity.namespace.clone();
+    let name = |v: &str| format!("nvidia-gpu-driver-dtk-{v}");
+    wait::until(
+        TIMEOUT,
+        "a toolkit DaemonSet per RHCOS version of the pool",
+        || {
+            let (admin, namespace, drivers) = (admin.clone(), namespace.clone(), drivers.clone());
+            async move {
+                let pools = toolkit_pools(&admin, &namespace).await;
+                let want = BTreeMap::from([
+                    (name(V414), toolkit_image(V414)),
+                    (name(V415), toolkit_image(V415)),
+                ]);
+                let state = drivers.get("dtk").await?.status.map(|s| s.state);
+                Ok(
+                    if pools == want && state == Some(NvidiaDriverState::Ready) {
+                        Ok(())
+                    } else {
+                        Err(format!("{pools:?}, {state:?}"))
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let daemonsets = Api::<DaemonSet>::namespaced(admin.clone(), &namespace);
+    for (v, nodes) in [(V414, old), (V415, new)] {
+        let d = daemonsets.get(&name(v)).await.unwrap();
+        assert_eq!(d.labels()["openshift.driver-toolkit.rhcos"], v);
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()[OSTREE_VERSION], v);
+        for node in nodes {
+            let n = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+                .get(node)
+                .await
+                .unwrap();
+            assert_eq!(n.labels().get(POOL_LABEL).map(String::as_str), Some("dtk"));
+        }
+    }
+
+    drivers
+        .delete("dtk", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until_none_left(
+        &drivers,
+        &ListParams::default(),
+        TIMEOUT,
+        "NVIDIADriver gone",
+    )
+    .await
+    .unwrap();
+    s.teardown().await;
+    for node in &gpu_nodes {
+        set_rhcos(admin, node, None).await;
+        nodes::set_label(admin, node, POOL_LABEL, None)
+            .await
+            .unwrap();
     }
 }

@@ -883,3 +883,67 @@ async fn a_gpu_cluster_without_a_cluster_policy_runs_each_nvidia_driver_pool_and
     nodes::delete(&admin, &names).await.unwrap();
     clean_nodes(&admin).await;
 }
+
+#[tokio::test]
+async fn a_precompiled_nvidia_driver_runs_one_daemonset_per_kernel_and_takes_its_nodes() {
+    let Some((s, pool_nodes)) = start(json!({"driver": {"useNvidiaDriverCRD": true}})).await else {
+        return;
+    };
+    let admin = s.admin.clone();
+    let kernel = gpu_operator::nodes::KERNEL_VERSION;
+    let (k1, k2) = ("5.15.0-1048-aws", "5.15.0-1050-aws");
+    nodes::set_label(&admin, "nvd-a-0", kernel, Some(k1))
+        .await
+        .unwrap();
+    nodes::set_label(&admin, "nvd-a-1", kernel, Some(k2))
+        .await
+        .unwrap();
+    create_driver_with(&admin, "pre", "580", "a", json!({"usePrecompiled": true})).await;
+    await_driver(
+        &s,
+        "pre",
+        NvidiaDriverState::Ready,
+        "precompiled pool ready",
+    )
+    .await;
+    let ds = |k: &str| format!("nvidia-gpu-driver-pre-ubuntu22.04-{k}");
+    let (ds1, ds2) = (ds(k1), ds(k2));
+    let tag = |k: &str| format!("driver:580-{k}-ubuntu22.04");
+    let (tag1, tag2) = (tag(k1), tag(k2));
+    let expect = BTreeMap::from([
+        ("nvd-a-0".to_owned(), (ds1.as_str(), tag1.as_str())),
+        ("nvd-a-1".to_owned(), (ds2.as_str(), tag2.as_str())),
+        (
+            "nvd-b-0".to_owned(),
+            ("nvidia-driver-daemonset", "595.91.07"),
+        ),
+        (
+            "nvd-b-1".to_owned(),
+            ("nvidia-driver-daemonset-ubuntu24.04", "595.91.07"),
+        ),
+    ]);
+    await_drivers(
+        &s,
+        &expect,
+        "each kernel's node runs its precompiled driver",
+    )
+    .await;
+    let daemonsets = Api::<DaemonSet>::namespaced(admin.clone(), &s.identity.namespace);
+    for (name, k) in [(&ds1, k1), (&ds2, k2)] {
+        let d = daemonsets.get(name).await.unwrap();
+        assert_eq!(d.labels()["nvidia.com/precompiled"], "true");
+        assert_eq!(d.labels()["nvidia.com/precompiled.kernel-version"], k);
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()[kernel], k);
+    }
+    // The pool label hands exactly the nodes a precompiled DaemonSet selects to the pool.
+    for node in ["nvd-a-0", "nvd-a-1"] {
+        let n = Api::<Node>::all(admin.clone()).get(node).await.unwrap();
+        assert_eq!(n.labels().get(POOL_LABEL).map(String::as_str), Some("pre"));
+    }
+
+    remove_drivers(&admin).await;
+    s.teardown().await;
+    nodes::delete(&admin, &pool_nodes).await.unwrap();
+    clean_nodes(&admin).await;
+}

@@ -79,6 +79,9 @@ pub fn assemble(
         })
         .unwrap_or_default();
     // The OS the live driver DaemonSet runs stays the primary one (driver_os).
+    // The policy's own driver DaemonSets (NVIDIADriver pools' are theirs, each pool judging
+    // its own switches).
+    let own_driver = objects.daemon_sets_labelled(OPERAND_LABEL, Operand::Driver.name());
     let live_os = objects
         .daemon_set(driver::NAME)
         .and_then(|ds| live_driver_os(&ds));
@@ -90,7 +93,7 @@ pub fn assemble(
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
         live_driver: LiveDriver {
-            daemon_sets: objects.daemon_sets_labelled(OPERAND_LABEL, Operand::Driver.name()),
+            daemon_sets: own_driver.clone(),
         },
         operator_metrics_https: observed.operator_metrics_https,
         foreign_operator_service_monitor: observed.foreign_operator_service_monitor,
@@ -105,15 +108,24 @@ pub fn assemble(
         image_env: observed.image_env,
         driver_toolkit: observed.driver_toolkit,
         driver_toolkit_broken: observed.driver_toolkit_broken,
-        live_driver_toolkit: live_driver_toolkit(objects),
+        live_driver_toolkit: live_driver_toolkit(&own_driver),
     }
 }
 
-/// The toolkit image of each Driver Toolkit DaemonSet of ours, by its RHCOS version label.
-fn live_driver_toolkit(objects: &impl NamespaceObjects) -> BTreeMap<String, String> {
-    objects
-        .daemon_sets_labelled(driver_toolkit::IDENTIFICATION_LABEL, "true")
+fn label_is(ds: &DaemonSet, key: &str, value: &str) -> bool {
+    ds.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .is_some_and(|v| v == value)
+}
+
+/// The toolkit image of each Driver Toolkit DaemonSet among `daemon_sets` (one owner's), by its
+/// RHCOS version label.
+pub fn live_driver_toolkit(daemon_sets: &[Arc<DaemonSet>]) -> BTreeMap<String, String> {
+    daemon_sets
         .iter()
+        .filter(|ds| label_is(ds, driver_toolkit::IDENTIFICATION_LABEL, "true"))
         .filter_map(|ds| {
             let version = ds
                 .metadata

@@ -13,7 +13,8 @@ use crate::nodes::NodeView;
 
 pub use assemble::{
     NamespaceObjects, Observed, assemble, cluster_runtime, config_map_names, gpu_nodes,
-    nfd_already_running, nfd_beside_ours, owner_reference, parse_runtime,
+    live_driver_toolkit, nfd_already_running, nfd_beside_ours, owner_reference,
+    parse_runtime,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.
@@ -79,6 +80,21 @@ pub struct LiveDriver {
 }
 
 impl LiveDriver {
+    /// One labelled DaemonSet per variant (tests build what runs from it).
+    #[cfg(test)]
+    pub fn running(variants: &[crate::operands::driver_variant::Variant]) -> LiveDriver {
+        use crate::operands::driver_variant::VARIANT_LABEL;
+        let daemon_set = |v: &crate::operands::driver_variant::Variant| {
+            let mut ds = k8s_openapi::api::apps::v1::DaemonSet::default();
+            ds.metadata.name = Some(format!("nvidia-driver-daemonset-{}", v.label()));
+            ds.metadata.labels = Some([(VARIANT_LABEL.to_owned(), v.label().to_owned())].into());
+            Arc::new(ds)
+        };
+        LiveDriver {
+            daemon_sets: variants.iter().map(daemon_set).collect(),
+        }
+    }
+
     /// Whether a DaemonSet of `variant` runs.
     pub fn runs(&self, variant: crate::operands::driver_variant::Variant) -> bool {
         self.daemon_sets

@@ -31,7 +31,7 @@ use crate::api::{
     ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, EnvVar as PolicyEnvVar,
     ImageKind, ImageSpec, KernelModuleType,
 };
-use crate::facts::{ClusterFacts, Runtime};
+use crate::facts::{ClusterFacts, LiveDriver, Runtime};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 use crate::nodes::{DRIVER_POOL, KERNEL_VERSION, NodeView};
@@ -139,53 +139,97 @@ const HEALTH_PROBE: &[&str] = &[
 /// the startup probe already waited for the first load.
 const HEALTH_PROBE_TIMING: [i32; 5] = [0, 30, 60, 3, 1];
 
-/// What stops `driver.usePrecompiled` from being applied as the policy says. A switch of a
-/// running fleet either way is not one of them: it is handed over node by node
-/// (operands::driver_variant).
-fn precompiled_problems(spec: &ClusterPolicySpec) -> Vec<String> {
+/// What stops `driver.usePrecompiled` from being applied as the policy says. Without
+/// `useNvidiaDriverCRD` a switch of a running fleet is not one of them: it is handed over node
+/// by node (operands::driver_variant). With it, the policy's own DaemonSets build on the node,
+/// and nothing hands its precompiled nodes over.
+fn precompiled_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
     let default_driver = DriverSpec::default();
     let driver = spec.driver.as_ref().unwrap_or(&default_driver);
+    let precompiled = uses_precompiled(spec);
+    // With the CRD on, the policy's own DaemonSets build on the node whatever usePrecompiled
+    // says, so the field whose change would switch them is useNvidiaDriverCRD.
+    let (field, back) = if driver.uses_precompiled() && !precompiled {
+        ("spec.driver.useNvidiaDriverCRD", false)
+    } else {
+        ("spec.driver.usePrecompiled", !precompiled)
+    };
+    let undo = format!("set {field} back to {back}");
     let mut problems = Vec::new();
-    if !driver.uses_precompiled() {
-        return problems;
-    }
     if driver.uses_nvidia_driver_crd() {
-        problems.push(
-            "spec.driver.usePrecompiled: precompiled drivers beside NVIDIADriver pools \
-             (driver.useNvidiaDriverCRD) are not supported by this operator yet; set one of them \
-             to false"
-                .to_owned(),
-        );
+        problems.extend(precompiled_switch_problem(
+            field,
+            &undo,
+            precompiled,
+            &facts.live_driver,
+        ));
     }
-    if driver
-        .image
-        .version
-        .as_deref()
-        .is_some_and(|v| v.contains("sha256:"))
-    {
-        problems.push(
-            "spec.driver.version: a digest names one image, and precompiled drivers need one per \
+    if precompiled {
+        let on = |enabled: Option<bool>| enabled == Some(true);
+        problems.extend(precompiled_input_problems(
+            "spec.driver",
+            driver.image.version.as_deref(),
+            on(spec.gds.as_ref().and_then(|g| g.enabled)),
+            on(spec.gdrcopy.as_ref().and_then(|g| g.enabled)),
+        ));
+    }
+    problems
+}
+
+/// What stops running drivers that nothing hands over node by node (an NVIDIADriver pool's,
+/// or the policy's own beside the pools) from switching between precompiled images and
+/// building on the node: every node's driver would be replaced at once (decision 20). `field`
+/// is the field whose change asks for it, `undo` how to take it back.
+pub fn precompiled_switch_problem(
+    field: &str,
+    undo: &str,
+    precompiled: bool,
+    live: &LiveDriver,
+) -> Option<String> {
+    let built = live.runs(Variant::BuiltOnNode) || live.runs(Variant::DriverToolkit);
+    let prebuilt = live.runs(Variant::Precompiled);
+    if precompiled && built && !prebuilt {
+        return Some(format!(
+            "{field}: the GPU nodes run driver DaemonSets that build the driver on each node \
+             ({PRECOMPILED_LABEL}=false); switching them to precompiled drivers would replace the \
+             driver on every GPU node at once, which this operator does not do yet: {undo}, or \
+             delete those DaemonSets when no GPU job runs"
+        ));
+    }
+    if !precompiled && prebuilt && !built {
+        return Some(format!(
+            "{field}: the GPU nodes run precompiled driver DaemonSets ({PRECOMPILED_LABEL}=true); \
+             switching them to drivers built on the node would replace the driver on every GPU \
+             node at once, which this operator does not do yet: {undo}, or delete those \
+             DaemonSets when no GPU job runs"
+        ));
+    }
+    None
+}
+
+/// What precompiled drivers cannot work with, as NVIDIA refuses it: a digest (one image, where
+/// each kernel needs its own tag) and the GDS or GDRCopy sidecars (no precompiled modules
+/// exist for them). `driver` is the path of the driver fields (`spec.driver`, or `spec` in an
+/// NVIDIADriver).
+pub fn precompiled_input_problems(
+    driver: &str,
+    version: Option<&str>,
+    gds: bool,
+    gdrcopy: bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if version.is_some_and(|v| v.contains("sha256:")) {
+        problems.push(format!(
+            "{driver}.version: a digest names one image, and precompiled drivers need one per \
              kernel (tag <version>-<kernel>-<os>); give the driver branch, such as 580"
-                .to_owned(),
-        );
+        ));
     }
-    for (field, on) in [
-        (
-            "spec.gds.enabled",
-            spec.gds.as_ref().is_some_and(|g| g.enabled == Some(true)),
-        ),
-        (
-            "spec.gdrcopy.enabled",
-            spec.gdrcopy
-                .as_ref()
-                .is_some_and(|g| g.enabled == Some(true)),
-        ),
-    ] {
+    for (field, on) in [("spec.gds.enabled", gds), ("spec.gdrcopy.enabled", gdrcopy)] {
         if on {
             problems.push(format!(
                 "{field}: NVIDIA publishes no precompiled GPUDirect Storage or GDRCopy modules, \
                  so they cannot run beside precompiled drivers; set it to false, or \
-                 driver.usePrecompiled to false"
+                 {driver}.usePrecompiled to false"
             ));
         }
     }
@@ -391,11 +435,14 @@ fn render_beside_pools(
     Some(objects)
 }
 
-/// Whether the policy asks for precompiled drivers ([`super::driver_kernel`]).
+/// Whether the policy's own driver DaemonSets are precompiled ([`super::driver_kernel`]). With
+/// `useNvidiaDriverCRD` they are not, whatever `usePrecompiled` says: NVIDIA's operator then
+/// leaves the driver to the NVIDIADrivers (each pool has its own `usePrecompiled`), and status
+/// lists `driver.usePrecompiled` as not acted on.
 pub fn uses_precompiled(spec: &ClusterPolicySpec) -> bool {
     spec.driver
         .as_ref()
-        .is_some_and(DriverSpec::uses_precompiled)
+        .is_some_and(|d| d.uses_precompiled() && !d.uses_nvidia_driver_crd())
 }
 
 /// The driver's objects with precompiled images: one DaemonSet per kernel of the GPU nodes
@@ -414,30 +461,50 @@ fn render_precompiled(
         // GDS and GDRCopy are refused beside precompiled drivers, so only the driver image
         // is here to retag.
         let pool_images = images.for_os(&primary, &pool.tag_suffix());
-        let mut ds = daemon_set_for_os(policy, facts, &pool.os_tag, pool_images)?;
-        // The OS too, unlike NVIDIA's: nodes of another OS on the same kernel are not the
-        // pool's (driver_kernel::pools reports them).
-        let mut selector = pool.os_selector.clone();
-        selector.push((KERNEL_VERSION.to_owned(), pool.kernel.clone()));
-        let os = driver_os::OsPool {
-            tag: pool.os_tag.clone(),
-            selector,
-            nodes: pool.nodes.clone(),
-        };
-        select_os(&mut ds, &os, Some(pool.daemon_set_name(NAME)));
-        let precompiled = |labels: &mut Option<BTreeMap<String, String>>| {
-            labels
-                .get_or_insert_default()
-                .insert(PRECOMPILED_LABEL.to_owned(), "true".to_owned());
-        };
-        precompiled(&mut ds.metadata.labels);
-        if let Some(spec) = ds.spec.as_mut() {
-            precompiled(&mut spec.template.metadata.get_or_insert_default().labels);
-        }
-        daemon_sets.push(ds);
+        let name = pool.daemon_set_name(NAME);
+        daemon_sets.push(render_kernel_daemon_set(
+            policy,
+            facts,
+            pool,
+            pool_images,
+            &name,
+        )?);
     }
     objects.daemon_sets = daemon_sets;
     Some(objects)
+}
+
+/// The precompiled driver DaemonSet for the GPU nodes of one kernel, with `images` (the kernel
+/// and OS in their tags), named `name`: selecting the kernel and the OS (unlike NVIDIA's, which
+/// selects the kernel only: nodes of another OS on the same kernel are not the pool's, and
+/// driver_kernel::pools reports them), labelled `nvidia.com/precompiled=true`. The policy's
+/// kernel pools and an NVIDIADriver's render it alike.
+pub fn render_kernel_daemon_set(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    pool: &super::driver_kernel::KernelPool,
+    images: DriverImages,
+    name: &str,
+) -> Option<DaemonSet> {
+    let mut ds = daemon_set_for_os(policy, facts, &pool.os_tag, images)?;
+    let mut selector = pool.os_selector.clone();
+    selector.push((KERNEL_VERSION.to_owned(), pool.kernel.clone()));
+    let os = driver_os::OsPool {
+        tag: pool.os_tag.clone(),
+        selector,
+        nodes: pool.nodes.clone(),
+    };
+    select_os(&mut ds, &os, Some(name.to_owned()));
+    let precompiled = |labels: &mut Option<BTreeMap<String, String>>| {
+        labels
+            .get_or_insert_default()
+            .insert(PRECOMPILED_LABEL.to_owned(), "true".to_owned());
+    };
+    precompiled(&mut ds.metadata.labels);
+    if let Some(spec) = ds.spec.as_mut() {
+        precompiled(&mut spec.template.metadata.get_or_insert_default().labels);
+    }
+    Some(ds)
 }
 
 /// The driver's objects built with OpenShift's Driver Toolkit: one DaemonSet per RHCOS version
@@ -454,14 +521,36 @@ fn render_toolkit(
     let mut daemon_sets = Vec::new();
     for pool in &pools {
         let tag = pool.os_tag.clone().unwrap_or_else(|| primary.clone());
-        let mut ds = daemon_set_for_os(policy, facts, &tag, images.for_os(&primary, &tag))?;
-        super::driver_toolkit::apply(&mut ds, pool);
-        // The digest covers the toolkit container and the entrypoint, as NVIDIA's does.
-        add_config_digest(&mut ds);
-        daemon_sets.push(ds);
+        let name = pool.daemon_set_name(NAME);
+        daemon_sets.push(render_toolkit_daemon_set(
+            policy,
+            facts,
+            pool,
+            &tag,
+            images.for_os(&primary, &tag),
+            &name,
+        )?);
     }
     objects.daemon_sets = daemon_sets;
     Some(objects)
+}
+
+/// The Driver Toolkit DaemonSet for the GPU nodes of one RHCOS version, whose OS tag is
+/// `os_tag`, with `images` (that OS's), named `name`. The policy's toolkit pools and an
+/// NVIDIADriver's render it alike.
+pub fn render_toolkit_daemon_set(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    pool: &super::driver_toolkit::ToolkitPool,
+    os_tag: &str,
+    images: DriverImages,
+    name: &str,
+) -> Option<DaemonSet> {
+    let mut ds = daemon_set_for_os(policy, facts, os_tag, images)?;
+    super::driver_toolkit::apply(&mut ds, pool, name);
+    // The digest covers the toolkit container and the entrypoint, as NVIDIA's does.
+    add_config_digest(&mut ds);
+    Some(ds)
 }
 
 /// Whether the policy hands GPU nodes selected by NVIDIADriver resources to them.
@@ -620,7 +709,7 @@ fn render_os(
         return None;
     }
     let sidecars = sidecars(spec, &images);
-    let files = host_files(driver, facts);
+    let files = host_files(driver, uses_precompiled(spec), facts);
     let manager = manager_container(policy, driver);
     let mut containers = vec![driver_container(
         driver,
@@ -790,7 +879,7 @@ impl HostFiles {
 
 /// Every volume of the driver pod and the driver and peermem containers' mounts: the host
 /// directories they always use, then those of the optional sources the policy names.
-fn host_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
+fn host_files(driver: &DriverSpec, precompiled: bool, facts: &ClusterFacts) -> HostFiles {
     let os = facts.os_tag.as_deref().map(os_id).unwrap_or_default();
     let mut files = standard_host_files(uses_host_mofed(driver));
     for optional in [
@@ -800,7 +889,7 @@ fn host_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
     ] {
         files.append(optional);
     }
-    if driver.uses_precompiled() {
+    if precompiled {
         // Nothing is installed from packages; SUSE's precompiled images read the host's
         // modules tree at run time (NVIDIA's transformDriverContainer).
         if matches!(os, "sles" | "sl-micro") {
@@ -1538,10 +1627,18 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
     }
 }
 
-/// What validate says about the driver's input: supported mode, its ConfigMaps present and
-/// placeable on the GPU nodes' OS.
+/// What validate says about the driver: supported mode, no running fleet switched at once,
+/// and [`input_problems`].
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
-    let mut problems = precompiled_problems(spec);
+    let mut problems = precompiled_problems(spec, facts);
+    problems.extend(input_problems(spec, facts));
+    problems
+}
+
+/// What validate says about the driver section itself: its probes, its ConfigMaps present and
+/// placeable on the GPU nodes' OS. NVIDIADriver pools run these on their own fields.
+pub fn input_problems(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let mut problems = Vec::new();
     let Some(driver) = spec.driver.as_ref() else {
         return problems;
     };
@@ -1560,11 +1657,11 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
     let os = facts.os_tag.as_deref().map(os_id);
     // Precompiled images install no packages: NVIDIA mounts no repository or certificate
     // config then, and neither does host_files.
+    let precompiled = uses_precompiled(spec);
     let configs = referenced_config_maps(driver)
         .into_iter()
         .filter(|(field, _)| {
-            !(driver.uses_precompiled()
-                && (field.contains("repoConfig") || field.contains("certConfig")))
+            !(precompiled && (field.contains("repoConfig") || field.contains("certConfig")))
         });
     for (field, name) in configs {
         if !facts.driver_config_maps.contains_key(name) {

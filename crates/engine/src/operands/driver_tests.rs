@@ -607,3 +607,53 @@ fn precompiled_drivers_are_refused_where_they_cannot_apply_naming_the_field() {
         .contains("spec.gds.enabled")
     );
 }
+
+#[test]
+fn with_nvidiadriver_pools_in_charge_use_precompiled_is_not_acted_on_by_the_policy() {
+    let f = kernel_fleet(
+        &[("a", ("ubuntu", "22.04"), "5.15.0-1048-aws")],
+        "ubuntu22.04",
+    );
+    let both = "{driver: {usePrecompiled: true, useNvidiaDriverCRD: true, repository: r, \
+        image: driver, version: '580'}}";
+    // NVIDIA's operator leaves the driver to the NVIDIADrivers: the nodes no pool selects keep
+    // the policy's driver built on the node, and the field is listed as not acted on.
+    let objects = objects(both, &f, Operand::Driver);
+    let names: Vec<String> = objects
+        .daemon_sets
+        .iter()
+        .map(|ds| ds.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, [super::driver::NAME]);
+    assert_eq!(
+        objects.daemon_sets[0].metadata.labels.as_ref().unwrap()[super::driver::PRECOMPILED_LABEL],
+        "false"
+    );
+    assert!(
+        policy(both)
+            .spec
+            .unsupported_fields()
+            .iter()
+            .any(|u| u.path == "spec.driver.usePrecompiled")
+    );
+    // Its own running precompiled DaemonSets are not switched at once by turning the CRD on.
+    let running = daemon_set(
+        "{driver: {usePrecompiled: true, repository: r, image: driver, version: '580'}}",
+        &f,
+        Operand::Driver,
+    );
+    let precompiled = ClusterFacts {
+        live_driver: crate::facts::LiveDriver {
+            daemon_sets: vec![std::sync::Arc::new(running)],
+        },
+        ..f
+    };
+    match driver_outcome(&state(both, &precompiled)) {
+        Outcome::Invalid(m) => assert!(
+            m.starts_with("spec.driver.useNvidiaDriverCRD: the GPU nodes run precompiled")
+                && m.contains("set spec.driver.useNvidiaDriverCRD back to false"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

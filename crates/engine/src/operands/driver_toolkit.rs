@@ -43,18 +43,53 @@ const SHARED_DIR: &str = "/mnt/shared-nvidia-driver-toolkit";
 /// The driver image's entrypoint when the toolkit builds (NVIDIA's driver images ship it).
 const ENTRYPOINT: &str = "ocp_dtk_entrypoint";
 
-/// Whether the driver is built with the Driver Toolkit: on OpenShift, asked for explicitly,
-/// with drivers built on the node by the ClusterPolicy (NVIDIA's operator turns it off with
-/// precompiled drivers; NVIDIADriver pools render their own).
-pub fn requested(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
+/// Whether the policy asks for the Driver Toolkit: on OpenShift, explicitly (absent means the
+/// standard driver, docs/operand-facts.md §3.3). Precompiled drivers never use it.
+pub fn asked_for(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
     facts.openshift
         && spec
             .operator
             .as_ref()
             .and_then(|o| o.use_ocp_driver_toolkit)
             == Some(true)
+}
+
+/// Whether the policy's own driver is built with the Driver Toolkit: [`asked_for`], with
+/// drivers built on the node by the ClusterPolicy (NVIDIA's operator turns it off with
+/// precompiled drivers; NVIDIADriver pools render their own).
+pub fn requested(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> bool {
+    asked_for(spec, facts)
         && !driver::uses_precompiled(spec)
         && !driver::uses_nvidia_driver_crd(spec)
+}
+
+/// What stops an NVIDIADriver pool's drivers from switching to or from the Driver Toolkit while
+/// the other kind runs (`facts.live_driver` and `facts.live_driver_toolkit` are the pool's own):
+/// nothing hands a pool's nodes over one at a time, so every node's driver would be replaced at
+/// once (decision 20). The policy's own drivers switch node by node (operands::driver_variant).
+pub fn switch_problem(toolkit: bool, facts: &ClusterFacts) -> Option<String> {
+    let toolkit_live = !facts.live_driver_toolkit.is_empty();
+    let standard_live = facts
+        .live_driver
+        .runs(super::driver_variant::Variant::BuiltOnNode);
+    let field = "spec.operator.use_ocp_driver_toolkit";
+    if toolkit && standard_live && !toolkit_live {
+        return Some(format!(
+            "{field}: the GPU nodes run driver DaemonSets built without the Driver Toolkit; \
+             switching a running fleet to it would replace the driver on every GPU node at once, \
+             which this operator does not do yet: set it back to false, or delete those \
+             DaemonSets when no GPU job runs"
+        ));
+    }
+    if !toolkit && toolkit_live && !standard_live {
+        return Some(format!(
+            "{field}: the GPU nodes run Driver Toolkit DaemonSets ({IDENTIFICATION_LABEL}=true); \
+             switching them to the standard driver would replace the driver on every GPU node at \
+             once, which this operator does not do yet: set it back to true, or delete those \
+             DaemonSets when no GPU job runs"
+        ));
+    }
+    None
 }
 
 /// Where a pool's toolkit image comes from.
@@ -228,11 +263,11 @@ pub fn report(facts: &ClusterFacts) -> Option<String> {
     (!parts.is_empty()).then(|| format!("Driver Toolkit: {}", parts.join("; ")))
 }
 
-/// Makes the driver DaemonSet `ds` (rendered for the pool's OS) the pool's: NVIDIA's
+/// Makes the driver DaemonSet `ds` (rendered for the pool's OS) the pool's, named `name`: NVIDIA's
 /// `transformOpenShiftDriverToolkitContainer`, with the repo and CA files also in the toolkit
 /// container (it builds with the OS's packages; NVIDIA mounts them only in the driver's).
-pub fn apply(ds: &mut DaemonSet, pool: &ToolkitPool) {
-    let name = pool.daemon_set_name(driver::NAME);
+pub fn apply(ds: &mut DaemonSet, pool: &ToolkitPool, name: &str) {
+    let name = name.to_owned();
     let app = driver::app_label(&name);
     let labels = ds.metadata.labels.get_or_insert_default();
     labels.insert(common::APP_LABEL.to_owned(), app.clone());

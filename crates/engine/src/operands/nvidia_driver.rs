@@ -1,8 +1,11 @@
 //! Render stage, NVIDIADriver pools (pure, no IO): each NVIDIADriver gets one driver DaemonSet
-//! per OS of the GPU nodes its `nodeSelector` selects, named as NVIDIA names them
-//! (`nvidia-<driverType>-driver-<name>-<os>`), rendered by the driver operand's own render
-//! ([`super::driver::render_pool_daemon_set`]) from the active ClusterPolicy with the pool's
-//! driver settings in place of `spec.driver`.
+//! per group of the GPU nodes its `nodeSelector` selects, split as NVIDIA splits them ([`Build`]):
+//! per OS (`nvidia-<driverType>-driver-<name>-<os>`), per kernel and OS with `usePrecompiled`
+//! (`...-<os>-<kernel>`), or per RHCOS version with OpenShift's Driver Toolkit
+//! (`...-<rhcos version>`). Each is rendered by the driver operand's own per-group render
+//! ([`super::driver::render_pool_daemon_set`], `render_kernel_daemon_set`,
+//! `render_toolkit_daemon_set`) from the active ClusterPolicy with the pool's driver settings
+//! in place of `spec.driver`.
 //!
 //! Also here, because validate and status need them without IO: the pool's image, the overlap
 //! rule (two pools may not select the same GPU node; the older keeps it), and what an
@@ -15,13 +18,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{driver, driver_os};
+use super::{driver, driver_kernel, driver_os, driver_toolkit};
 use crate::api::{
-    ContainerOverrides, DaemonsetsSpec, DriverLicensingConfigSpec, DriverRepoConfigSpec,
-    DriverSpec, DriverUpgradePolicySpec, ImageKind, ImageSpec, NvidiaDriverSpec, NvidiaDriverType,
-    POOL_AUTO_UPGRADE_DEFAULT, VirtualTopologyConfigSpec,
+    ClusterPolicySpec, ContainerOverrides, DaemonsetsSpec, DriverLicensingConfigSpec,
+    DriverRepoConfigSpec, DriverSpec, DriverUpgradePolicySpec, ImageKind, ImageSpec,
+    NvidiaDriverSpec, NvidiaDriverType, POOL_AUTO_UPGRADE_DEFAULT, VirtualTopologyConfigSpec,
 };
 use crate::facts::ClusterFacts;
 use crate::model::{OPERAND_LABEL, Operand, OperandObjects, ValidatedPolicy};
@@ -59,6 +63,35 @@ pub struct ValidatedNvidiaDriver {
     pub gdrcopy_image: Option<String>,
     /// The GPU nodes the pool selects.
     pub nodes: Vec<Arc<NodeView>>,
+    /// How its nodes are split into DaemonSets ([`build`]).
+    pub build: Build,
+}
+
+/// How a pool's GPU nodes are split into driver DaemonSets, as NVIDIA's NVIDIADriver splits its
+/// node pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Build {
+    /// One DaemonSet per OS, building the driver on the node.
+    #[default]
+    PerOs,
+    /// `usePrecompiled`: one DaemonSet per kernel (and OS), with modules built for that kernel.
+    Precompiled,
+    /// One DaemonSet per RHCOS version, building in OpenShift's Driver Toolkit image.
+    Toolkit,
+}
+
+/// How the pool's nodes are split: precompiled when the pool asks for it; else the Driver
+/// Toolkit where the ClusterPolicy asks for it on OpenShift ([`driver_toolkit::asked_for`]:
+/// only explicitly, unlike NVIDIA's NVIDIADriver, which uses it whenever the ImageStream has
+/// tags, so that an upgrade never moves a running OpenShift fleet); else per OS.
+pub fn build(policy: &ClusterPolicySpec, spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Build {
+    if spec.use_precompiled == Some(true) {
+        Build::Precompiled
+    } else if driver_toolkit::asked_for(policy, facts) {
+        Build::Toolkit
+    } else {
+        Build::PerOs
+    }
 }
 
 /// The pool's node selector: `nodeSelector`, or every GPU node when it is absent or empty
@@ -265,8 +298,9 @@ pub fn image_for_os(image: &str, os_tag: &str) -> String {
 }
 
 /// What validate says about an NVIDIADriver's own input, each problem naming the field and
-/// the fix (an invalid pool renders nothing new and claims no node).
-pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
+/// the fix (an invalid pool renders nothing new and claims no node). `facts` are the pool's:
+/// what its own DaemonSets run ([`switch_problems`]).
+pub fn check(spec: &NvidiaDriverSpec, build: Build, facts: &ClusterFacts) -> Vec<String> {
     let mut problems = Vec::new();
     if spec.driver_type == Some(NvidiaDriverType::VgpuHostManager) {
         problems.push(
@@ -275,24 +309,26 @@ pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
                 .to_owned(),
         );
     }
-    if spec.use_precompiled == Some(true) {
-        problems.push(
-            "spec.usePrecompiled: precompiled drivers for NVIDIADriver pools are not supported by \
-             this operator yet (the ClusterPolicy's driver.usePrecompiled is); set it to false"
-                .to_owned(),
-        );
-        return problems;
-    }
     let as_policy = crate::api::ClusterPolicySpec {
         driver: Some(driver_spec(spec, &DriverSpec::default())),
         ..Default::default()
     };
     // The driver operand's own checks, with this API's field paths.
     problems.extend(
-        driver::check(&as_policy, facts)
+        driver::input_problems(&as_policy, facts)
             .into_iter()
             .map(|p| p.replace("spec.driver.", "spec.")),
     );
+    if build == Build::Precompiled {
+        let on = |enabled: Option<bool>| enabled == Some(true);
+        problems.extend(driver::precompiled_input_problems(
+            "spec",
+            spec.version.as_deref(),
+            on(spec.gds.as_ref().and_then(|g| g.enabled)),
+            on(spec.gdrcopy.as_ref().and_then(|g| g.enabled)),
+        ));
+    }
+    problems.extend(switch_problems(build, facts));
     if let Some(gds) = spec.gds.as_ref().filter(|g| g.is_enabled()) {
         let version = gds.image.version.as_deref().unwrap_or_default();
         let open = spec.kernel_module_type == Some(crate::api::KernelModuleType::Open);
@@ -303,6 +339,35 @@ pub fn check(spec: &NvidiaDriverSpec, facts: &ClusterFacts) -> Vec<String> {
                  spec.gds"
             ));
         }
+    }
+    problems
+}
+
+/// What stops `build` from replacing the pool's running DaemonSets of another kind all at once
+/// (`facts.live_driver` and `facts.live_driver_toolkit` are the pool's own DaemonSets), as the
+/// ClusterPolicy refuses it for its fleet (decision 20).
+pub fn switch_problems(build: Build, facts: &ClusterFacts) -> Vec<String> {
+    let precompiled = build == Build::Precompiled;
+    // usePrecompiled is immutable once set (true to false is refused by the API server), so a
+    // switch is undone by setting or removing it, never by flipping it.
+    let undo = if precompiled {
+        "remove spec.usePrecompiled again (or create another NVIDIADriver for precompiled drivers)"
+    } else {
+        "set spec.usePrecompiled back to true"
+    };
+    let mut problems: Vec<String> = driver::precompiled_switch_problem(
+        "spec.usePrecompiled",
+        undo,
+        precompiled,
+        &facts.live_driver,
+    )
+    .into_iter()
+    .collect();
+    if !precompiled && facts.openshift {
+        problems.extend(
+            driver_toolkit::switch_problem(build == Build::Toolkit, facts)
+                .map(|p| p.replacen("spec.operator.", "the ClusterPolicy's spec.operator.", 1)),
+        );
     }
     problems
 }
@@ -406,7 +471,9 @@ pub fn overlaps(claims: &[Claim]) -> BTreeMap<String, String> {
 fn driver_spec(spec: &NvidiaDriverSpec, policy: &DriverSpec) -> DriverSpec {
     DriverSpec {
         enabled: Some(true),
-        use_nvidia_driver_crd: policy.use_nvidia_driver_crd,
+        // The switch that hands nodes to pools is the policy's; a pool's own DaemonSets are
+        // precompiled exactly when the pool says so (driver::uses_precompiled).
+        use_nvidia_driver_crd: None,
         use_precompiled: spec.use_precompiled,
         use_open_kernel_modules: None,
         kernel_module_type: spec.kernel_module_type,
@@ -495,17 +562,15 @@ fn pool_policy(policy: &ValidatedPolicy, pool: &ValidatedNvidiaDriver) -> Valida
     out
 }
 
-/// The pool's driver DaemonSets, one per OS of its (known-OS) GPU nodes, each selecting the
-/// pool's `nodeSelector`, the driver deploy label and its OS. `facts` carry the NVIDIADriver as
-/// owner and the ConfigMaps its settings name.
+/// The pool's driver DaemonSets, one per group of its GPU nodes ([`Build`]), each selecting the
+/// pool's `nodeSelector`, the driver deploy label and its group's labels. `facts` carry the
+/// NVIDIADriver as owner and the ConfigMaps its settings name.
 pub fn render(
     policy: &ValidatedPolicy,
     pool: &ValidatedNvidiaDriver,
     facts: &ClusterFacts,
 ) -> OperandObjects {
     let pool_policy = pool_policy(policy, pool);
-    let driver_type = pool.spec.driver_type.unwrap_or_default();
-    let (os_pools, _) = driver_os::pools(&pool.nodes);
     let mut selector = selector(&pool.spec);
     if pool.spec.is_default() {
         // The fallback pool runs only where the pool label hands a node to it: every GPU node
@@ -513,20 +578,12 @@ pub fn render(
         selector.insert(DRIVER_POOL.to_owned(), pool_label_value(&pool.name));
     }
     let mut objects = OperandObjects::default();
-    for os in &os_pools {
-        let name = daemon_set_name(&pool.name, driver_type, &os.tag);
-        let images = driver::DriverImages {
-            driver: image_for_os(&pool.image, &os.tag),
-            gds: pool.gds_image.as_ref().map(|i| image_for_os(i, &os.tag)),
-            gdrcopy: pool
-                .gdrcopy_image
-                .as_ref()
-                .map(|i| image_for_os(i, &os.tag)),
-        };
-        let Some(mut ds) = driver::render_pool_daemon_set(&pool_policy, facts, os, images, &name)
-        else {
-            continue;
-        };
+    let daemon_sets = match pool.build {
+        Build::PerOs => per_os_daemon_sets(&pool_policy, pool, facts),
+        Build::Precompiled => kernel_daemon_sets(&pool_policy, pool, facts),
+        Build::Toolkit => toolkit_daemon_sets(&pool_policy, pool, facts),
+    };
+    for mut ds in daemon_sets {
         ds.metadata.labels.get_or_insert_with(BTreeMap::new).insert(
             OPERAND_LABEL.to_owned(),
             Operand::NvidiaDriver.name().to_owned(),
@@ -538,6 +595,150 @@ pub fn render(
         objects.daemon_sets.push(ds);
     }
     objects
+}
+
+/// The pool's images for the nodes of `os_tag`, each with that OS's suffix.
+fn images_for_os(pool: &ValidatedNvidiaDriver, os_tag: &str) -> driver::DriverImages {
+    driver::DriverImages {
+        driver: image_for_os(&pool.image, os_tag),
+        gds: pool.gds_image.as_ref().map(|i| image_for_os(i, os_tag)),
+        gdrcopy: pool.gdrcopy_image.as_ref().map(|i| image_for_os(i, os_tag)),
+    }
+}
+
+/// One DaemonSet per OS of the pool's (known-OS) GPU nodes.
+fn per_os_daemon_sets(
+    policy: &ValidatedPolicy,
+    pool: &ValidatedNvidiaDriver,
+    facts: &ClusterFacts,
+) -> Vec<DaemonSet> {
+    let driver_type = pool.spec.driver_type.unwrap_or_default();
+    driver_os::pools(&pool.nodes)
+        .0
+        .iter()
+        .filter_map(|os| {
+            let name = daemon_set_name(&pool.name, driver_type, &os.tag);
+            let images = images_for_os(pool, &os.tag);
+            driver::render_pool_daemon_set(policy, facts, os, images, &name)
+        })
+        .collect()
+}
+
+/// NVIDIA's label on an NVIDIADriver's precompiled DaemonSets and their pods: the sanitized
+/// kernel.
+pub const PRECOMPILED_KERNEL_LABEL: &str = "nvidia.com/precompiled.kernel-version";
+
+/// One precompiled DaemonSet per kernel (and OS) of the pool's GPU nodes, with the image tag
+/// `<version>-<kernel>-<os>` (validate refused a digest and the GDS and GDRCopy sidecars).
+fn kernel_daemon_sets(
+    policy: &ValidatedPolicy,
+    pool: &ValidatedNvidiaDriver,
+    facts: &ClusterFacts,
+) -> Vec<DaemonSet> {
+    let driver_type = pool.spec.driver_type.unwrap_or_default();
+    driver_kernel::pools(&pool.nodes)
+        .0
+        .iter()
+        .filter_map(|kernel| {
+            let name = daemon_set_name(&pool.name, driver_type, &kernel_group(kernel));
+            let images = driver::DriverImages {
+                driver: format!("{}-{}", pool.image, kernel.tag_suffix()),
+                gds: None,
+                gdrcopy: None,
+            };
+            let mut ds = driver::render_kernel_daemon_set(policy, facts, kernel, images, &name)?;
+            let sanitized = driver_kernel::sanitized_kernel(&kernel.kernel);
+            for labels in pod_and_daemon_set_labels(&mut ds) {
+                labels.insert(PRECOMPILED_KERNEL_LABEL.to_owned(), sanitized.clone());
+            }
+            set_app(&mut ds, &unique_app_label(&name));
+            Some(ds)
+        })
+        .collect()
+}
+
+/// NVIDIA's name for a precompiled node pool, which its DaemonSet's name ends with:
+/// `<os>-<sanitized kernel>`.
+fn kernel_group(pool: &driver_kernel::KernelPool) -> String {
+    format!(
+        "{}-{}",
+        pool.os_tag,
+        driver_kernel::sanitized_kernel(&pool.kernel)
+    )
+}
+
+/// One Driver Toolkit DaemonSet per RHCOS version of the pool's GPU nodes that has a toolkit
+/// image (the others are reported by [`unplaced`]).
+fn toolkit_daemon_sets(
+    policy: &ValidatedPolicy,
+    pool: &ValidatedNvidiaDriver,
+    facts: &ClusterFacts,
+) -> Vec<DaemonSet> {
+    let driver_type = pool.spec.driver_type.unwrap_or_default();
+    let facts = with_pool_nodes(pool, facts);
+    driver_toolkit::pools(&facts)
+        .0
+        .iter()
+        .filter_map(|rhcos| {
+            let tag = rhcos.os_tag.clone().or_else(|| facts.os_tag.clone())?;
+            let name = daemon_set_name(&pool.name, driver_type, &rhcos.rhcos);
+            let images = images_for_os(pool, &tag);
+            let mut ds =
+                driver::render_toolkit_daemon_set(policy, &facts, rhcos, &tag, images, &name)?;
+            set_app(&mut ds, &unique_app_label(&name));
+            Some(ds)
+        })
+        .collect()
+}
+
+/// The facts with the pool's GPU nodes as the GPU nodes.
+fn with_pool_nodes(pool: &ValidatedNvidiaDriver, facts: &ClusterFacts) -> ClusterFacts {
+    ClusterFacts {
+        gpu_nodes: pool.nodes.clone(),
+        ..facts.clone()
+    }
+}
+
+/// The DaemonSet's labels and its pods'.
+fn pod_and_daemon_set_labels(ds: &mut DaemonSet) -> Vec<&mut BTreeMap<String, String>> {
+    let mut out = vec![ds.metadata.labels.get_or_insert_default()];
+    if let Some(spec) = ds.spec.as_mut() {
+        out.push(
+            spec.template
+                .metadata
+                .get_or_insert_default()
+                .labels
+                .get_or_insert_default(),
+        );
+    }
+    out
+}
+
+/// The `app` label (and selector) of a per-kernel or per-RHCOS pool DaemonSet named `name`: the
+/// name, or, when it is longer than a label value may be, its start and a hash of the whole
+/// name. Cutting alone could give two kernels of one pool the same selector; NVIDIA hashes its
+/// pools' app names for the same reason.
+pub fn unique_app_label(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    let hash = super::common::sha256_hex(name.as_bytes());
+    let start: String = name.chars().take(52).collect();
+    let start = driver::app_label(&start);
+    format!("{start}-{}", &hash[..10])
+}
+
+/// Sets the DaemonSet's `app` label, selector and pod label to `app`.
+fn set_app(ds: &mut DaemonSet, app: &str) {
+    if let Some(spec) = ds.spec.as_mut() {
+        spec.selector
+            .match_labels
+            .get_or_insert_default()
+            .insert(super::common::APP_LABEL.to_owned(), app.to_owned());
+    }
+    for labels in pod_and_daemon_set_labels(ds) {
+        labels.insert(super::common::APP_LABEL.to_owned(), app.to_owned());
+    }
 }
 
 /// The policy NVIDIADriver pools render with when no ClusterPolicy exists and a GPUCluster is
@@ -567,8 +768,19 @@ pub fn shared_objects(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Operand
     objects
 }
 
+/// The pool's GPU nodes that get no driver pod, as a status line: for its [`Build`], nodes
+/// whose OS has no known driver image, without the kernel label (or on a kernel another OS's
+/// nodes run), or of an RHCOS version the Driver Toolkit has no image for.
+pub fn unplaced(pool: &ValidatedNvidiaDriver, facts: &ClusterFacts) -> Option<String> {
+    match pool.build {
+        Build::PerOs => unknown_os(pool),
+        Build::Precompiled => driver_kernel::report(&with_pool_nodes(pool, facts)),
+        Build::Toolkit => driver_toolkit::report(&with_pool_nodes(pool, facts)),
+    }
+}
+
 /// The pool's GPU nodes whose OS has no known driver image, as a status line.
-pub fn unknown_os(pool: &ValidatedNvidiaDriver) -> Option<String> {
+fn unknown_os(pool: &ValidatedNvidiaDriver) -> Option<String> {
     let (_, unknown) = driver_os::pools(&pool.nodes);
     (!unknown.is_empty()).then(|| {
         let named: Vec<String> = unknown
@@ -611,6 +823,7 @@ mod tests {
         let spec: NvidiaDriverSpec = serde_json::from_value(spec).unwrap();
         let (gds_image, gdrcopy_image) = sidecar_images(&spec).unwrap();
         ValidatedNvidiaDriver {
+            build: build(&ClusterPolicySpec::default(), &spec, &facts()),
             name: name.to_owned(),
             image: image(&spec).unwrap(),
             spec,
@@ -713,6 +926,7 @@ mod tests {
                 &spec(serde_json::json!({"version": "1", "kernelModuleType": kind,
                     "gds": {"enabled": true, "repository": "r", "image": "nvidia-fs",
                         "version": version}})),
+                Build::PerOs,
                 &facts(),
             )
         };
@@ -868,11 +1082,8 @@ mod tests {
             "{lines:?}"
         );
         assert_eq!(lines.len(), 2, "{lines:?}");
-        let problems = check(&spec, &facts());
+        let problems = check(&spec, Build::PerOs, &facts());
         assert!(problems[0].starts_with("spec.driverType"));
-        let precompiled: NvidiaDriverSpec =
-            serde_json::from_value(serde_json::json!({"usePrecompiled": true})).unwrap();
-        assert!(check(&precompiled, &facts())[0].starts_with("spec.usePrecompiled"));
     }
 
     #[test]
@@ -977,5 +1188,274 @@ mod tests {
                 "the pool mounts ConfigMap {name}, which nothing renders"
             );
         }
+    }
+
+    /// `node` with `label` set to `value`.
+    fn with(mut node: NodeView, label: &str, value: &str) -> NodeView {
+        node.labels.insert(label.to_owned(), value.to_owned());
+        node
+    }
+
+    fn names(objects: &OperandObjects) -> Vec<String> {
+        objects
+            .daemon_sets
+            .iter()
+            .map(|d| d.metadata.name.clone().unwrap())
+            .collect()
+    }
+
+    fn labels(ds: &DaemonSet) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let spec = ds.spec.as_ref().unwrap();
+        (
+            ds.metadata.labels.clone().unwrap(),
+            spec.template.metadata.clone().unwrap().labels.unwrap(),
+        )
+    }
+
+    const K1: &str = "5.15.0-1048-aws";
+    const K2: &str = "5.15.0-1050-aws";
+
+    fn precompiled_pool(name: &str) -> ValidatedNvidiaDriver {
+        let kernel = crate::nodes::KERNEL_VERSION;
+        pool(
+            name,
+            serde_json::json!({"usePrecompiled": true, "repository": "nvcr.io/nvidia",
+                "image": "driver", "version": "580", "nodeSelector": {"pool": "a"}}),
+            vec![
+                with(node("a1", ("ubuntu", "22.04"), "a"), kernel, K1),
+                with(node("a2", ("ubuntu", "22.04"), "a"), kernel, K2),
+                with(node("a3", ("ubuntu", "22.04"), "a"), kernel, K1),
+                node("a4", ("ubuntu", "22.04"), "a"),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_precompiled_pool_gets_one_daemonset_per_kernel_with_nvidias_labels_and_tags() {
+        let p = precompiled_pool("pool-a");
+        assert_eq!(p.build, Build::Precompiled);
+        let objects = render(&policy("{}"), &p, &facts());
+        assert_eq!(
+            names(&objects),
+            [
+                "nvidia-gpu-driver-pool-a-ubuntu22.04-5.15.0-1048-aws",
+                "nvidia-gpu-driver-pool-a-ubuntu22.04-5.15.0-1050-aws"
+            ]
+        );
+        for (ds, kernel) in objects.daemon_sets.iter().zip([K1, K2]) {
+            let name = ds.metadata.name.clone().unwrap();
+            assert_eq!(
+                containers(ds)[0],
+                (
+                    "nvidia-driver-ctr".to_owned(),
+                    format!("nvcr.io/nvidia/driver:580-{kernel}-ubuntu22.04")
+                )
+            );
+            let pod = crate::operands::test_support::pod(ds);
+            let selector = pod.node_selector.clone().unwrap();
+            assert_eq!(selector[crate::nodes::KERNEL_VERSION], kernel);
+            assert_eq!(selector[crate::nodes::OS_VERSION_ID], "22.04");
+            assert_eq!(selector["pool"], "a");
+            let (own, pods) = labels(ds);
+            for l in [&own, &pods] {
+                assert_eq!(l[driver::PRECOMPILED_LABEL], "true");
+                assert_eq!(l[PRECOMPILED_KERNEL_LABEL], kernel);
+                assert_eq!(l["app"], name);
+            }
+            assert_eq!(own[OPERAND_LABEL], "nvidia-driver");
+            // Nothing is built on the node: no repository, headers or compiler are needed.
+            assert!(
+                !pod.volumes
+                    .iter()
+                    .flatten()
+                    .any(|v| v.name == driver::REPO_CONFIG)
+            );
+        }
+        // The node without NFD's kernel label gets no half-configured driver, and status says
+        // why.
+        let note = unplaced(&p, &facts()).unwrap();
+        assert!(note.contains("a4"), "{note}");
+        assert!(note.contains(crate::nodes::KERNEL_VERSION), "{note}");
+        assert!(!note.contains("a1"), "{note}");
+    }
+
+    #[test]
+    fn long_pool_names_keep_one_distinct_app_selector_per_kernel() {
+        let p = precompiled_pool(&"long-pool-name-".repeat(3));
+        let objects = render(&policy("{}"), &p, &facts());
+        let apps: Vec<String> = objects
+            .daemon_sets
+            .iter()
+            .map(|ds| labels(ds).0["app"].clone())
+            .collect();
+        assert_eq!(apps.len(), 2);
+        assert_ne!(apps[0], apps[1]);
+        for app in &apps {
+            assert!(app.len() <= 63, "{app}");
+        }
+        assert_eq!(unique_app_label("short"), "short");
+    }
+
+    #[test]
+    fn precompiled_pools_refuse_a_digest_sidecars_and_a_switch_of_a_running_pool() {
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        let digest = check(
+            &spec(serde_json::json!({"usePrecompiled": true, "version": "sha256:abc"})),
+            Build::Precompiled,
+            &facts(),
+        );
+        assert!(
+            digest[0].starts_with("spec.version: a digest"),
+            "{digest:?}"
+        );
+        let gds = check(
+            &spec(serde_json::json!({"usePrecompiled": true, "version": "580",
+                "kernelModuleType": "open", "gds": {"enabled": true, "repository": "r",
+                "image": "nvidia-fs", "version": "2.26.6"}})),
+            Build::Precompiled,
+            &facts(),
+        );
+        assert!(
+            gds[0].starts_with("spec.gds.enabled: NVIDIA publishes no"),
+            "{gds:?}"
+        );
+        assert!(gds[0].contains("spec.usePrecompiled to false"), "{gds:?}");
+        let plain = spec(serde_json::json!({"usePrecompiled": true, "version": "580"}));
+        assert!(check(&plain, Build::Precompiled, &facts()).is_empty());
+        // The pool's own running DaemonSets decide, never the ClusterPolicy's.
+        let running = |built_on_node: bool, precompiled: bool| {
+            use crate::operands::driver_variant::Variant;
+            let variants: Vec<Variant> = [
+                (built_on_node, Variant::BuiltOnNode),
+                (precompiled, Variant::Precompiled),
+            ]
+            .into_iter()
+            .filter_map(|(on, v)| on.then_some(v))
+            .collect();
+            ClusterFacts {
+                live_driver: crate::facts::LiveDriver::running(&variants),
+                ..facts()
+            }
+        };
+        let to_precompiled = check(&plain, Build::Precompiled, &running(true, false));
+        assert!(
+            to_precompiled[0]
+                .starts_with("spec.usePrecompiled: the GPU nodes run driver DaemonSets that build"),
+            "{to_precompiled:?}"
+        );
+        assert!(to_precompiled[0].contains("remove spec.usePrecompiled again"));
+        let built = spec(serde_json::json!({"version": "580"}));
+        let to_built = check(&built, Build::PerOs, &running(false, true));
+        assert!(
+            to_built[0].contains("precompiled driver DaemonSets")
+                && to_built[0].contains("set spec.usePrecompiled back to true"),
+            "{to_built:?}"
+        );
+        assert!(check(&plain, Build::Precompiled, &running(false, true)).is_empty());
+        assert!(check(&built, Build::PerOs, &running(true, false)).is_empty());
+    }
+
+    const V414: &str = "414.92.202312132152-0";
+    const V415: &str = "415.92.202402201450-0";
+
+    fn openshift_facts() -> ClusterFacts {
+        ClusterFacts {
+            openshift: true,
+            os_tag: Some("rhcos4.14".to_owned()),
+            driver_toolkit: Some(
+                [(V414.to_owned(), "quay.io/ocp/dtk@sha256:414".to_owned())].into(),
+            ),
+            ..facts()
+        }
+    }
+
+    #[test]
+    fn a_pool_on_openshift_gets_a_toolkit_daemonset_per_rhcos_version_and_untagged_ones_are_reported()
+     {
+        let toolkit = policy("{operator: {use_ocp_driver_toolkit: true}}");
+        let ostree = crate::nodes::OSTREE_VERSION;
+        let mut p = pool(
+            "pool-a",
+            serde_json::json!({"version": "580.95.05", "nodeSelector": {"pool": "a"}}),
+            vec![
+                with(node("r1", ("rhcos", "4.14"), "a"), ostree, V414),
+                with(node("r2", ("rhcos", "4.15"), "a"), ostree, V415),
+            ],
+        );
+        let f = openshift_facts();
+        p.build = build(&toolkit.spec, &p.spec, &f);
+        assert_eq!(p.build, Build::Toolkit);
+        let objects = render(&toolkit, &p, &f);
+        assert_eq!(
+            names(&objects),
+            [format!("nvidia-gpu-driver-pool-a-{V414}")]
+        );
+        let ds = &objects.daemon_sets[0];
+        assert_eq!(
+            containers(ds),
+            [
+                (
+                    "nvidia-driver-ctr".to_owned(),
+                    "nvcr.io/nvidia/driver:580.95.05-rhcos4.14".to_owned()
+                ),
+                (
+                    driver_toolkit::CONTAINER.to_owned(),
+                    "quay.io/ocp/dtk@sha256:414".to_owned()
+                ),
+            ]
+        );
+        let (own, pods) = labels(ds);
+        assert_eq!(own[driver_toolkit::IDENTIFICATION_LABEL], "true");
+        assert_eq!(own[driver_toolkit::VERSION_LABEL], V414);
+        assert_eq!(pods[driver_toolkit::IDENTIFICATION_LABEL], "true");
+        assert_eq!(own["app"], format!("nvidia-gpu-driver-pool-a-{V414}"));
+        assert_eq!(own[OPERAND_LABEL], "nvidia-driver");
+        let selector = crate::operands::test_support::pod(ds)
+            .node_selector
+            .clone()
+            .unwrap();
+        assert_eq!(selector[ostree], V414);
+        assert_eq!(selector["pool"], "a");
+        let note = unplaced(&p, &f).unwrap();
+        assert!(note.contains(&format!("RHCOS {V415} (r2)")), "{note}");
+        assert!(!note.contains("r1"), "{note}");
+    }
+
+    #[test]
+    fn the_toolkit_is_used_only_when_asked_for_and_never_with_precompiled_drivers() {
+        let spec =
+            |v: serde_json::Value| -> NvidiaDriverSpec { serde_json::from_value(v).unwrap() };
+        let plain = spec(serde_json::json!({"version": "1"}));
+        let precompiled = spec(serde_json::json!({"version": "1", "usePrecompiled": true}));
+        let asked = policy("{operator: {use_ocp_driver_toolkit: true}}").spec;
+        let f = openshift_facts();
+        assert_eq!(build(&asked, &plain, &f), Build::Toolkit);
+        assert_eq!(build(&asked, &precompiled, &f), Build::Precompiled);
+        // Absent means the standard driver, on OpenShift too; and never off OpenShift.
+        assert_eq!(build(&policy("{}").spec, &plain, &f), Build::PerOs);
+        assert_eq!(build(&asked, &plain, &facts()), Build::PerOs);
+        // A running pool is not moved to or from the toolkit at once.
+        let mut standard = openshift_facts();
+        standard.live_driver = crate::facts::LiveDriver::running(&[
+            crate::operands::driver_variant::Variant::BuiltOnNode,
+        ]);
+        let problems = check(&plain, Build::Toolkit, &standard);
+        assert!(
+            problems[0].starts_with(
+                "the ClusterPolicy's spec.operator.use_ocp_driver_toolkit: the GPU nodes run"
+            ),
+            "{problems:?}"
+        );
+        assert!(check(&plain, Build::PerOs, &standard).is_empty());
+        let mut toolkit = openshift_facts();
+        toolkit.live_driver = crate::facts::LiveDriver::running(&[
+            crate::operands::driver_variant::Variant::DriverToolkit,
+        ]);
+        toolkit
+            .live_driver_toolkit
+            .insert(V414.to_owned(), "quay.io/ocp/dtk@sha256:414".to_owned());
+        assert!(check(&plain, Build::PerOs, &toolkit)[0].contains("Driver Toolkit DaemonSets"));
+        assert!(check(&plain, Build::Toolkit, &toolkit).is_empty());
     }
 }

@@ -13,6 +13,9 @@ use kube::Client;
 use super::Pool;
 use crate::controller::owner::{self, Error, LabelAttempts};
 use crate::nodes::{DEPLOY_DRIVER, DRIVER_POOL, GPU_PRESENT, LabelPatch, NodeView};
+
+/// NFD's node labels, among which the OS, kernel and RHCOS labels a pool's DaemonSets select.
+const NFD_LABEL_PREFIX: &str = "feature.node.kubernetes.io/";
 use crate::operands::nvidia_driver as pool;
 use crate::render::{DesiredState, Outcome};
 
@@ -28,7 +31,7 @@ pub fn wanted(
         let label = pool::pool_label_value(&p.validated.name);
         match desired.operands.first().map(|s| &s.outcome) {
             Some(Outcome::Rendered(objects)) => {
-                // Only nodes whose OS got a DaemonSet leave the policy's driver.
+                // Only nodes a DaemonSet of the pool selects leave the policy's driver.
                 for ds in &objects.daemon_sets {
                     for node in p.validated.nodes.iter().filter(|n| runs_on(ds, n)) {
                         wanted.insert(node.name.clone(), label.clone());
@@ -49,7 +52,9 @@ pub fn wanted(
     wanted
 }
 
-/// Whether `ds` selects `node` by its OS labels (the pool's nodes all match the rest).
+/// Whether `ds` selects `node` by the labels that split a pool into DaemonSets: NFD's OS,
+/// kernel and RHCOS labels (the pool's nodes all match the rest, and the pool label is what
+/// this stage writes).
 fn runs_on(ds: &k8s_openapi::api::apps::v1::DaemonSet, node: &NodeView) -> bool {
     let selector = ds
         .spec
@@ -59,7 +64,7 @@ fn runs_on(ds: &k8s_openapi::api::apps::v1::DaemonSet, node: &NodeView) -> bool 
         .unwrap_or_default();
     selector
         .iter()
-        .filter(|(k, _)| k.starts_with("feature.node.kubernetes.io/system-os_release"))
+        .filter(|(k, _)| k.starts_with(NFD_LABEL_PREFIX))
         .all(|(k, v)| node.labels.get(k) == Some(v))
 }
 

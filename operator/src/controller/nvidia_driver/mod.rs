@@ -125,7 +125,7 @@ pub async fn reconcile_all(
         (None, None) => return Ok(None),
     };
     let resolved = resolve::resolve_all(ctx, &drivers, &nodes, facts).await?;
-    let pools = validate::validate_all(resolved, &deps.image_env);
+    let pools = validate::validate_all(resolved, &deps.image_env, &validated.spec);
     let desired = render_all(&pools, validated);
     let applied = apply_all(ctx, memory, &pools, &desired).await?;
     if let (None, Some(cluster)) = (ctx.policy, ctx.cluster) {

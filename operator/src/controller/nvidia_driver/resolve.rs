@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
@@ -133,11 +134,31 @@ fn pool_facts(
             ))
         })
         .collect();
+    // What the pool's own DaemonSets run, so that its switches are judged on them alone.
+    let uid = d.uid();
+    let own: Vec<Arc<DaemonSet>> = ctx
+        .deps
+        .stores
+        .daemon_sets
+        .state()
+        .into_iter()
+        .filter(|ds| {
+            ds.metadata.namespace.as_deref() == Some(ctx.namespace)
+                && ds
+                    .owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == uid.as_ref())
+        })
+        .collect();
     ClusterFacts {
         owner: d.controller_owner_ref(&()),
         os_tag: os_pools.first().map(|p| p.tag.clone()),
         gpu_nodes: nodes.to_vec(),
         driver_config_maps,
+        live_driver: crate::facts::LiveDriver {
+            daemon_sets: own.clone(),
+        },
+        live_driver_toolkit: crate::facts::live_driver_toolkit(&own),
         ..policy.clone()
     }
 }

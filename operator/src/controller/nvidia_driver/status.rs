@@ -45,9 +45,10 @@ async fn report(
     now: Time,
 ) -> Result<Requeue, Error> {
     let d = pool.driver;
+    let facts = &pool.facts;
     let pool = &pool.validated;
     let unsupported = crate::operands::nvidia_driver::not_acted_on(&d.spec);
-    let notes: Vec<String> = crate::operands::nvidia_driver::unknown_os(pool)
+    let notes: Vec<String> = crate::operands::nvidia_driver::unplaced(pool, facts)
         .into_iter()
         .collect();
     let unsettled = applied.unsettled();

@@ -10,21 +10,23 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::Pool;
-use crate::api::{ImageKind, NVIDIADriver};
+use crate::api::{ClusterPolicySpec, ImageKind, NVIDIADriver};
 use crate::facts::ClusterFacts;
 use crate::nodes::NodeView;
 use crate::operands::nvidia_driver::{self as pool, Claim, ValidatedNvidiaDriver};
 
 /// Validate stage: every pool with its verdict. `resolved` are the pools with their nodes and
-/// facts, in the order of the NVIDIADrivers.
+/// facts, in the order of the NVIDIADrivers; `policy` is the ClusterPolicy in force (or the
+/// GPUCluster install's stand-in).
 pub fn validate_all<'a>(
     resolved: Vec<(&'a NVIDIADriver, Vec<Arc<NodeView>>, ClusterFacts)>,
     env: &BTreeMap<String, String>,
+    policy: &ClusterPolicySpec,
 ) -> Vec<Pool<'a>> {
     let mut pools: Vec<Pool<'a>> = resolved
         .into_iter()
         .map(|(driver, nodes, facts)| {
-            let (validated, problems) = validate(driver, nodes, &facts, env);
+            let (validated, problems) = validate(driver, nodes, &facts, env, policy);
             Pool {
                 driver,
                 validated,
@@ -67,15 +69,18 @@ pub fn validate_all<'a>(
     pools
 }
 
-/// Validate stage of one NVIDIADriver: its image, the driver-manager image it names, the GDS
-/// and GDRCopy images when they are on, and the driver operand's own checks. Returns the pool and its problems.
+/// Validate stage of one NVIDIADriver: how its nodes are split, its image, the driver-manager
+/// image it names, the GDS and GDRCopy images when they are on, and the driver operand's own
+/// checks. Returns the pool and its problems.
 fn validate(
     d: &NVIDIADriver,
     nodes: Vec<Arc<NodeView>>,
     facts: &ClusterFacts,
     env: &BTreeMap<String, String>,
+    policy: &ClusterPolicySpec,
 ) -> (ValidatedNvidiaDriver, Vec<String>) {
-    let mut problems = pool::check(&d.spec, facts);
+    let build = pool::build(policy, &d.spec, facts);
+    let mut problems = pool::check(&d.spec, build, facts);
     let image = pool::image(&d.spec).unwrap_or_else(|e| {
         problems.push(e);
         String::new()
@@ -106,6 +111,7 @@ fn validate(
             gds_image,
             gdrcopy_image,
             nodes,
+            build,
         },
         problems,
     )
