@@ -1650,7 +1650,10 @@ mod tests {
     fn the_console_forms_policy_asks_for_the_driver_toolkit_as_nvidias_does() {
         let examples = alm_examples().unwrap();
         assert_eq!(examples[0]["kind"], "ClusterPolicy");
-        assert_eq!(examples[0]["spec"]["operator"]["use_ocp_driver_toolkit"], true);
+        assert_eq!(
+            examples[0]["spec"]["operator"]["use_ocp_driver_toolkit"],
+            true
+        );
     }
 
     #[test]

@@ -256,23 +256,27 @@ async fn steps(admin: &Client) {
     // and status says how to hand them over.
     s.patch_policy(json!({"spec": {"operator": {"use_ocp_driver_toolkit": false}}}))
         .await;
-    wait::until(TIMEOUT, "the switch back waits for nodes handed over", || {
-        let (admin, policy) = (admin.clone(), policy.clone());
-        async move {
-            let message = session::ready_message(&admin, &policy).await?;
-            Ok(
-                if message.contains(
-                    "switching from drivers built with the Driver Toolkit to drivers built on \
+    wait::until(
+        TIMEOUT,
+        "the switch back waits for nodes handed over",
+        || {
+            let (admin, policy) = (admin.clone(), policy.clone());
+            async move {
+                let message = session::ready_message(&admin, &policy).await?;
+                Ok(
+                    if message.contains(
+                        "switching from drivers built with the Driver Toolkit to drivers built on \
                      the node",
-                ) && message.contains("nvidia.com/gpu-operator.driver-variant=built-on-node")
-                {
-                    Ok(())
-                } else {
-                    Err(message)
-                },
-            )
-        }
-    })
+                    ) && message.contains("nvidia.com/gpu-operator.driver-variant=built-on-node")
+                    {
+                        Ok(())
+                    } else {
+                        Err(message)
+                    },
+                )
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     assert_eq!(toolkit_pools(admin, &namespace).await.len(), 3);
@@ -295,7 +299,10 @@ async fn steps(admin: &Client) {
                 .any(|o| o.name == "nvidia-driver-daemonset")
         })
         .count();
-    assert_eq!(standard_pods, 0, "no node was handed to the standard driver");
+    assert_eq!(
+        standard_pods, 0,
+        "no node was handed to the standard driver"
+    );
 
     s.teardown().await;
     for node in &gpu_nodes {

@@ -59,7 +59,7 @@ fn pool_name(kernel: &str, os: &str) -> String {
 
 #[tokio::test]
 async fn precompiled_pools_follow_the_kernels_and_a_switch_back_without_auto_upgrade_moves_labelled_nodes_only()
-{
+ {
     let Some(prepared) = session::builder().prepare().await else {
         return;
     };
@@ -182,7 +182,11 @@ async fn precompiled_pools_follow_the_kernels_and_a_switch_back_without_auto_upg
         async move {
             let pods = driver_pods(&admin, &namespace).await;
             let moved = pods.get(STANDARD) == Some(&BTreeSet::from([moving.clone()]));
-            Ok(if moved { Ok(()) } else { Err(format!("{pods:?}")) })
+            Ok(if moved {
+                Ok(())
+            } else {
+                Err(format!("{pods:?}"))
+            })
         }
     })
     .await
@@ -264,8 +268,10 @@ async fn a_running_fleet_switches_to_precompiled_drivers_one_node_at_a_time_thro
     }
     let upgrade = json!({"autoUpgrade": true, "maxParallelUpgrades": 1, "maxUnavailable": 1});
     let s = prepared
-        .start(json!({"driver": {"repository": "nvcr.io/nvidia", "image": "driver",
-            "version": "595.91.07", "upgradePolicy": upgrade}}))
+        .start(
+            json!({"driver": {"repository": "nvcr.io/nvidia", "image": "driver",
+            "version": "595.91.07", "upgradePolicy": upgrade}}),
+        )
         .await;
     s.await_state(State::Ready, "built-on-node fleet ready")
         .await;

@@ -13,8 +13,7 @@ use crate::nodes::NodeView;
 
 pub use assemble::{
     NamespaceObjects, Observed, assemble, cluster_runtime, config_map_names, gpu_nodes,
-    live_driver_toolkit, nfd_already_running, nfd_beside_ours, owner_reference,
-    parse_runtime,
+    live_driver_toolkit, nfd_already_running, nfd_beside_ours, owner_reference, parse_runtime,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.

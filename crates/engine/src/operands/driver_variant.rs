@@ -283,7 +283,9 @@ fn place(pod: &mut PodSpec, requirement: Option<NodeSelectorRequirement>) {
             node_selector_terms: Vec::new(),
         });
     if selector.node_selector_terms.is_empty() {
-        selector.node_selector_terms.push(NodeSelectorTerm::default());
+        selector
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
     }
     for term in &mut selector.node_selector_terms {
         let expressions = term.match_expressions.get_or_insert_with(Vec::new);

@@ -127,7 +127,10 @@ fn switching_a_running_fleet_keeps_the_running_daemonset_frozen_beside_the_new_o
     let outgoing = &sets[2];
     assert_eq!(requirement(outgoing), req("NotIn", &["precompiled"]));
     assert_eq!(image(outgoing), image(&running[0]));
-    assert_eq!(image(outgoing), "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04");
+    assert_eq!(
+        image(outgoing),
+        "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
+    );
     let annotations = outgoing.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations[HANDOVER_ANNOTATION], "precompiled");
     assert!(!annotations.contains_key(APPLIED_HASH_ANNOTATION));
@@ -231,8 +234,7 @@ fn a_node_the_new_variant_cannot_serve_keeps_its_driver_and_is_named() {
     );
     let sets = driver_sets(PRECOMPILED, &moved);
     assert!(sets.iter().any(|ds| name(ds) == "nvidia-driver-daemonset"));
-    let line =
-        crate::operands::report(Operand::Driver, &policy(PRECOMPILED).spec, &moved).unwrap();
+    let line = crate::operands::report(Operand::Driver, &policy(PRECOMPILED).spec, &moved).unwrap();
     assert!(line.contains("not moved yet (c)"), "{line}");
     assert!(line.contains("without a precompiled driver pool"), "{line}");
 }

@@ -509,7 +509,8 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
 #[test]
 fn revisions_differ_only_in_metadata_or_placement_when_the_rest_of_their_pod_specs_is_equal() {
     let data = |labels: serde_json::Value, image: &str, placement: serde_json::Value| {
-        let mut spec = serde_json::json!({"containers": [{"name": "nvidia-driver-ctr", "image": image}]});
+        let mut spec =
+            serde_json::json!({"containers": [{"name": "nvidia-driver-ctr", "image": image}]});
         for (k, v) in placement.as_object().unwrap() {
             spec[k] = v.clone();
         }
@@ -520,7 +521,11 @@ fn revisions_differ_only_in_metadata_or_placement_when_the_rest_of_their_pod_spe
     let old = data(serde_json::json!({"app": "d"}), "driver:1", none.clone());
     assert!(differs_only_in_metadata_or_placement(
         &old,
-        &data(serde_json::json!({"app": "d", "team": "ml"}), "driver:1", none.clone())
+        &data(
+            serde_json::json!({"app": "d", "team": "ml"}),
+            "driver:1",
+            none.clone()
+        )
     ));
     // A variant switch adds a node-affinity requirement, a pool a node selector: the pods that
     // stay on their nodes run the same.
@@ -529,14 +534,22 @@ fn revisions_differ_only_in_metadata_or_placement_when_the_rest_of_their_pod_spe
         "nodeSelector": {"k": "v"},
         "affinity": {"nodeAffinity": {"required": 1}, "podAntiAffinity": {"x": 1}},
     });
-    let with_anti = data(serde_json::json!({"app": "d"}), "driver:1", serde_json::json!({"affinity": anti}));
+    let with_anti = data(
+        serde_json::json!({"app": "d"}),
+        "driver:1",
+        serde_json::json!({"affinity": anti}),
+    );
     assert!(differs_only_in_metadata_or_placement(
         &with_anti,
         &data(serde_json::json!({"app": "d"}), "driver:1", placed.clone())
     ));
     assert!(differs_only_in_metadata_or_placement(
         &old,
-        &data(serde_json::json!({"app": "d"}), "driver:1", serde_json::json!({"affinity": {"nodeAffinity": {}}}))
+        &data(
+            serde_json::json!({"app": "d"}),
+            "driver:1",
+            serde_json::json!({"affinity": {"nodeAffinity": {}}})
+        )
     ));
     // Anything else in the pod spec is a change.
     assert!(!differs_only_in_metadata_or_placement(&old, &with_anti));
@@ -544,7 +557,10 @@ fn revisions_differ_only_in_metadata_or_placement_when_the_rest_of_their_pod_spe
         &old,
         &data(serde_json::json!({"app": "d"}), "driver:2", none)
     ));
-    assert!(!differs_only_in_metadata_or_placement(&old, &serde_json::json!({})));
+    assert!(!differs_only_in_metadata_or_placement(
+        &old,
+        &serde_json::json!({})
+    ));
 }
 
 #[test]

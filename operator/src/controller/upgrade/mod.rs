@@ -26,8 +26,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use self::machine::{
-    Action, DesiredDriver, DriverPod, DriverRevision, NodeFacts, PodFacts, Policy, Pool, STATE_LABEL, Step,
-    Summary, UpgradeState, ValidatorPod,
+    Action, DesiredDriver, DriverPod, DriverRevision, NodeFacts, PodFacts, Policy, Pool,
+    STATE_LABEL, Step, Summary, UpgradeState, ValidatorPod,
 };
 use crate::api::{ClusterPolicySpec, Component, DriverUpgradePolicySpec, NVIDIADriver};
 use crate::metrics::UpgradeCounts;
