@@ -130,12 +130,14 @@ impl Drop for TemporaryCrd {
             eprintln!("deleting CRD {}: {e}", self.name);
         }
         for namespace in &self.namespaces {
+            // Waited for: the next test may create the namespace again, which a terminating
+            // namespace refuses.
             let args = [
                 "delete",
                 "namespace",
                 namespace,
                 "--ignore-not-found",
-                "--wait=false",
+                "--timeout=120s",
             ];
             if let Err(e) = crate::cluster::kubectl_output(&args) {
                 eprintln!("deleting namespace {namespace}: {e}");
