@@ -22,6 +22,7 @@ pub mod openshift;
 pub mod operator_metrics;
 pub mod runtime_classes;
 pub mod toolkit;
+pub mod toolkit_flavour;
 pub mod validator;
 
 #[cfg(test)]
