@@ -44,6 +44,8 @@ mod nfd_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
+mod toolkit_flavour_tests;
+#[cfg(test)]
 mod toolkit_tests;
 #[cfg(test)]
 mod validator_tests;
