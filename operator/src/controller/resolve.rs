@@ -479,6 +479,7 @@ pub fn image_env_from_process() -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::facts::Runtime;
     use crate::nodes::{OS_ID, OS_VERSION_ID};
 
     fn view(name: &str, id: &str, version: &str) -> Arc<NodeView> {

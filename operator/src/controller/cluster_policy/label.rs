@@ -67,8 +67,10 @@ pub async fn label(
         &mut memory.loss,
         &mut memory.attempts,
         grace,
-        mig_default_layout(&policy.spec),
-        &|node: &str| runtimes.get(node).map(|r| r.label()),
+        &labeller::Wanted {
+            mig_default_layout: mig_default_layout(&policy.spec),
+            flavour_of: &|node: &str| runtimes.get(node).map(|r| r.label()),
+        },
         gate,
     )
     .await

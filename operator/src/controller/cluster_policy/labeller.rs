@@ -39,6 +39,14 @@ fn changes_for(
     changes
 }
 
+/// What the policy and the resolved facts want on GPU nodes besides decision 2's labels.
+pub struct Wanted<'a> {
+    /// The default MIG layout (decision 7).
+    pub mig_default_layout: Option<&'a str>,
+    /// Each node's runtime flavour label value, once its nodeInfo was read.
+    pub flavour_of: &'a (dyn Fn(&str) -> Option<&'static str> + Sync),
+}
+
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
 #[derive(Debug, Default)]
 pub struct Labelling {
@@ -59,8 +67,7 @@ pub async fn label_nodes(
     loss: &mut GpuLabelLoss,
     attempts: &mut LabelAttempts,
     grace: Duration,
-    mig_default_layout: Option<&str>,
-    flavour_of: &(dyn Fn(&str) -> Option<&'static str> + Sync),
+    wanted: &Wanted<'_>,
     gate: &Semaphore,
 ) -> Result<Labelling, kube::Error> {
     let now = Instant::now();
@@ -88,8 +95,8 @@ pub async fn label_nodes(
             node,
             gone_for,
             grace,
-            mig_default_layout,
-            flavour_of(&node.name),
+            wanted.mig_default_layout,
+            (wanted.flavour_of)(&node.name),
         )
     })
     .await;
