@@ -89,6 +89,20 @@ fn cases() -> Vec<(String, Vec<String>)> {
             cases.push((format!("{stem}.openshift.yaml"), openshift));
         }
     }
+    // The default policy on fleets of each container runtime flavour (nodeInfo in the node
+    // files): the toolkit DaemonSets per flavour.
+    let default = repo().join("examples/clusterpolicy-default.yaml");
+    for nodes in yaml_files(&repo().join("examples/nodes"), "runtime-") {
+        let stem = nodes.file_stem().unwrap().to_string_lossy().into_owned();
+        let mut args: Vec<String> = ["gpu-operator", "render", "-f"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        args.push(default.display().to_string());
+        args.extend(["--os-tag", "ubuntu22.04", "--namespace", "gpu-operator"].map(str::to_owned));
+        args.extend(["--nodes".to_owned(), nodes.display().to_string()]);
+        cases.push((format!("clusterpolicy-default.{stem}.yaml"), args));
+    }
     cases.push((
         "rbac.yaml".to_owned(),
         ["gpu-operator", "rbac", "--namespace", "gpu-operator"]

@@ -46,6 +46,10 @@ pub const DRIVER_POOL: &str = "nvidia.com/gpu-operator.nvidiadriver";
 /// Our label on a GPU node handed to a driver variant during a switch between drivers built
 /// on the node, precompiled drivers and the Driver Toolkit (operands::driver_variant).
 pub const DRIVER_VARIANT: &str = "nvidia.com/gpu-operator.driver-variant";
+/// Our label on a GPU node naming its container runtime flavour
+/// ([`crate::facts::NodeRuntime::label`]): in a fleet of several flavours each toolkit
+/// DaemonSet selects its flavour's nodes by it (operands::toolkit_flavour).
+pub const RUNTIME_FLAVOUR: &str = "nvidia.com/gpu-operator.runtime-flavour";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
@@ -115,6 +119,7 @@ pub fn is_read_label(key: &str) -> bool {
         || key.starts_with("nvidia.com/gpu.deploy.")
         || [
             GPU_PRESENT,
+            RUNTIME_FLAVOUR,
             MIG_CAPABLE,
             MPS_CAPABLE,
             GPU_PRODUCT,
@@ -237,6 +242,24 @@ pub fn desired_label_changes(
             }
             _ => {}
         }
+    }
+    patch
+}
+
+/// The [`RUNTIME_FLAVOUR`] label a GPU node needs: its detected flavour (`flavour`, `None`
+/// while its nodeInfo has not been read, then nothing changes). Only marked GPU nodes carry it;
+/// the label leaves with the node's other marks when it is no GPU node any more.
+pub fn runtime_flavour_label(node: &NodeView, flavour: Option<&str>) -> LabelPatch {
+    let mut patch = LabelPatch::new();
+    let gpu = node.has_nfd_gpu() || node.is_gpu_node();
+    match (gpu, flavour) {
+        (true, Some(value)) if node.label(RUNTIME_FLAVOUR) != Some(value) => {
+            patch.insert(RUNTIME_FLAVOUR.to_owned(), Some(value.to_owned()));
+        }
+        (false, _) if node.labels.contains_key(RUNTIME_FLAVOUR) => {
+            patch.insert(RUNTIME_FLAVOUR.to_owned(), None);
+        }
+        _ => {}
     }
     patch
 }

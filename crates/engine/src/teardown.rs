@@ -109,8 +109,13 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
         }
     }
     let state = labels.get(STATE_LABEL);
-    // The upgrade state, and the driver variant a switch handed the node to.
-    for key in [STATE_LABEL, crate::nodes::DRIVER_VARIANT] {
+    // The upgrade state, the driver variant a switch handed the node to, and the runtime
+    // flavour the toolkit DaemonSets select on.
+    for key in [
+        STATE_LABEL,
+        crate::nodes::DRIVER_VARIANT,
+        crate::nodes::RUNTIME_FLAVOUR,
+    ] {
         if labels.contains_key(key) {
             out.labels.push(key.to_owned());
         }

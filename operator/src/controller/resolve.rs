@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::stores::Stores;
 use crate::api::{ClusterPolicy, Component};
-use crate::facts::{self, ClusterFacts, Observed, Runtime};
+use crate::facts::{self, ClusterFacts, NodeRuntime, Observed};
 use crate::nodes::NodeView;
 
 /// Optional APIs and coexistence facts found at start-up (decision 14).
@@ -203,9 +203,90 @@ pub struct Resolver {
     metrics_https: bool,
 }
 
-/// The container runtime of each GPU node read so far: a node is read once (its runtime does
-/// not change while it is registered).
-pub type KnownRuntimes = HashMap<String, Runtime>;
+/// Each GPU node's runtime as read from its nodeInfo, with the NFD image labels it was read
+/// under: a node is read once, and again only when those labels change (a re-image shows as a
+/// new OS release or kernel), so a steady fleet costs no read. Whole Node objects are never
+/// kept, only the detected flavour.
+#[derive(Debug, Default)]
+pub struct KnownRuntimes {
+    by_node: HashMap<String, (ImageKey, NodeRuntime)>,
+}
+
+/// The node labels a re-image changes ([`KnownRuntimes`]).
+type ImageKey = [Option<String>; 3];
+
+fn image_key(node: &NodeView) -> ImageKey {
+    use crate::nodes::{KERNEL_VERSION, OS_ID, OS_VERSION_ID};
+    [OS_ID, OS_VERSION_ID, KERNEL_VERSION].map(|k| node.label(k).map(str::to_owned))
+}
+
+/// Above this many nodes to read, one paged LIST of all nodes is cheaper than a GET each.
+const MAX_NODE_GETS: usize = 32;
+/// Page size of that LIST: bounds the memory held for full Node objects at a time.
+const NODE_PAGE: u32 = 250;
+
+impl KnownRuntimes {
+    /// Each GPU node's runtime, by name.
+    pub fn node_runtimes(&self, gpu_nodes: &[Arc<NodeView>]) -> facts::NodeRuntimes {
+        gpu_nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), self.by_node.get(&n.name)?.1)))
+            .collect()
+    }
+
+    /// The runtime known for `node`, if it was read.
+    pub fn get(&self, node: &str) -> Option<NodeRuntime> {
+        self.by_node.get(node).map(|(_, r)| *r)
+    }
+
+    /// Reads the nodeInfo of the GPU nodes not read yet or re-imaged since, and forgets nodes
+    /// that are no GPU nodes any more: a GET each, or one paged LIST when many are due
+    /// (the first pass of a large fleet).
+    pub async fn refresh(
+        &mut self,
+        client: &Client,
+        gpu_nodes: &[Arc<NodeView>],
+    ) -> Result<(), kube::Error> {
+        let names: std::collections::HashSet<&str> =
+            gpu_nodes.iter().map(|n| n.name.as_str()).collect();
+        self.by_node.retain(|n, _| names.contains(n.as_str()));
+        let due: HashMap<&str, ImageKey> = gpu_nodes
+            .iter()
+            .map(|n| (n.name.as_str(), image_key(n)))
+            .filter(|(name, key)| self.by_node.get(*name).is_none_or(|(k, _)| k != key))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        let api: Api<Node> = Api::all(client.clone());
+        let mut record = |node: &Node| {
+            let Some(name) = node.metadata.name.as_deref() else {
+                return;
+            };
+            if let Some(key) = due.get(name) {
+                let runtime = facts::detect(&facts::NodeRuntimeInfo::of_node(node));
+                self.by_node.insert(name.to_owned(), (key.clone(), runtime));
+            }
+        };
+        if due.len() <= MAX_NODE_GETS {
+            for name in due.keys() {
+                if let Some(node) = api.get_opt(name).await? {
+                    record(&node);
+                }
+            }
+            return Ok(());
+        }
+        let mut params = kube::api::ListParams::default().limit(NODE_PAGE);
+        loop {
+            let page = api.list(&params).await?;
+            page.items.iter().for_each(&mut record);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
+}
 
 impl Resolver {
     pub fn new(
@@ -249,13 +330,20 @@ impl Resolver {
 
     pub async fn resolve(
         &self,
-        runtimes: &mut KnownRuntimes,
+        runtimes: &KnownRuntimes,
         policy: &ClusterPolicy,
         stores: &Stores,
         nodes: &[Arc<NodeView>],
     ) -> Result<Resolved, kube::Error> {
         let gpu_nodes = facts::gpu_nodes(nodes);
-        let runtime = self.cluster_runtime(runtimes, &gpu_nodes).await?;
+        let node_runtimes = runtimes.node_runtimes(&gpu_nodes);
+        let runtime = facts::cluster_runtime(
+            self.discovered.openshift,
+            node_runtimes
+                .values()
+                .filter_map(|r| r.flavour())
+                .map(facts::RuntimeFlavour::runtime),
+        );
         let ours_deployed = stores
             .deployments
             .get(&ObjectRef::new(crate::operands::nfd::MASTER).within(&self.namespace))
@@ -294,6 +382,7 @@ impl Resolver {
                 namespace: self.namespace.clone(),
                 owner: facts::owner_reference(policy),
                 runtime,
+                node_runtimes,
                 openshift: self.discovered.openshift,
                 service_monitor_api: self.discovered.service_monitor,
                 operator_metrics_https: self.metrics_https,
@@ -341,43 +430,6 @@ impl Resolver {
             Api::namespaced_with(self.client.clone(), IMAGE_STREAM_NAMESPACE, &resource);
         let found = api.get_opt(IMAGE_STREAM).await?;
         Ok(found.map(|stream| serde_json::to_value(&stream).unwrap_or_default()))
-    }
-
-    /// The cluster's runtime ([`facts::cluster_runtime`]). Each GPU node is read once (its
-    /// runtime does not change while it is registered), one at a time and only until containerd,
-    /// which decides, is seen.
-    async fn cluster_runtime(
-        &self,
-        known: &mut KnownRuntimes,
-        gpu_nodes: &[Arc<NodeView>],
-    ) -> Result<Runtime, kube::Error> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let mut read = Vec::new();
-        if !self.discovered.openshift {
-            for node in gpu_nodes {
-                let runtime = match known.get(&node.name).copied() {
-                    Some(r) => r,
-                    None => {
-                        let Some(full) = api.get_opt(&node.name).await? else {
-                            continue;
-                        };
-                        let version = full
-                            .status
-                            .and_then(|s| s.node_info)
-                            .map(|i| i.container_runtime_version)
-                            .unwrap_or_default();
-                        let r = facts::parse_runtime(&version);
-                        known.insert(node.name.clone(), r);
-                        r
-                    }
-                };
-                read.push(runtime);
-                if runtime == Runtime::Containerd {
-                    break;
-                }
-            }
-        }
-        Ok(facts::cluster_runtime(self.discovered.openshift, read))
     }
 }
 
@@ -427,6 +479,7 @@ pub fn image_env_from_process() -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::facts::Runtime;
     use crate::nodes::{OS_ID, OS_VERSION_ID};
 
     fn view(name: &str, id: &str, version: &str) -> Arc<NodeView> {

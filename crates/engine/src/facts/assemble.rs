@@ -15,7 +15,9 @@ use kube_core::Resource;
 use crate::api::{ClusterPolicy, ClusterPolicySpec};
 use crate::model::{OPERAND_LABEL, Operand};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
-use crate::operands::{device_plugin, driver, driver_os, driver_toolkit, mig_manager};
+use crate::operands::{
+    device_plugin, driver, driver_os, driver_toolkit, mig_manager, toolkit, toolkit_flavour,
+};
 
 /// The objects of the operator namespace that facts are read from, by name.
 pub trait NamespaceObjects {
@@ -31,6 +33,8 @@ pub struct Observed {
     pub namespace: String,
     pub owner: Option<OwnerReference>,
     pub runtime: Runtime,
+    /// See [`ClusterFacts::node_runtimes`].
+    pub node_runtimes: super::NodeRuntimes,
     pub openshift: bool,
     pub service_monitor_api: bool,
     /// See [`ClusterFacts::operator_metrics_https`].
@@ -89,6 +93,11 @@ pub fn assemble(
         namespace: observed.namespace,
         owner: observed.owner,
         runtime: observed.runtime,
+        node_runtimes: observed.node_runtimes,
+        live_toolkit_flavour: objects
+            .daemon_set(toolkit::NAME)
+            .as_deref()
+            .and_then(toolkit_flavour::live_flavour),
         os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,

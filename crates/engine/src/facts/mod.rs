@@ -3,6 +3,7 @@
 //! `render` subcommand fills it from flags, so rendering never needs a client (decision 3).
 
 mod assemble;
+mod flavour;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,6 +15,10 @@ use crate::nodes::NodeView;
 pub use assemble::{
     NamespaceObjects, Observed, assemble, cluster_runtime, config_map_names, gpu_nodes,
     live_driver_toolkit, nfd_already_running, nfd_beside_ours, owner_reference, parse_runtime,
+};
+pub use flavour::{
+    FlavourPaths, MICROK8S_LABEL, NodeRuntime, NodeRuntimeInfo, NodeRuntimes, ReadOnlyImage,
+    RuntimeFlavour, detect,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.
@@ -110,8 +115,16 @@ pub struct ClusterFacts {
     pub namespace: String,
     /// Owner reference to the active ClusterPolicy; `None` for `gpu-operator render`.
     pub owner: Option<OwnerReference>,
-    /// Container runtime of the GPU nodes.
+    /// Container runtime of the GPU nodes, one for the cluster: what the operands other than the
+    /// toolkit follow (runtimeClassName under CRI-O without CDI).
     pub runtime: Runtime,
+    /// Each GPU node's runtime flavour, from its nodeInfo ([`detect`]): the toolkit configures
+    /// each node's runtime where that node keeps it. Empty when no GPU node was read (then
+    /// [`Self::runtime`]'s stock layout is used).
+    pub node_runtimes: NodeRuntimes,
+    /// The flavour the live `nvidia-container-toolkit-daemonset` configures, if it runs and
+    /// matches one (operands::toolkit_flavour::live_flavour): it keeps the plain name.
+    pub live_toolkit_flavour: Option<RuntimeFlavour>,
     /// `<ID><VERSION_ID>` of the GPU nodes' OS from NFD labels (`ubuntu22.04`, `rhel9`), the
     /// suffix of the driver image tag. `None` while no GPU node is known.
     pub os_tag: Option<String>,

@@ -675,7 +675,15 @@ fn select_os(ds: &mut DaemonSet, pool: &driver_os::OsPool, rename: Option<String
             selector.insert(key.clone(), value.clone());
         }
     }
-    let Some(name) = rename else {
+    if let Some(name) = rename {
+        rename_daemon_set(ds, name);
+    }
+}
+
+/// Gives an operand DaemonSet its own name, and the `app` label (which its selector uses) of
+/// that name, so it lives beside the one of the plain name.
+pub fn rename_daemon_set(ds: &mut DaemonSet, name: String) {
+    let Some(spec) = ds.spec.as_mut() else {
         return;
     };
     let app = app_label(&name);

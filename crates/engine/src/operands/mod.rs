@@ -22,6 +22,7 @@ pub mod openshift;
 pub mod operator_metrics;
 pub mod runtime_classes;
 pub mod toolkit;
+pub mod toolkit_flavour;
 pub mod validator;
 
 #[cfg(test)]
@@ -42,6 +43,8 @@ mod mig_manager_tests;
 mod nfd_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
+#[cfg(test)]
+mod toolkit_flavour_tests;
 #[cfg(test)]
 mod toolkit_tests;
 #[cfg(test)]

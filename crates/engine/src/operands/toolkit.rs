@@ -1,7 +1,8 @@
 //! Render stage, container toolkit (pure, no IO): DaemonSet
 //! `nvidia-container-toolkit-daemonset` that installs the NVIDIA runtime and CDI specs and
-//! configures the cluster's one container runtime (containerd, CRI-O or Docker: config files
-//! and socket mounted per runtime), gated by the driver validation (docs/operand-facts.md §6).
+//! configures each GPU node's container runtime where that node's distribution keeps it (config
+//! files and socket mounted per runtime flavour, one DaemonSet per flavour in a mixed fleet:
+//! operands::toolkit_flavour), gated by the driver validation (docs/operand-facts.md §6).
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 
@@ -11,9 +12,10 @@ use super::common::{
     merge_user_env, mount, rule, set_env,
 };
 use super::openshift;
+use super::toolkit_flavour;
 use super::validator::{self, VALIDATIONS_VOLUME};
 use crate::api::{ClusterPolicySpec, Component, ImageKind, ToolkitSpec};
-use crate::facts::{ClusterFacts, Runtime};
+use crate::facts::{ClusterFacts, Runtime, RuntimeFlavour};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 
@@ -28,7 +30,7 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     host_paths: install_dir_host_path,
     render,
     check: super::defaults::no_check,
-    report: super::defaults::no_report,
+    report: toolkit_flavour::report,
 };
 
 /// DaemonSet name and `app` label.
@@ -101,85 +103,113 @@ fn user_path(envs: &[EnvVar], names: &[&str], default: &str) -> String {
         .to_owned()
 }
 
+/// Volume names and toolkit variables of one runtime (NVIDIA's names, kept for every flavour).
+struct RuntimeNames {
+    config_volume: &'static str,
+    drop_in_volume: &'static str,
+    socket_volume: &'static str,
+    config_var: &'static str,
+    socket_var: Option<&'static str>,
+}
+
+const fn runtime_names(runtime: Runtime) -> RuntimeNames {
+    match runtime {
+        Runtime::Containerd => RuntimeNames {
+            config_volume: "containerd-config",
+            drop_in_volume: "containerd-drop-in-config",
+            socket_volume: "containerd-socket",
+            config_var: "CONTAINERD_CONFIG",
+            socket_var: Some("CONTAINERD_SOCKET"),
+        },
+        Runtime::CriO => RuntimeNames {
+            config_volume: "crio-config",
+            drop_in_volume: "crio-drop-in-config",
+            socket_volume: "crio-socket",
+            config_var: "CRIO_CONFIG",
+            socket_var: None,
+        },
+        Runtime::Docker => RuntimeNames {
+            config_volume: "docker-config",
+            drop_in_volume: "docker-drop-in-config",
+            socket_volume: "docker-socket",
+            config_var: "DOCKER_CONFIG",
+            socket_var: Some("DOCKER_SOCKET"),
+        },
+    }
+}
+
+/// The toolkit variables a user may set that name one of the runtime's host files, with the
+/// flavour's own value of each (for [`super::toolkit_flavour::report`]).
+pub fn detected_paths(flavour: RuntimeFlavour) -> Vec<(&'static str, Option<&'static str>)> {
+    let paths = flavour.paths();
+    let names = runtime_names(flavour.runtime());
+    let mut vars = vec![
+        (names.config_var, Some(paths.config)),
+        ("RUNTIME_CONFIG", Some(paths.config)),
+        ("RUNTIME_DROP_IN_CONFIG", paths.drop_in),
+    ];
+    if let Some(var) = names.socket_var {
+        vars.push((var, paths.socket));
+        vars.push(("RUNTIME_SOCKET", paths.socket));
+    }
+    vars
+}
+
 /// The runtime's configuration and socket: variables pointing the toolkit at container paths,
-/// and the host directories mounted there. User variables name host paths (read before).
-fn runtime_files(runtime: Runtime, envs: &mut Vec<EnvVar>) -> Vec<HostFile> {
-    let config = |volume, names: &[&str], default| HostFile {
-        volume,
-        host: user_path(envs, names, default),
+/// and the host directories mounted there, where `flavour` keeps them. User variables name
+/// host paths (read before) and win over the flavour's.
+fn runtime_files(flavour: RuntimeFlavour, envs: &mut Vec<EnvVar>) -> Vec<HostFile> {
+    let paths = flavour.paths();
+    let names = runtime_names(flavour.runtime());
+    let config = HostFile {
+        volume: names.config_volume,
+        host: user_path(envs, &[names.config_var, "RUNTIME_CONFIG"], paths.config),
         ctr_dir: CONFIG_DIR_CTR,
         kind: HostPathType::DirectoryOrCreate,
     };
-    let drop_in = |volume, default| HostFile {
-        volume,
-        host: user_path(envs, &["RUNTIME_DROP_IN_CONFIG"], default),
+    let user_drop_in = env_value(envs, "RUNTIME_DROP_IN_CONFIG").filter(|v| !v.is_empty());
+    let drop_in = user_drop_in.or(paths.drop_in).map(|host| HostFile {
+        volume: names.drop_in_volume,
+        host: host.to_owned(),
         ctr_dir: DROP_IN_DIR_CTR,
         kind: HostPathType::DirectoryOrCreate,
-    };
-    let socket = |volume, names: &[&str], default| HostFile {
-        volume,
-        host: user_path(envs, names, default),
-        ctr_dir: SOCKET_DIR_CTR,
-        kind: HostPathType::Any,
-    };
-    let (config, drop_in, socket, config_var, socket_var) = match runtime {
-        Runtime::Containerd => (
-            config(
-                "containerd-config",
-                &["CONTAINERD_CONFIG", "RUNTIME_CONFIG"],
-                "/etc/containerd/config.toml",
-            ),
-            Some(drop_in(
-                "containerd-drop-in-config",
-                "/etc/containerd/conf.d/99-nvidia.toml",
-            )),
-            Some(socket(
-                "containerd-socket",
-                &["CONTAINERD_SOCKET", "RUNTIME_SOCKET"],
-                "/run/containerd/containerd.sock",
-            )),
-            "CONTAINERD_CONFIG",
-            Some("CONTAINERD_SOCKET"),
-        ),
-        Runtime::CriO => (
-            config(
-                "crio-config",
-                &["CRIO_CONFIG", "RUNTIME_CONFIG"],
-                "/etc/crio/config.toml",
-            ),
-            Some(drop_in(
-                "crio-drop-in-config",
-                "/etc/crio/crio.conf.d/99-nvidia.conf",
-            )),
-            None,
-            "CRIO_CONFIG",
-            None,
-        ),
-        Runtime::Docker => (
-            config(
-                "docker-config",
-                &["DOCKER_CONFIG", "RUNTIME_CONFIG"],
-                "/etc/docker/daemon.json",
-            ),
-            None,
-            Some(socket(
-                "docker-socket",
-                &["DOCKER_SOCKET", "RUNTIME_SOCKET"],
-                "/var/run/docker.sock",
-            )),
-            "DOCKER_CONFIG",
-            Some("DOCKER_SOCKET"),
-        ),
-    };
-    set_env(envs, env("RUNTIME_CONFIG", &config.ctr_path()));
-    set_env(envs, env(config_var, &config.ctr_path()));
-    let mut files = vec![config];
-    if let Some(drop_in) = drop_in {
-        set_env(envs, env("RUNTIME_DROP_IN_CONFIG", &drop_in.ctr_path()));
-        set_env(envs, env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in.host));
-        files.push(drop_in);
+    });
+    let socket = names
+        .socket_var
+        .zip(paths.socket)
+        .map(|(var, default)| HostFile {
+            volume: names.socket_volume,
+            host: user_path(envs, &[var, "RUNTIME_SOCKET"], default),
+            ctr_dir: SOCKET_DIR_CTR,
+            kind: HostPathType::Any,
+        });
+    // Bundled containerd binaries are not on the host's PATH, so `containerd config dump`
+    // cannot show the node's config: the toolkit reads the file that holds it instead.
+    if let Some(source) = paths.config_source
+        && env_value(envs, "RUNTIME_CONFIG_SOURCE").is_none_or(str::is_empty)
+    {
+        set_env(
+            envs,
+            env("RUNTIME_CONFIG_SOURCE", &format!("file={source}")),
+        );
     }
-    if let (Some(socket), Some(var)) = (socket, socket_var) {
+    set_env(envs, env("RUNTIME_CONFIG", &config.ctr_path()));
+    set_env(envs, env(names.config_var, &config.ctr_path()));
+    let mut files = vec![config];
+    match drop_in {
+        Some(drop_in) => {
+            set_env(envs, env("RUNTIME_DROP_IN_CONFIG", &drop_in.ctr_path()));
+            set_env(envs, env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in.host));
+            files.push(drop_in);
+        }
+        // The runtime imports no drop-in the toolkit could write: an empty value makes it
+        // write the config file itself instead of its own default drop-in path.
+        None if flavour.runtime() != Runtime::Docker => {
+            set_env(envs, env("RUNTIME_DROP_IN_CONFIG", ""));
+        }
+        None => {}
+    }
+    if let (Some(socket), Some(var)) = (socket, names.socket_var) {
         set_env(envs, env("RUNTIME_SOCKET", &socket.ctr_path()));
         set_env(envs, env(var, &socket.ctr_path()));
         files.push(socket);
@@ -205,10 +235,54 @@ fn rewrite_config_source(envs: &mut [EnvVar]) {
 }
 
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
-    let spec = &policy.spec;
-    if !spec.is_enabled(Component::Toolkit) {
+    if !policy.spec.is_enabled(Component::Toolkit) {
         return None;
     }
+    let plan = toolkit_flavour::plan(facts);
+    let mut objects = OperandObjects::default();
+    let role_rules = openshift::use_privileged_scc(facts)
+        .into_iter()
+        .chain([rule(&["apps"], &["daemonsets"], &["list"])])
+        .collect();
+    common::add_identity(
+        &mut objects,
+        Operand::Toolkit,
+        SERVICE_ACCOUNT,
+        role_rules,
+        Vec::new(),
+        facts,
+    );
+    objects.config_maps.push(common::script_config_map(
+        Operand::Toolkit,
+        ENTRYPOINT_CONFIG_MAP,
+        (ENTRYPOINT_KEY, ENTRYPOINT),
+        &[(common::APP_LABEL, NAME)],
+        facts,
+    ));
+    match plan.split {
+        None => objects
+            .daemon_sets
+            .push(daemon_set(policy, facts, plan.primary)),
+        Some(flavours) => {
+            for flavour in flavours {
+                let mut ds = daemon_set(policy, facts, flavour);
+                let rename = (flavour != plan.primary).then(|| toolkit_flavour::name(flavour));
+                toolkit_flavour::select(&mut ds, flavour, rename);
+                objects.daemon_sets.push(ds);
+            }
+        }
+    }
+    Some(objects)
+}
+
+/// The toolkit DaemonSet for the nodes of one runtime flavour.
+fn daemon_set(
+    policy: &ValidatedPolicy,
+    facts: &ClusterFacts,
+    flavour: RuntimeFlavour,
+) -> k8s_openapi::api::apps::v1::DaemonSet {
+    let spec = &policy.spec;
+    let runtime = flavour.runtime();
     let default_toolkit = ToolkitSpec::default();
     let toolkit = spec.toolkit.as_ref().unwrap_or(&default_toolkit);
     let install_dir = common::toolkit_install_dir(spec);
@@ -237,12 +311,12 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         if nri {
             set_env(&mut envs, env("ENABLE_NRI_PLUGIN", "true"));
         }
-    } else if facts.runtime == Runtime::CriO {
+    } else if runtime == Runtime::CriO {
         // Without CDI, CRI-O gets the runtime through an OCI prestart hook.
         set_env(&mut envs, env("CRIO_CONFIG_MODE", "hook"));
     }
-    set_env(&mut envs, env("RUNTIME", facts.runtime.toolkit_name()));
-    if facts.runtime == Runtime::Containerd && !nri {
+    set_env(&mut envs, env("RUNTIME", runtime.toolkit_name()));
+    if runtime == Runtime::Containerd && !nri {
         set_env(
             &mut envs,
             env("CONTAINERD_RUNTIME_CLASS", common::runtime_class_name(spec)),
@@ -289,7 +363,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         mount(TOOLKIT_INSTALL_DIR, install_dir),
         mount(CDI_ROOT, "/var/run/cdi"),
     ];
-    if facts.runtime == Runtime::CriO {
+    if runtime == Runtime::CriO {
         // OpenShift keeps OCI hooks under /run; other CRI-O hosts under /usr/share.
         let hooks = if facts.openshift {
             "/run/containers/oci/hooks.d"
@@ -311,7 +385,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         volumes.push(host_path_volume(file.volume, file.dir(), file.kind));
         mounts.push(mount(file.volume, file.ctr_dir));
     } else {
-        for file in runtime_files(facts.runtime, &mut envs) {
+        for file in runtime_files(flavour, &mut envs) {
             volumes.push(host_path_volume(file.volume, file.dir(), file.kind));
             mounts.push(mount(file.volume, file.ctr_dir));
         }
@@ -349,30 +423,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
     ds.overrides = Some(&overrides);
 
-    let mut objects = OperandObjects::default();
-    let role_rules = openshift::use_privileged_scc(facts)
-        .into_iter()
-        .chain([rule(&["apps"], &["daemonsets"], &["list"])])
-        .collect();
-    common::add_identity(
-        &mut objects,
-        Operand::Toolkit,
-        SERVICE_ACCOUNT,
-        role_rules,
-        Vec::new(),
-        facts,
-    );
-    objects.config_maps.push(common::script_config_map(
-        Operand::Toolkit,
-        ENTRYPOINT_CONFIG_MAP,
-        (ENTRYPOINT_KEY, ENTRYPOINT),
-        &[(common::APP_LABEL, NAME)],
-        facts,
-    ));
-    objects
-        .daemon_sets
-        .push(common::operand_daemon_set(policy, facts, ds));
-    Some(objects)
+    common::operand_daemon_set(policy, facts, ds)
 }
 
 /// `spec.toolkit.installDir`, which the toolkit and the operands that find its binaries there

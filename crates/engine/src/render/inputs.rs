@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::render;
 use crate::api::ClusterPolicy;
-use crate::facts::{self, ClusterFacts, NamespaceObjects, Observed, Runtime};
+use crate::facts::{self, ClusterFacts, NamespaceObjects, NodeRuntimeInfo, Observed, Runtime};
 use crate::nodes::NodeView;
 use crate::operands::mig_manager;
 use crate::sharing::select::{SharingDecision, select_config};
@@ -120,6 +120,45 @@ pub fn facts_for(
         (true, Some(_)) => return Err(InputError::OpenShiftRuntime),
         (false, runtime) => runtime.unwrap_or(Runtime::Containerd),
     };
+    let gpu_nodes = facts::gpu_nodes(
+        &options
+            .nodes
+            .iter()
+            .map(|node| {
+                Arc::new(NodeView::from_labels(
+                    node.metadata.name.as_deref().unwrap_or_default(),
+                    None,
+                    node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+                ))
+            })
+            .collect::<Vec<_>>(),
+    );
+    // Each GPU node's runtime flavour, where its Node YAML carries status.nodeInfo.
+    let node_runtimes: facts::NodeRuntimes = options
+        .nodes
+        .iter()
+        .filter(|node| node.status.as_ref().is_some_and(|s| s.node_info.is_some()))
+        .filter_map(|node| {
+            let name = node.metadata.name.as_deref()?;
+            gpu_nodes.iter().any(|g| g.name == name).then(|| {
+                (
+                    name.to_owned(),
+                    facts::detect(&NodeRuntimeInfo::of_node(node)),
+                )
+            })
+        })
+        .collect();
+    // Without --runtime the nodes' own runtimes decide, as the operator decides.
+    let runtime = match options.runtime {
+        None if !options.openshift && !node_runtimes.is_empty() => facts::cluster_runtime(
+            false,
+            node_runtimes
+                .values()
+                .filter_map(|r| r.flavour())
+                .map(facts::RuntimeFlavour::runtime),
+        ),
+        _ => runtime,
+    };
     let pool = &options.config_maps;
     let plugin_config = spec.device_plugin.as_ref().and_then(|d| d.config.as_ref());
     let sharing_cm = pick(
@@ -192,19 +231,8 @@ pub fn facts_for(
             foreign_operator_service_monitor: false,
             nfd_running: options.nfd_running.then(|| "--nfd-running".to_owned()),
             nfd_frozen: None,
-            gpu_nodes: facts::gpu_nodes(
-                &options
-                    .nodes
-                    .iter()
-                    .map(|node| {
-                        Arc::new(NodeView::from_labels(
-                            node.metadata.name.as_deref().unwrap_or_default(),
-                            None,
-                            node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
-                        ))
-                    })
-                    .collect::<Vec<_>>(),
-            ),
+            gpu_nodes,
+            node_runtimes,
             image_env: BTreeMap::new(),
             driver_toolkit: options
                 .driver_toolkit

@@ -53,6 +53,7 @@ pub async fn label(
     deps: &Deps,
     memory: &mut Memory,
     nodes: &[Arc<NodeView>],
+    runtimes: &crate::controller::resolve::KnownRuntimes,
     gate: &Semaphore,
 ) -> Result<Labelled, Error> {
     if deps.nvidia.holder().is_some() {
@@ -66,7 +67,10 @@ pub async fn label(
         &mut memory.loss,
         &mut memory.attempts,
         grace,
-        mig_default_layout(&policy.spec),
+        &labeller::Wanted {
+            mig_default_layout: mig_default_layout(&policy.spec),
+            flavour_of: &|node: &str| runtimes.get(node).map(|r| r.label()),
+        },
         gate,
     )
     .await

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use crate::controller::owner::{self, LabelAttempts};
 use crate::nodes::{
     Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
+    runtime_flavour_label,
 };
 
 /// How soon to retry a node whose patch met a newer version (kwok or a kubelet updated its
@@ -30,10 +31,20 @@ fn changes_for(
     gone_for: Option<Duration>,
     grace: Duration,
     mig_default_layout: Option<&str>,
+    flavour: Option<&str>,
 ) -> LabelPatch {
     let mut changes = desired_label_changes(node, gone_for, grace);
     changes.extend(mig_config_default(node, mig_default_layout));
+    changes.extend(runtime_flavour_label(node, flavour));
     changes
+}
+
+/// What the policy and the resolved facts want on GPU nodes besides decision 2's labels.
+pub struct Wanted<'a> {
+    /// The default MIG layout (decision 7).
+    pub mig_default_layout: Option<&'a str>,
+    /// Each node's runtime flavour label value, once its nodeInfo was read.
+    pub flavour_of: &'a (dyn Fn(&str) -> Option<&'static str> + Sync),
 }
 
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
@@ -56,7 +67,7 @@ pub async fn label_nodes(
     loss: &mut GpuLabelLoss,
     attempts: &mut LabelAttempts,
     grace: Duration,
-    mig_default_layout: Option<&str>,
+    wanted: &Wanted<'_>,
     gate: &Semaphore,
 ) -> Result<Labelling, kube::Error> {
     let now = Instant::now();
@@ -80,7 +91,13 @@ pub async fn label_nodes(
         .collect();
     let writes = owner::write_labels(client, nodes, attempts, Some(gate), |node| {
         let gone_for = gone.get(node.name.as_str()).copied();
-        changes_for(node, gone_for, grace, mig_default_layout)
+        changes_for(
+            node,
+            gone_for,
+            grace,
+            wanted.mig_default_layout,
+            (wanted.flavour_of)(&node.name),
+        )
     })
     .await;
     for (node, changes) in writes.written.iter().filter(|(_, c)| !c.is_empty()) {

@@ -249,6 +249,13 @@ async fn reconcile(
     // While the apply writes, the label stage keeps only a few patches in flight: every
     // operand waits on the ~60 objects, and a full flood of node patches made each of their
     // writes ~5x slower at 1,000 nodes. The gate opens fully when the apply is done.
+    // Each GPU node's runtime, read before both stages use it: the toolkit renders per flavour
+    // and the label stage marks each node's flavour. Nothing is read on a steady fleet.
+    runtimes
+        .refresh(&deps.client, &crate::facts::gpu_nodes(&nodes))
+        .await
+        .map_err(Error::Resolve)?;
+    let runtimes = &*runtimes;
     let label_gate = Semaphore::new(owner::PATCH_CONCURRENCY);
     let held_for_apply = label_gate.try_acquire_many(label::HELD_FOR_APPLY).ok();
     let resolve_to_apply = async {
@@ -281,7 +288,7 @@ async fn reconcile(
     let (applied, labelled) = tokio::join!(
         biased;
         resolve_to_apply,
-        label::label(policy, deps, labels, &nodes, &label_gate)
+        label::label(policy, deps, labels, &nodes, runtimes, &label_gate)
     );
     let labelled = labelled?;
     let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {

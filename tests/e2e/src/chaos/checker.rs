@@ -251,20 +251,23 @@ pub async fn live_facts(
     let groups = admin.list_api_groups().await?;
     let served = |name: &str| groups.groups.iter().any(|g| g.name == name);
     let openshift = served("config.openshift.io");
+    // Each GPU node's runtime flavour from its nodeInfo, as the operator detects it.
+    let node_runtimes: facts::NodeRuntimes = nodes
+        .iter()
+        .filter(|n| gpu_nodes.iter().any(|g| g.name == n.name_any()))
+        .map(|n| {
+            (
+                n.name_any(),
+                facts::detect(&facts::NodeRuntimeInfo::of_node(n)),
+            )
+        })
+        .collect();
     let runtime = facts::cluster_runtime(
         openshift,
-        nodes
-            .iter()
-            .filter(|n| gpu_nodes.iter().any(|g| g.name == n.name_any()))
-            .map(|n| {
-                facts::parse_runtime(
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.node_info.as_ref())
-                        .map(|i| i.container_runtime_version.as_str())
-                        .unwrap_or_default(),
-                )
-            }),
+        node_runtimes
+            .values()
+            .filter_map(|r| r.flavour())
+            .map(facts::RuntimeFlavour::runtime),
     );
 
     let listed = Listed {
@@ -307,6 +310,7 @@ pub async fn live_facts(
             namespace: namespace.to_owned(),
             owner: facts::owner_reference(policy),
             runtime,
+            node_runtimes,
             openshift,
             service_monitor_api,
             // The e2e operators serve plain HTTP (operator::PLAIN_ENDPOINTS).
