@@ -181,6 +181,17 @@ pub struct FakeNode {
     /// `nvidia.com/*`); without them the node is as a fresh node joins, for real NFD to find.
     pub discovered: bool,
     pub extra_labels: BTreeMap<String, String>,
+    /// `status.nodeInfo` values that differ from the defaults: the runtime's version string
+    /// (instead of [`Runtime`]'s), the kubelet's (`v1.31.4+k3s1`) and the OS image.
+    pub node_info: NodeInfoOverrides,
+}
+
+/// What a fake node reports in `status.nodeInfo` instead of the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct NodeInfoOverrides {
+    pub container_runtime_version: Option<String>,
+    pub kubelet_version: Option<String>,
+    pub os_image: Option<String>,
 }
 
 impl FakeNode {
@@ -194,6 +205,7 @@ impl FakeNode {
             advertise_gpus: false,
             discovered: true,
             extra_labels: BTreeMap::new(),
+            node_info: NodeInfoOverrides::default(),
         }
     }
 
@@ -231,6 +243,20 @@ impl FakeNode {
     /// node's `osImage`).
     pub fn os(mut self, id: &str, version: &str) -> Self {
         self.os = (id.to_owned(), version.to_owned());
+        self
+    }
+
+    /// Reports this runtime and kubelet version in `status.nodeInfo`, as a distribution's node
+    /// does (`containerd://1.7.23-k3s2`, `v1.31.4+k3s1`).
+    pub fn reports(mut self, runtime_version: &str, kubelet_version: &str) -> Self {
+        self.node_info.container_runtime_version = Some(runtime_version.to_owned());
+        self.node_info.kubelet_version = Some(kubelet_version.to_owned());
+        self
+    }
+
+    /// Reports this `status.nodeInfo.osImage` (a managed image such as Bottlerocket's).
+    pub fn os_image(mut self, image: &str) -> Self {
+        self.node_info.os_image = Some(image.to_owned());
         self
     }
 
@@ -376,12 +402,24 @@ impl FakeNode {
                 capacity: Some(capacity),
                 node_info: Some(NodeSystemInfo {
                     architecture: "amd64".into(),
-                    container_runtime_version: self.runtime.version().into(),
+                    container_runtime_version: self
+                        .node_info
+                        .container_runtime_version
+                        .clone()
+                        .unwrap_or_else(|| self.runtime.version().into()),
                     kernel_version: kernel.into(),
                     kube_proxy_version: String::new(),
-                    kubelet_version: "v1.36.3".into(),
+                    kubelet_version: self
+                        .node_info
+                        .kubelet_version
+                        .clone()
+                        .unwrap_or_else(|| "v1.36.3".into()),
                     operating_system: "linux".into(),
-                    os_image: format!("{} {} LTS", capitalise(os_id), os_version),
+                    os_image: self
+                        .node_info
+                        .os_image
+                        .clone()
+                        .unwrap_or_else(|| format!("{} {} LTS", capitalise(os_id), os_version)),
                     ..NodeSystemInfo::default()
                 }),
                 ..NodeStatus::default()
