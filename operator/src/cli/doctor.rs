@@ -17,6 +17,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::{ClusterPolicy, MigStrategy};
+use crate::facts::{NodeRuntime, NodeRuntimeInfo, detect};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys};
 
@@ -68,6 +69,8 @@ pub const OPERAND_NOT_READY: &str = "operand-not-ready";
 pub const MIG_STRATEGY_MISMATCH: &str = "mig-strategy-mismatch";
 pub const RUNTIME_CLASS_MISSING: &str = "runtime-class-missing";
 pub const UNSCHEDULABLE: &str = "unschedulable";
+pub const READ_ONLY_IMAGE: &str = "read-only-image";
+pub const RUNTIME_HANDLER_MISSING: &str = "runtime-handler-missing";
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
 const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
@@ -75,6 +78,7 @@ const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 const VALIDATOR: &str = "operator-validator";
 const DRIVER: &str = "driver";
+const TOOLKIT: &str = "container-toolkit";
 
 fn view(node: &Node) -> NodeView {
     NodeView::from_labels(
@@ -281,6 +285,7 @@ pub fn node_table(snapshot: &Snapshot) -> String {
         "VALIDATOR",
         GPU_RESOURCE,
         memory.as_deref().unwrap_or("GPU-MEMORY"),
+        "RUNTIME",
         "TAINTS",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
@@ -319,6 +324,7 @@ pub fn node_table(snapshot: &Snapshot) -> String {
             memory.as_deref().map_or("-".into(), |m| {
                 quantity(node, m).unwrap_or_else(|| "0".into())
             }),
+            runtime_of(node).label().to_owned(),
             if taints.is_empty() {
                 "-".into()
             } else {
@@ -410,6 +416,65 @@ fn operand_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
     out
 }
 
+/// The runtime flavour `node` reports, as the operator detects it (facts::detect).
+fn runtime_of(node: &Node) -> NodeRuntime {
+    detect(&NodeRuntimeInfo::of_node(node))
+}
+
+/// Faults of the node's container runtime: a read-only image (nothing can be installed), or a
+/// toolkit that is Ready while the runtime reports no handler for the GPU RuntimeClass (the
+/// toolkit wrote a config this runtime does not read). Nodes whose kubelet reports no
+/// runtime handlers at all (before Kubernetes 1.30) are not judged on the second.
+fn runtime_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
+    let name = node.name_any();
+    let runtime = runtime_of(node);
+    let flavour = match runtime {
+        NodeRuntime::ReadOnly(image) => {
+            let (image_name, instead) = image.instead();
+            return vec![Finding {
+                check: READ_ONLY_IMAGE,
+                problem: format!(
+                    "{name} runs {image_name}, a read-only image: no driver or container \
+                     toolkit can be installed there"
+                ),
+                fix: instead.to_owned(),
+            }];
+        }
+        NodeRuntime::Flavour(f) => f,
+    };
+    let toolkit_ready =
+        on_node(snapshot, &name).any(|p| operand_of(p) == TOOLKIT && pod_state(p) == "Ready");
+    let handlers: Vec<&str> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.runtime_handlers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h.name.as_deref())
+        .collect();
+    let handler = snapshot.runtime_class();
+    if !toolkit_ready || handlers.is_empty() || handlers.contains(&handler.as_str()) {
+        return Vec::new();
+    }
+    let paths = flavour.paths();
+    vec![Finding {
+        check: RUNTIME_HANDLER_MISSING,
+        problem: format!(
+            "the container toolkit on {name} is Ready, but its runtime reports no {handler} \
+             handler ({}): the toolkit configured {} for {}, a file this runtime does not read",
+            handlers.join(", "),
+            paths.config,
+            flavour.label()
+        ),
+        fix: format!(
+            "kubectl get node {name} -o jsonpath='{{.status.nodeInfo}}'  (what the operator \
+             detects the flavour from); if the runtime keeps its config elsewhere, set \
+             spec.toolkit.env CONTAINERD_CONFIG (or RUNTIME_CONFIG) and the socket to its \
+             paths (docs/install.md, Distributions)"
+        ),
+    }]
+}
+
 /// The fault of a GPU node that advertises none of `resource`.
 fn allocatable_finding(snapshot: &Snapshot, node: &Node, resource: &str) -> Option<Finding> {
     let name = node.name_any();
@@ -465,6 +530,7 @@ pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
         return out;
     }
     for node in &nodes {
+        out.extend(runtime_findings(snapshot, node));
         out.extend(operand_findings(snapshot, node));
         out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
     }

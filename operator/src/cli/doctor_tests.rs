@@ -377,3 +377,82 @@ fn a_pod_with_nothing_else_wrong_gets_the_schedulers_message() {
     assert_eq!(checks(&findings), [UNSCHEDULABLE]);
     assert!(findings[0].problem.contains("0/3 nodes are available"));
 }
+
+fn report_runtime(node: &mut Node, runtime: &str, kubelet: &str, os_image: &str) {
+    let status = node.status.get_or_insert_with(NodeStatus::default);
+    status.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+        container_runtime_version: runtime.into(),
+        kubelet_version: kubelet.into(),
+        os_image: os_image.into(),
+        ..Default::default()
+    });
+}
+
+fn report_handlers(node: &mut Node, handlers: &[&str]) {
+    let status = node.status.get_or_insert_with(NodeStatus::default);
+    status.runtime_handlers = Some(
+        handlers
+            .iter()
+            .map(|h| k8s_openapi::api::core::v1::NodeRuntimeHandler {
+                name: Some((*h).into()),
+                features: None,
+            })
+            .collect(),
+    );
+}
+
+#[test]
+fn a_read_only_image_is_named_with_what_to_use_instead_and_the_table_shows_each_flavour() {
+    let mut snapshot = healthy();
+    report_runtime(
+        &mut snapshot.nodes[0],
+        "containerd://1.7.23-k3s2",
+        "v1.31.4+k3s1",
+        "Ubuntu 22.04.4 LTS",
+    );
+    report_runtime(
+        &mut snapshot.nodes[1],
+        "containerd://1.7.27",
+        "v1.31.4-eks-1",
+        "Bottlerocket OS 1.36.0 (aws-k8s-1.31-nvidia)",
+    );
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [READ_ONLY_IMAGE]);
+    assert!(
+        findings[0]
+            .problem
+            .starts_with("gpu-t4-0 runs Bottlerocket")
+    );
+    assert!(findings[0].fix.contains("toolkit.enabled=false"));
+    let table = node_table(&snapshot);
+    assert!(table.contains(" k3s "), "{table}");
+    assert!(table.contains(" read-only-bottlerocket "), "{table}");
+}
+
+#[test]
+fn a_ready_toolkit_whose_runtime_reports_no_gpu_handler_names_the_file_it_wrote() {
+    let mut snapshot = healthy();
+    snapshot
+        .operand_pods
+        .push(operand_pod("container-toolkit", "gpu-a100-0", None));
+    report_runtime(
+        &mut snapshot.nodes[0],
+        "containerd://1.7.23-k3s2",
+        "v1.31.4+rke2r1",
+        "Ubuntu 22.04.4 LTS",
+    );
+    // A kubelet that reports no handlers at all says nothing either way.
+    assert_eq!(cluster_findings(&snapshot), []);
+    report_handlers(&mut snapshot.nodes[0], &["runc", ""]);
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [RUNTIME_HANDLER_MISSING]);
+    assert!(
+        findings[0].problem.contains(
+            "configured /var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl for rke2"
+        ),
+        "{}",
+        findings[0].problem
+    );
+    report_handlers(&mut snapshot.nodes[0], &["runc", "nvidia"]);
+    assert_eq!(cluster_findings(&snapshot), []);
+}
