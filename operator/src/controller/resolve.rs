@@ -246,6 +246,7 @@ impl KnownRuntimes {
         &mut self,
         client: &Client,
         gpu_nodes: &[Arc<NodeView>],
+        openshift: bool,
     ) -> Result<(), kube::Error> {
         let names: std::collections::HashSet<&str> =
             gpu_nodes.iter().map(|n| n.name.as_str()).collect();
@@ -264,7 +265,8 @@ impl KnownRuntimes {
                 return;
             };
             if let Some(key) = due.get(name) {
-                let runtime = facts::detect(&facts::NodeRuntimeInfo::of_node(node));
+                let detected = facts::detect(&facts::NodeRuntimeInfo::of_node(node));
+                let runtime = facts::on_cluster(detected, openshift);
                 self.by_node.insert(name.to_owned(), (key.clone(), runtime));
             }
         };

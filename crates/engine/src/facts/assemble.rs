@@ -93,7 +93,11 @@ pub fn assemble(
         namespace: observed.namespace,
         owner: observed.owner,
         runtime: observed.runtime,
-        node_runtimes: observed.node_runtimes,
+        node_runtimes: observed
+            .node_runtimes
+            .into_iter()
+            .map(|(node, runtime)| (node, super::on_cluster(runtime, observed.openshift)))
+            .collect(),
         live_toolkit_flavour: objects
             .daemon_set(toolkit::NAME)
             .as_deref()

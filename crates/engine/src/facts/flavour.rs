@@ -339,6 +339,15 @@ pub fn detect(info: &NodeRuntimeInfo) -> NodeRuntime {
     NodeRuntime::Flavour(flavour)
 }
 
+/// A node's runtime on a cluster that is (or is not) OpenShift: every OpenShift node runs CRI-O
+/// (NVIDIA configures CRI-O there whatever a node reports), the rest as detected.
+pub fn on_cluster(runtime: NodeRuntime, openshift: bool) -> NodeRuntime {
+    match runtime {
+        NodeRuntime::Flavour(_) if openshift => NodeRuntime::Flavour(RuntimeFlavour::CriO),
+        other => other,
+    }
+}
+
 /// Each GPU node's runtime, by node name.
 pub type NodeRuntimes = BTreeMap<String, NodeRuntime>;
 
@@ -361,6 +370,13 @@ mod tests {
 
     use NodeRuntime::Flavour as F;
     use RuntimeFlavour::*;
+
+    #[test]
+    fn every_openshift_node_runs_cri_o_whatever_it_reports() {
+        let k3s = flavour("containerd://1.7.23-k3s2", "v1.31.4+k3s1");
+        assert_eq!(on_cluster(k3s, true), F(CriO));
+        assert_eq!(on_cluster(k3s, false), F(K3s));
+    }
 
     #[test]
     fn stock_containerd_of_either_major_version_is_one_flavour() {

@@ -18,7 +18,7 @@ pub use assemble::{
 };
 pub use flavour::{
     FlavourPaths, MICROK8S_LABEL, NodeRuntime, NodeRuntimeInfo, NodeRuntimes, ReadOnlyImage,
-    RuntimeFlavour, detect,
+    RuntimeFlavour, detect, on_cluster,
 };
 
 /// The container runtime of the cluster's GPU nodes; one for the whole cluster.

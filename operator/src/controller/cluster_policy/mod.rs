@@ -252,7 +252,11 @@ async fn reconcile(
     // Each GPU node's runtime, read before both stages use it: the toolkit renders per flavour
     // and the label stage marks each node's flavour. Nothing is read on a steady fleet.
     runtimes
-        .refresh(&deps.client, &crate::facts::gpu_nodes(&nodes))
+        .refresh(
+            &deps.client,
+            &crate::facts::gpu_nodes(&nodes),
+            deps.resolver.discovered.openshift,
+        )
         .await
         .map_err(Error::Resolve)?;
     let runtimes = &*runtimes;
