@@ -210,10 +210,9 @@ fn current(node: &NodeView, running: &[Variant], owner: Variant) -> Variant {
         .unwrap_or(owner)
 }
 
-/// The handover in progress, if any: what the policy asks for, what runs, and each node.
+/// The handover in progress, if any: what runs, and the nodes still to move.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handover {
-    pub wanted: Variant,
     /// The variant keeping unlabelled nodes.
     pub owner: Variant,
     /// Outgoing DaemonSets (frozen copies) that still run on a GPU node that has not moved.
@@ -369,7 +368,6 @@ pub fn handover(
     // Nothing left to move: the wanted DaemonSets take every node again (and drop their `In`
     // term in the same pass the last outgoing DaemonSet is pruned).
     (!outgoing.is_empty()).then_some(Handover {
-        wanted,
         owner,
         outgoing,
         waiting,
@@ -413,9 +411,6 @@ pub fn report(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Option<String> 
     }
     let wanted = wanted(spec, facts);
     let handover = handover(facts, wanted, &[])?;
-    if handover.outgoing.is_empty() {
-        return None;
-    }
     let from: Vec<&str> = {
         let mut v: Vec<Variant> = handover
             .outgoing
