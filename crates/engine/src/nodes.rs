@@ -50,6 +50,14 @@ pub const DRIVER_VARIANT: &str = "nvidia.com/gpu-operator.driver-variant";
 /// ([`crate::facts::NodeRuntime::label`]): in a fleet of several flavours each toolkit
 /// DaemonSet selects its flavour's nodes by it (operands::toolkit_flavour).
 pub const RUNTIME_FLAVOUR: &str = "nvidia.com/gpu-operator.runtime-flavour";
+/// Our label on a GPU node whose container toolkit moves from one runtime flavour's DaemonSet
+/// to another's: the flavour whose DaemonSet keeps (or already gets) a pod there until the
+/// other's pod is ready, so the node never lacks a configured runtime
+/// (operands::toolkit_flavour::place).
+pub const TOOLKIT_HANDOVER: &str = "nvidia.com/gpu-operator.toolkit-handover";
+/// Our value of [`DEPLOY_TOOLKIT`] and [`DEPLOY_DRIVER`] on a GPU node of a read-only image
+/// (COS, Bottlerocket, Talos): nothing can be installed there, so neither runs.
+pub const READ_ONLY_IMAGE: &str = "read-only-image";
 /// NVIDIA's operator also marks GPU nodes for third-party GPU clients.
 pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
@@ -89,6 +97,22 @@ pub fn deploy_keys() -> impl Iterator<Item = &'static str> {
     DEPLOY_KEYS.into_iter()
 }
 
+/// Whether the deploy key `key` set to `value` places its operand on the node.
+pub fn places_operand(key: &str, value: &str) -> bool {
+    value != READ_ONLY_IMAGE && is_our_deploy_value(key, value)
+}
+
+/// Whether `value` of the deploy key `key` is one the operator writes, and so may change or
+/// remove: `true` on every key; on the toolkit's, a runtime flavour (the node runs that
+/// flavour's toolkit DaemonSet) or [`READ_ONLY_IMAGE`]; on the driver's, [`READ_ONLY_IMAGE`].
+/// Every other value (`false`, `paused-for-*`) was written by someone else.
+pub fn is_our_deploy_value(key: &str, value: &str) -> bool {
+    value == "true"
+        || (key == DEPLOY_TOOLKIT
+            && (value == READ_ONLY_IMAGE || crate::facts::RuntimeFlavour::parse(value).is_some()))
+        || (key == DEPLOY_DRIVER && value == READ_ONLY_IMAGE)
+}
+
 /// What the operator knows about one node: only the labels it reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeView {
@@ -120,6 +144,7 @@ pub fn is_read_label(key: &str) -> bool {
         || [
             GPU_PRESENT,
             RUNTIME_FLAVOUR,
+            TOOLKIT_HANDOVER,
             MIG_CAPABLE,
             MPS_CAPABLE,
             GPU_PRODUCT,
@@ -222,7 +247,7 @@ pub fn desired_label_changes(
     if node.label(DEPLOY_OPERANDS) == Some("false") {
         // Taken out of everything: remove our deploy keys (a `false` someone set stays).
         for key in deploy_keys() {
-            if node.label(key) == Some("true") {
+            if node.label(key).is_some_and(|v| is_our_deploy_value(key, v)) {
                 patch.insert(key.to_string(), None);
             }
         }
@@ -232,12 +257,13 @@ pub fn desired_label_changes(
     for key in deploy_keys() {
         let wanted = key != DEPLOY_MIG_MANAGER || mig_capable;
         match (wanted, node.label(key)) {
-            // Absent or empty: ours to set. Any other value (`false`, `paused-for-*`) was
-            // written by someone else and is respected.
+            // Absent or empty: ours to set (the toolkit's and driver's exact values are
+            // operands::toolkit_flavour::place's). Any value not ours (`false`,
+            // `paused-for-*`) was written by someone else and is respected.
             (true, None) => {
                 patch.insert(key.to_string(), Some("true".to_string()));
             }
-            (false, Some("true")) => {
+            (false, Some(value)) if is_our_deploy_value(key, value) => {
                 patch.insert(key.to_string(), None);
             }
             _ => {}

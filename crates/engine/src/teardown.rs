@@ -104,17 +104,21 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
     }
     let marks = deploy_keys().chain((!options.keep_gpu_present).then_some(GPU_PRESENT));
     for key in marks {
-        if labels.get(key).map(String::as_str) == Some("true") {
+        if labels
+            .get(key)
+            .is_some_and(|v| crate::nodes::is_our_deploy_value(key, v))
+        {
             out.labels.push(key.to_owned());
         }
     }
     let state = labels.get(STATE_LABEL);
-    // The upgrade state, the driver variant a switch handed the node to, and the runtime
-    // flavour the toolkit DaemonSets select on.
+    // The upgrade state, the driver variant a switch handed the node to, the runtime flavour
+    // and a toolkit handover between flavours.
     for key in [
         STATE_LABEL,
         crate::nodes::DRIVER_VARIANT,
         crate::nodes::RUNTIME_FLAVOUR,
+        crate::nodes::TOOLKIT_HANDOVER,
     ] {
         if labels.contains_key(key) {
             out.labels.push(key.to_owned());

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use crate::api::{ClusterPolicy, MigStrategy};
 use crate::facts::{NodeRuntime, NodeRuntimeInfo, detect};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
-use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys};
+use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys, places_operand};
 
 /// Arguments of `gpu-operator doctor`.
 #[derive(Debug, clap::Args)]
@@ -71,6 +71,39 @@ pub const RUNTIME_CLASS_MISSING: &str = "runtime-class-missing";
 pub const UNSCHEDULABLE: &str = "unschedulable";
 pub const READ_ONLY_IMAGE: &str = "read-only-image";
 pub const RUNTIME_HANDLER_MISSING: &str = "runtime-handler-missing";
+pub const TOOLKIT_CANNOT_WRITE_V3: &str = "toolkit-cannot-write-config-v3";
+
+/// The first container toolkit release that writes containerd's config version 3, which
+/// containerd 2 reads (docs/operand-facts.md §6.1).
+const TOOLKIT_WRITES_V3: (u64, u64, u64) = (1, 17, 4);
+
+/// `v1.17.3` or `1.17.3-ubi8` as (1, 17, 3); `None` for a digest or anything else.
+fn release(version: &str) -> Option<(u64, u64, u64)> {
+    let core = version.trim_start_matches('v').split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// The major version of the containerd a node reports (`containerd://2.0.4-k3s2` -> 2).
+fn containerd_major(node: &Node) -> Option<u64> {
+    let version = &node
+        .status
+        .as_ref()?
+        .node_info
+        .as_ref()?
+        .container_runtime_version;
+    version
+        .strip_prefix("containerd://")?
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
 const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
@@ -299,7 +332,10 @@ pub fn node_table(snapshot: &Snapshot) -> String {
         };
         let deploy = format!(
             "{}/{}",
-            deploy_keys().filter(|k| v.label(k) == Some("true")).count(),
+            // A flavour's name on the toolkit's key places it too (operands::toolkit_flavour).
+            deploy_keys()
+                .filter(|k| v.label(k).is_some_and(|value| places_operand(k, value)))
+                .count(),
             deploy_keys().filter(|k| v.label(k).is_some()).count()
         );
         // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
@@ -442,6 +478,35 @@ fn runtime_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
         }
         NodeRuntime::Flavour(f) => f,
     };
+    let toolkit_version = snapshot
+        .policy
+        .as_ref()
+        .and_then(|p| p.spec.toolkit.as_ref())
+        .and_then(|t| t.image.version.as_deref());
+    if let (Some(major), Some(pinned)) = (containerd_major(node), toolkit_version.and_then(release))
+        && major >= 2
+        && pinned < TOOLKIT_WRITES_V3
+    {
+        let version = toolkit_version.unwrap_or_default();
+        return vec![Finding {
+            check: TOOLKIT_CANNOT_WRITE_V3,
+            problem: format!(
+                "{name} runs containerd {major}, which reads config version 3, but the container \
+                 toolkit {version} writes only version 2 (version 3 from v1.17.4): the nvidia \
+                 runtime it adds is not loaded"
+            ),
+            fix: format!(
+                "kubectl patch clusterpolicy {} --type json -p \
+                 '[{{\"op\":\"remove\",\"path\":\"/spec/toolkit/version\"}}]'  (the \
+                 operator's pinned toolkit, {}, writes both versions)",
+                snapshot.policy_name(),
+                crate::api::ImageKind::Toolkit
+                    .pinned()
+                    .and_then(|i| i.rsplit_once(':'))
+                    .map_or("", |(_, tag)| tag)
+            ),
+        }];
+    }
     let toolkit_ready =
         on_node(snapshot, &name).any(|p| operand_of(p) == TOOLKIT && pod_state(p) == "Ready");
     let handlers: Vec<&str> = node
@@ -461,9 +526,13 @@ fn runtime_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
         check: RUNTIME_HANDLER_MISSING,
         problem: format!(
             "the container toolkit on {name} is Ready, but its runtime reports no {handler} \
-             handler ({}): the toolkit configured {} for {}, a file this runtime does not read",
+             handler ({}): the toolkit configured {}{} for {}, files this runtime does not read",
             handlers.join(", "),
             paths.config,
+            paths
+                .drop_in
+                .map(|d| format!(" (its runtimes in {d})"))
+                .unwrap_or_default(),
             flavour.label()
         ),
         fix: format!(

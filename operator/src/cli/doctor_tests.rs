@@ -448,11 +448,47 @@ fn a_ready_toolkit_whose_runtime_reports_no_gpu_handler_names_the_file_it_wrote(
     assert_eq!(checks(&findings), [RUNTIME_HANDLER_MISSING]);
     assert!(
         findings[0].problem.contains(
-            "configured /var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl for rke2"
+            "configured /var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl (its runtimes \
+             in /var/lib/rancher/rke2/agent/etc/containerd/config.toml.d/99-nvidia.toml) for rke2"
         ),
         "{}",
         findings[0].problem
     );
     report_handlers(&mut snapshot.nodes[0], &["runc", "nvidia"]);
+    assert_eq!(cluster_findings(&snapshot), []);
+}
+
+#[test]
+fn containerd_2_under_a_toolkit_too_old_for_config_version_3_is_named() {
+    let mut snapshot = healthy();
+    report_runtime(
+        &mut snapshot.nodes[0],
+        "containerd://2.0.4",
+        "v1.33.2",
+        "Ubuntu 24.04.2 LTS",
+    );
+    // The pinned toolkit writes version 3: nothing to say.
+    assert_eq!(cluster_findings(&snapshot), []);
+    snapshot.policy = Some(policy(json!({"toolkit": {"version": "v1.17.3-ubi8"}})));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [TOOLKIT_CANNOT_WRITE_V3]);
+    assert!(
+        findings[0].problem.contains("runs containerd 2"),
+        "{}",
+        findings[0].problem
+    );
+    assert!(
+        findings[0].fix.contains("/spec/toolkit/version"),
+        "{}",
+        findings[0].fix
+    );
+    assert!(findings[0].fix.contains("v1.20.0"), "{}", findings[0].fix);
+    // containerd 1.7 reads version 2: the old toolkit is fine there.
+    report_runtime(
+        &mut snapshot.nodes[0],
+        "containerd://1.7.27",
+        "v1.31.4",
+        "Ubuntu 22.04.4 LTS",
+    );
     assert_eq!(cluster_findings(&snapshot), []);
 }

@@ -330,6 +330,39 @@ impl Resolver {
             }))
     }
 
+    /// The cluster's one runtime (facts::cluster_runtime) from its GPU nodes' runtimes.
+    fn cluster_runtime(&self, node_runtimes: &facts::NodeRuntimes) -> facts::Runtime {
+        facts::cluster_runtime(
+            self.discovered.openshift,
+            node_runtimes
+                .values()
+                .filter_map(|r| r.flavour())
+                .map(facts::RuntimeFlavour::runtime),
+        )
+    }
+
+    /// The flavour of the primary toolkit DaemonSet (operands::toolkit_flavour::primary), from
+    /// what the render reads too, for the label stage that places nodes on it.
+    pub fn toolkit_primary(
+        &self,
+        runtimes: &KnownRuntimes,
+        stores: &Stores,
+        gpu_nodes: &[Arc<NodeView>],
+    ) -> facts::RuntimeFlavour {
+        use crate::operands::{toolkit, toolkit_flavour};
+        let node_runtimes = runtimes.node_runtimes(gpu_nodes);
+        let live = stores
+            .daemon_sets
+            .get(&ObjectRef::new(toolkit::NAME).within(&self.namespace))
+            .and_then(|ds| toolkit_flavour::live_flavour(&ds));
+        toolkit_flavour::primary(
+            live,
+            &node_runtimes,
+            gpu_nodes,
+            self.cluster_runtime(&node_runtimes),
+        )
+    }
+
     pub async fn resolve(
         &self,
         runtimes: &KnownRuntimes,
@@ -339,13 +372,7 @@ impl Resolver {
     ) -> Result<Resolved, kube::Error> {
         let gpu_nodes = facts::gpu_nodes(nodes);
         let node_runtimes = runtimes.node_runtimes(&gpu_nodes);
-        let runtime = facts::cluster_runtime(
-            self.discovered.openshift,
-            node_runtimes
-                .values()
-                .filter_map(|r| r.flavour())
-                .map(facts::RuntimeFlavour::runtime),
-        );
+        let runtime = self.cluster_runtime(&node_runtimes);
         let ours_deployed = stores
             .deployments
             .get(&ObjectRef::new(crate::operands::nfd::MASTER).within(&self.namespace))

@@ -25,7 +25,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::config_maps::UserConfigMaps;
@@ -75,6 +75,61 @@ impl View for UpgradePod {
 
     fn wakes(&self, _old: &Self) -> bool {
         false
+    }
+}
+
+/// A container-toolkit pod, reduced to what a node's move between runtime flavours waits on
+/// (operands::toolkit_flavour::place): the DaemonSet it belongs to (its `app` label), its node
+/// and whether it is ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolkitPod {
+    pub name: String,
+    pub daemon_set: String,
+    pub node: Option<String>,
+    pub ready: bool,
+    pub deleting: bool,
+}
+
+impl ToolkitPod {
+    pub fn of(pod: &Pod) -> Self {
+        ToolkitPod {
+            name: pod.name_any(),
+            daemon_set: pod
+                .labels()
+                .get(crate::operands::common::APP_LABEL)
+                .cloned()
+                .unwrap_or_default(),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ready: super::upgrade::pod_ready(pod),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// The label selector of every toolkit DaemonSet's pods, whichever flavour.
+    pub fn selector() -> String {
+        let names: Vec<String> = std::iter::once(crate::operands::toolkit::NAME.to_owned())
+            .chain(
+                crate::facts::RuntimeFlavour::ALL
+                    .into_iter()
+                    .map(crate::operands::toolkit_flavour::name),
+            )
+            .collect();
+        format!(
+            "{} in ({})",
+            crate::operands::common::APP_LABEL,
+            names.join(",")
+        )
+    }
+}
+
+impl View for ToolkitPod {
+    fn key(&self) -> &str {
+        &self.name
+    }
+
+    /// A pod turning ready is what a node's flavour move waits on.
+    fn wakes(&self, old: &Self) -> bool {
+        old.ready != self.ready || old.node != self.node || old.deleting != self.deleting
     }
 }
 
@@ -217,6 +272,8 @@ pub struct Stores {
     pub nodes: NodeCache,
     /// Driver and validator pods, for the driver upgrade.
     pub upgrade_pods: ViewCache<UpgradePod>,
+    /// Container-toolkit pods, for nodes moving between runtime flavours.
+    pub toolkit_pods: ViewCache<ToolkitPod>,
     /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]).
     pub config_maps: Store<ConfigMap>,
     /// Everyone else's: see [`super::config_maps`].
@@ -548,6 +605,15 @@ impl Stores {
                 .boxed()
         });
 
+        let toolkit_pods = ViewCache::default();
+        let toolkit_pod_changes = toolkit_pods.watch(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default()
+                .labels(&ToolkitPod::selector())
+                .page_size(NODE_PAGE_SIZE),
+            ToolkitPod::of,
+        );
+
         let mut triggers = vec![
             ds_changes,
             deploy_changes,
@@ -559,6 +625,7 @@ impl Stores {
             crb_changes,
             rc_changes,
             node_changes,
+            toolkit_pod_changes,
         ];
         triggers.extend(upgrade_pod_watches);
         let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);
@@ -567,6 +634,7 @@ impl Stores {
         let stores = Stores {
             nodes,
             upgrade_pods,
+            toolkit_pods,
             config_maps,
             user_config_maps,
             daemon_sets,
@@ -595,6 +663,7 @@ impl Stores {
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.nodes.wait_until_ready().await;
         self.upgrade_pods.wait_until_ready().await;
+        self.toolkit_pods.wait_until_ready().await;
         self.user_config_maps.wait_until_ready().await;
         // Every kind of operand object has a store.
         for kind in Kind::ALL {

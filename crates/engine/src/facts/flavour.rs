@@ -171,43 +171,58 @@ impl RuntimeFlavour {
                 config_source: None,
             },
             // k3s and RKE2 rewrite config.toml from the template on every start: the toolkit
-            // writes the template, seeded from the generated file (the effective config).
+            // writes the template, seeded from the generated file (the effective config), with
+            // an `imports` entry for its drop-in, which it keeps in the directory newer k3s
+            // releases import on their own (config.toml.d, config-v3.toml.d).
             RuntimeFlavour::K3s => FlavourPaths {
                 config: "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
-                drop_in: None,
+                drop_in: Some(
+                    "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.d/99-nvidia.toml",
+                ),
                 socket: Some(K3S_SOCKET),
                 config_source: Some("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"),
             },
             RuntimeFlavour::K3sV3 => FlavourPaths {
                 config: "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl",
-                drop_in: None,
+                drop_in: Some(
+                    "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.d/99-nvidia.toml",
+                ),
                 socket: Some(K3S_SOCKET),
                 config_source: Some("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"),
             },
             RuntimeFlavour::Rke2 => FlavourPaths {
                 config: "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
-                drop_in: None,
+                drop_in: Some(
+                    "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.d/99-nvidia.toml",
+                ),
                 // RKE2 keeps k3s's socket path.
                 socket: Some(K3S_SOCKET),
                 config_source: Some("/var/lib/rancher/rke2/agent/etc/containerd/config.toml"),
             },
             RuntimeFlavour::Rke2V3 => FlavourPaths {
                 config: "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
-                drop_in: None,
+                drop_in: Some(
+                    "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.d/99-nvidia.toml",
+                ),
                 socket: Some(K3S_SOCKET),
                 config_source: Some("/var/lib/rancher/rke2/agent/etc/containerd/config.toml"),
             },
-            // k0s merges every file of containerd.d into the config it generates: the file the
-            // toolkit writes is itself the drop-in, holding only the NVIDIA runtimes.
+            // k0s (1.27.1 and later) brings every file of containerd.d into the config it
+            // generates: the drop-in goes there. The toolkit always also writes a top-level
+            // file that imports its drop-in; k0s reads no such file, so it is kept beside
+            // k0s' own config, inert. k0s' generated config tells the toolkit the version to
+            // write (2 up to k0s 1.35, 3 from 1.36, which refuses version 2 drop-ins).
             RuntimeFlavour::K0s => FlavourPaths {
-                config: "/etc/k0s/containerd.d/nvidia.toml",
-                drop_in: None,
+                config: "/etc/k0s/nvidia-container-toolkit.toml",
+                drop_in: Some("/etc/k0s/containerd.d/99-nvidia.toml"),
                 socket: Some("/run/k0s/containerd.sock"),
-                config_source: Some("/etc/k0s/containerd.d/nvidia.toml"),
+                config_source: Some("/etc/k0s/containerd.toml"),
             },
+            // MicroK8s renders containerd.toml from the template at every start; the template
+            // imports nothing by default, so the toolkit adds the import of its drop-in.
             RuntimeFlavour::MicroK8s => FlavourPaths {
                 config: "/var/snap/microk8s/current/args/containerd-template.toml",
-                drop_in: None,
+                drop_in: Some("/var/snap/microk8s/current/args/conf.d/99-nvidia.toml"),
                 socket: Some("/var/snap/microk8s/common/run/containerd.sock"),
                 config_source: Some("/var/snap/microk8s/current/args/containerd-template.toml"),
             },

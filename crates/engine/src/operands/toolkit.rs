@@ -196,18 +196,13 @@ fn runtime_files(flavour: RuntimeFlavour, envs: &mut Vec<EnvVar>) -> Vec<HostFil
     set_env(envs, env("RUNTIME_CONFIG", &config.ctr_path()));
     set_env(envs, env(names.config_var, &config.ctr_path()));
     let mut files = vec![config];
-    match drop_in {
-        Some(drop_in) => {
-            set_env(envs, env("RUNTIME_DROP_IN_CONFIG", &drop_in.ctr_path()));
-            set_env(envs, env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in.host));
-            files.push(drop_in);
-        }
-        // The runtime imports no drop-in the toolkit could write: an empty value makes it
-        // write the config file itself instead of its own default drop-in path.
-        None if flavour.runtime() != Runtime::Docker => {
-            set_env(envs, env("RUNTIME_DROP_IN_CONFIG", ""));
-        }
-        None => {}
+    // Every containerd and CRI-O flavour has a drop-in: the toolkit (1.18 and later) writes
+    // its runtimes only there, and an empty path does not make it write the config file
+    // instead (docs/operand-facts.md §6.1).
+    if let Some(drop_in) = drop_in {
+        set_env(envs, env("RUNTIME_DROP_IN_CONFIG", &drop_in.ctr_path()));
+        set_env(envs, env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in.host));
+        files.push(drop_in);
     }
     if let (Some(socket), Some(var)) = (socket, names.socket_var) {
         set_env(envs, env("RUNTIME_SOCKET", &socket.ctr_path()));
@@ -259,18 +254,13 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         &[(common::APP_LABEL, NAME)],
         facts,
     ));
-    match plan.split {
-        None => objects
-            .daemon_sets
-            .push(daemon_set(policy, facts, plan.primary)),
-        Some(flavours) => {
-            for flavour in flavours {
-                let mut ds = daemon_set(policy, facts, flavour);
-                let rename = (flavour != plan.primary).then(|| toolkit_flavour::name(flavour));
-                toolkit_flavour::select(&mut ds, flavour, rename);
-                objects.daemon_sets.push(ds);
-            }
-        }
+    objects
+        .daemon_sets
+        .push(daemon_set(policy, facts, plan.primary));
+    for flavour in plan.others {
+        let mut ds = daemon_set(policy, facts, flavour);
+        toolkit_flavour::select(&mut ds, flavour);
+        objects.daemon_sets.push(ds);
     }
     Some(objects)
 }

@@ -8,7 +8,20 @@ use std::path::{Path, PathBuf};
 
 use super::test_support::*;
 use crate::facts::{NodeRuntime, ReadOnlyImage, RuntimeFlavour};
-use crate::nodes::RUNTIME_FLAVOUR;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+
+use crate::nodes::{DEPLOY_DRIVER, DEPLOY_TOOLKIT, NodeView, READ_ONLY_IMAGE, TOOLKIT_HANDOVER};
+
+fn node_with(name: &str, labels: &[(&str, &str)]) -> NodeView {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    NodeView::from_labels(name, None, &labels)
+}
 
 /// One distribution's layout, written down from its documentation (docs/operand-facts.md
 /// §6.1), independently of the render's table: the file its runtime reads that the toolkit
@@ -17,51 +30,76 @@ struct Layout {
     flavour: RuntimeFlavour,
     config: &'static str,
     source: Option<&'static str>,
-    socket: &'static str,
+    /// `None`: the runtime reloads its configuration without a socket call (CRI-O).
+    socket: Option<&'static str>,
+    /// The drop-in directory's file the runtime imports, where it imports one.
+    drop_in: Option<&'static str>,
 }
 
-const LAYOUTS: [Layout; 7] = [
+const LAYOUTS: [Layout; 9] = [
     Layout {
         flavour: RuntimeFlavour::Containerd,
         config: "/etc/containerd/config.toml",
         source: None,
-        socket: "/run/containerd/containerd.sock",
+        socket: Some("/run/containerd/containerd.sock"),
+        drop_in: Some("/etc/containerd/conf.d/99-nvidia.toml"),
     },
     Layout {
         flavour: RuntimeFlavour::K3s,
         config: "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
         source: Some("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"),
-        socket: "/run/k3s/containerd/containerd.sock",
+        socket: Some("/run/k3s/containerd/containerd.sock"),
+        drop_in: Some("/var/lib/rancher/k3s/agent/etc/containerd/config.toml.d/99-nvidia.toml"),
     },
     Layout {
         flavour: RuntimeFlavour::K3sV3,
         config: "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl",
         source: Some("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"),
-        socket: "/run/k3s/containerd/containerd.sock",
+        socket: Some("/run/k3s/containerd/containerd.sock"),
+        drop_in: Some("/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.d/99-nvidia.toml"),
     },
     Layout {
         flavour: RuntimeFlavour::Rke2,
         config: "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
         source: Some("/var/lib/rancher/rke2/agent/etc/containerd/config.toml"),
-        socket: "/run/k3s/containerd/containerd.sock",
+        socket: Some("/run/k3s/containerd/containerd.sock"),
+        drop_in: Some("/var/lib/rancher/rke2/agent/etc/containerd/config.toml.d/99-nvidia.toml"),
+    },
+    Layout {
+        flavour: RuntimeFlavour::Rke2V3,
+        config: "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
+        source: Some("/var/lib/rancher/rke2/agent/etc/containerd/config.toml"),
+        socket: Some("/run/k3s/containerd/containerd.sock"),
+        drop_in: Some("/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.d/99-nvidia.toml"),
+    },
+    Layout {
+        flavour: RuntimeFlavour::CriO,
+        config: "/etc/crio/config.toml",
+        source: None,
+        socket: None,
+        drop_in: Some("/etc/crio/crio.conf.d/99-nvidia.conf"),
     },
     Layout {
         flavour: RuntimeFlavour::K0s,
-        config: "/etc/k0s/containerd.d/nvidia.toml",
-        source: Some("/etc/k0s/containerd.d/nvidia.toml"),
-        socket: "/run/k0s/containerd.sock",
+        // k0s reads no top-level file the toolkit could write: only the drop-in matters.
+        config: "/etc/k0s/nvidia-container-toolkit.toml",
+        source: Some("/etc/k0s/containerd.toml"),
+        socket: Some("/run/k0s/containerd.sock"),
+        drop_in: Some("/etc/k0s/containerd.d/99-nvidia.toml"),
     },
     Layout {
         flavour: RuntimeFlavour::MicroK8s,
         config: "/var/snap/microk8s/current/args/containerd-template.toml",
         source: Some("/var/snap/microk8s/current/args/containerd-template.toml"),
-        socket: "/var/snap/microk8s/common/run/containerd.sock",
+        socket: Some("/var/snap/microk8s/common/run/containerd.sock"),
+        drop_in: Some("/var/snap/microk8s/current/args/conf.d/99-nvidia.toml"),
     },
     Layout {
         flavour: RuntimeFlavour::Docker,
         config: "/etc/docker/daemon.json",
         source: None,
-        socket: "/var/run/docker.sock",
+        socket: Some("/var/run/docker.sock"),
+        drop_in: None,
     },
 ];
 
@@ -81,11 +119,13 @@ fn host_root(layout: &Layout) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&root);
     let at = |p: &str| root.join(p.trim_start_matches('/'));
-    for file in [Some(layout.socket), layout.source].into_iter().flatten() {
+    for file in [layout.socket, layout.source].into_iter().flatten() {
         std::fs::create_dir_all(at(file).parent().unwrap()).unwrap();
         std::fs::write(at(file), "").unwrap();
     }
-    std::fs::create_dir_all(at(layout.config).parent().unwrap()).unwrap();
+    for dir in [Some(layout.config), layout.drop_in].into_iter().flatten() {
+        std::fs::create_dir_all(at(dir).parent().unwrap()).unwrap();
+    }
     root
 }
 
@@ -133,15 +173,40 @@ fn each_flavour_writes_and_talks_to_the_files_its_runtime_reads() {
             on_root(&root, &config).parent().unwrap().is_dir(),
             "{name}: the config's directory is mounted from where the runtime keeps it"
         );
-        let socket_var = if layout.flavour == RuntimeFlavour::Docker {
-            "DOCKER_SOCKET"
-        } else {
-            "CONTAINERD_SOCKET"
+        let socket_var = match layout.flavour {
+            RuntimeFlavour::Docker => "DOCKER_SOCKET",
+            RuntimeFlavour::CriO => "CRIO_SOCKET",
+            _ => "CONTAINERD_SOCKET",
         };
-        let socket = host_path_of(&p, &c, &env(&c, socket_var).unwrap());
-        assert_eq!(socket, layout.socket, "{name}: socket");
-        assert!(on_root(&root, &socket).exists(), "{name}: socket exists");
-        assert_eq!(env(&c, "RUNTIME_SOCKET"), env(&c, socket_var), "{name}");
+        match layout.socket {
+            Some(want) => {
+                let socket = host_path_of(&p, &c, &env(&c, socket_var).unwrap());
+                assert_eq!(socket, want, "{name}: socket");
+                assert!(on_root(&root, &socket).exists(), "{name}: socket exists");
+                assert_eq!(env(&c, "RUNTIME_SOCKET"), env(&c, socket_var), "{name}");
+            }
+            None => {
+                assert_eq!(env(&c, socket_var), None, "{name}: no socket");
+                assert_eq!(env(&c, "RUNTIME_SOCKET"), None, "{name}: no socket");
+            }
+        }
+        match layout.drop_in {
+            Some(want) => {
+                let ctr = env(&c, "RUNTIME_DROP_IN_CONFIG").unwrap();
+                let drop_in = host_path_of(&p, &c, &ctr);
+                assert_eq!(drop_in, want, "{name}: drop-in");
+                assert!(
+                    on_root(&root, &drop_in).parent().unwrap().is_dir(),
+                    "{name}: the drop-in's directory is mounted from where the runtime reads it"
+                );
+                assert_eq!(
+                    env(&c, "RUNTIME_DROP_IN_CONFIG_HOST_PATH").as_deref(),
+                    Some(want),
+                    "{name}: the host path the toolkit names in the imports"
+                );
+            }
+            None => assert_eq!(env(&c, "RUNTIME_DROP_IN_CONFIG"), None, "{name}"),
+        }
 
         // The effective config is read through the read-only host root at /host.
         let source = env(&c, "RUNTIME_CONFIG_SOURCE");
@@ -151,8 +216,6 @@ fn each_flavour_writes_and_talks_to_the_files_its_runtime_reads() {
                 let host = host_path_of(&p, &c, ctr);
                 assert_eq!(host.trim_start_matches('/'), file.trim_start_matches('/'));
                 assert!(on_root(&root, &host).exists(), "{name}: config source");
-                // A distribution that imports no drop-in: the toolkit writes the file itself.
-                assert_eq!(env(&c, "RUNTIME_DROP_IN_CONFIG").as_deref(), Some(""));
             }
             None => assert_eq!(source, None, "{name}: stock runtimes are dumped"),
         }
@@ -160,8 +223,40 @@ fn each_flavour_writes_and_talks_to_the_files_its_runtime_reads() {
     }
 }
 
+/// The nodes a DaemonSet's pods may run on, as (nodeSelector, each required affinity term's
+/// `key In values` expressions).
+fn placement(ds: &DaemonSet) -> (BTreeMap<String, String>, Vec<Vec<(String, Vec<String>)>>) {
+    let p = pod(ds);
+    let terms = p
+        .affinity
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| {
+            t.match_expressions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| {
+                    assert_eq!(e.operator, "In");
+                    (e.key, e.values.unwrap_or_default())
+                })
+                .collect()
+        })
+        .collect();
+    (p.node_selector.unwrap_or_default(), terms)
+}
+
+fn names(daemon_sets: &[DaemonSet]) -> Vec<String> {
+    daemon_sets
+        .iter()
+        .map(|ds| ds.metadata.name.clone().unwrap())
+        .collect()
+}
+
 #[test]
-fn a_mixed_fleet_gets_one_daemon_set_per_flavour_each_on_its_nodes() {
+fn a_mixed_fleet_gets_one_daemon_set_per_flavour_placed_by_the_deploy_value() {
     use RuntimeFlavour::*;
     let f = fleet(&[
         ("gpu-k3s", NodeRuntime::Flavour(K3sV3)),
@@ -170,29 +265,32 @@ fn a_mixed_fleet_gets_one_daemon_set_per_flavour_each_on_its_nodes() {
         ("gpu-crio", NodeRuntime::Flavour(CriO)),
     ]);
     let daemon_sets = objects("{}", &f, Operand::Toolkit).daemon_sets;
-    let found: Vec<(String, String)> = daemon_sets
-        .iter()
-        .map(|ds| {
-            let selector = pod(ds).node_selector.unwrap();
-            (
-                ds.metadata.name.clone().unwrap(),
-                selector[RUNTIME_FLAVOUR].clone(),
-            )
-        })
-        .collect();
     assert_eq!(
-        found,
+        names(&daemon_sets),
         [
-            ("nvidia-container-toolkit-daemonset", "containerd"),
-            (
-                "nvidia-container-toolkit-daemonset-k3s-containerd2",
-                "k3s-containerd2"
-            ),
-            ("nvidia-container-toolkit-daemonset-rke2", "rke2"),
-            ("nvidia-container-toolkit-daemonset-crio", "crio"),
+            "nvidia-container-toolkit-daemonset",
+            "nvidia-container-toolkit-daemonset-k3s-containerd2",
+            "nvidia-container-toolkit-daemonset-rke2",
+            "nvidia-container-toolkit-daemonset-crio",
         ]
-        .map(|(a, b)| (a.to_owned(), b.to_owned()))
     );
+    // The primary keeps NVIDIA's selector; each other selects its flavour's deploy value, or
+    // a node it is handing over.
+    let (selector, terms) = placement(&daemon_sets[0]);
+    assert_eq!(selector[DEPLOY_TOOLKIT], "true");
+    assert!(terms.is_empty(), "{terms:?}");
+    for (ds, flavour) in daemon_sets[1..]
+        .iter()
+        .zip(["k3s-containerd2", "rke2", "crio"])
+    {
+        let (selector, terms) = placement(ds);
+        assert!(!selector.contains_key(DEPLOY_TOOLKIT), "{selector:?}");
+        assert_eq!(
+            terms,
+            [DEPLOY_TOOLKIT, TOOLKIT_HANDOVER]
+                .map(|k| vec![(k.to_owned(), vec![flavour.to_owned()])])
+        );
+    }
     // Each keeps its own app label and selector, so none adopts another's pods.
     for ds in &daemon_sets {
         let name = ds.metadata.name.as_deref().unwrap();
@@ -209,41 +307,56 @@ fn a_mixed_fleet_gets_one_daemon_set_per_flavour_each_on_its_nodes() {
 }
 
 #[test]
-fn a_fleet_of_one_flavour_keeps_the_single_unselected_daemon_set() {
-    let f = fleet(&[
-        ("a", NodeRuntime::Flavour(RuntimeFlavour::K3s)),
-        ("b", NodeRuntime::Flavour(RuntimeFlavour::K3s)),
+fn a_flavour_joining_changes_nothing_the_running_daemon_set_runs() {
+    use RuntimeFlavour::*;
+    let mut f = fleet(&[
+        ("a", NodeRuntime::Flavour(K3s)),
+        ("b", NodeRuntime::Flavour(K3s)),
     ]);
-    let daemon_sets = objects("{}", &f, Operand::Toolkit).daemon_sets;
-    assert_eq!(daemon_sets.len(), 1);
+    let alone = objects("{}", &f, Operand::Toolkit).daemon_sets;
+    assert_eq!(names(&alone), ["nvidia-container-toolkit-daemonset"]);
+    f.live_toolkit_flavour = super::toolkit_flavour::live_flavour(&alone[0]);
+    assert_eq!(f.live_toolkit_flavour, Some(K3s));
+    // A stock containerd node and a CRI-O node join: k3s keeps the running name and the
+    // running DaemonSet is the same object, so none of its pods restarts.
+    f.node_runtimes
+        .insert("c".to_owned(), NodeRuntime::Flavour(Containerd));
+    f.node_runtimes
+        .insert("d".to_owned(), NodeRuntime::Flavour(CriO));
+    let mixed = objects("{}", &f, Operand::Toolkit).daemon_sets;
     assert_eq!(
-        daemon_sets[0].metadata.name.as_deref(),
-        Some("nvidia-container-toolkit-daemonset")
+        names(&mixed),
+        [
+            "nvidia-container-toolkit-daemonset",
+            "nvidia-container-toolkit-daemonset-containerd",
+            "nvidia-container-toolkit-daemonset-crio",
+        ]
     );
-    let selector = pod(&daemon_sets[0]).node_selector.unwrap();
-    assert!(!selector.contains_key(RUNTIME_FLAVOUR), "{selector:?}");
+    assert_eq!(mixed[0], alone[0]);
 }
 
 #[test]
-fn the_flavour_the_live_daemon_set_configures_keeps_the_plain_name() {
+fn a_flavour_still_handing_nodes_over_keeps_its_daemon_set() {
     use RuntimeFlavour::*;
-    // The fleet ran k3s only; a stock containerd node joins: k3s keeps the running name.
-    let mut f = fleet(&[("a", NodeRuntime::Flavour(K3s))]);
-    let live = daemon_set("{}", &f, Operand::Toolkit);
-    assert_eq!(super::toolkit_flavour::live_flavour(&live), Some(K3s));
-    f.node_runtimes
-        .insert("b".to_owned(), NodeRuntime::Flavour(Containerd));
-    f.live_toolkit_flavour = Some(K3s);
-    let names: Vec<String> = objects("{}", &f, Operand::Toolkit)
-        .daemon_sets
-        .iter()
-        .map(|ds| ds.metadata.name.clone().unwrap())
-        .collect();
+    // The last k3s node was re-imaged to containerd 2; its k3s pod stays until the new one
+    // is ready, so the k3s DaemonSet stays too.
+    let mut f = fleet(&[
+        ("a", NodeRuntime::Flavour(Containerd)),
+        ("b", NodeRuntime::Flavour(K3sV3)),
+    ]);
+    f.gpu_nodes = vec![Arc::new(node_with(
+        "b",
+        &[
+            (DEPLOY_TOOLKIT, "k3s-containerd2"),
+            (TOOLKIT_HANDOVER, "k3s"),
+        ],
+    ))];
     assert_eq!(
-        names,
+        names(&objects("{}", &f, Operand::Toolkit).daemon_sets),
         [
-            "nvidia-container-toolkit-daemonset-containerd",
-            "nvidia-container-toolkit-daemonset"
+            "nvidia-container-toolkit-daemonset",
+            "nvidia-container-toolkit-daemonset-k3s",
+            "nvidia-container-toolkit-daemonset-k3s-containerd2",
         ]
     );
 }
@@ -255,15 +368,179 @@ fn read_only_nodes_get_no_toolkit_and_status_says_what_to_use_instead() {
         ("gpu-br", NodeRuntime::ReadOnly(ReadOnlyImage::Bottlerocket)),
     ]);
     let daemon_sets = objects("{}", &f, Operand::Toolkit).daemon_sets;
-    assert_eq!(daemon_sets.len(), 1);
-    assert_eq!(
-        pod(&daemon_sets[0]).node_selector.unwrap()[RUNTIME_FLAVOUR],
-        "containerd"
-    );
+    assert_eq!(names(&daemon_sets), ["nvidia-container-toolkit-daemonset"]);
     let policy = policy_with("{}", &f);
     let report = super::toolkit_flavour::report(&policy.spec, &f).unwrap();
     assert!(report.contains("gpu-br (Bottlerocket)"), "{report}");
     assert!(report.contains("toolkit.enabled=false"), "{report}");
+}
+
+/// A GPU node's labels after the label stage's deploy labels and toolkit placement.
+fn placed(
+    labels: &[(&str, &str)],
+    runtime: Option<NodeRuntime>,
+    ready: &[&str],
+) -> BTreeMap<String, Option<String>> {
+    use crate::nodes::desired_label_changes;
+    let node = node_with("n", labels);
+    let base = desired_label_changes(&node, None, std::time::Duration::from_secs(60));
+    let ready = |ds: &str| ready.contains(&ds);
+    let patch = super::toolkit_flavour::place(
+        &node,
+        base,
+        &super::toolkit_flavour::Placement {
+            primary: RuntimeFlavour::Containerd,
+            runtime,
+            ready: &ready,
+        },
+    );
+    patch
+        .into_iter()
+        .filter(|(k, _)| [DEPLOY_TOOLKIT, TOOLKIT_HANDOVER, DEPLOY_DRIVER].contains(&k.as_str()))
+        .collect()
+}
+
+fn gpu<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut labels = vec![("feature.node.kubernetes.io/pci-10de.present", "true")];
+    labels.extend_from_slice(extra);
+    labels
+}
+
+fn expect(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned)))
+        .collect()
+}
+
+const K3S: Option<NodeRuntime> = Some(NodeRuntime::Flavour(RuntimeFlavour::K3s));
+const K3S_V3: Option<NodeRuntime> = Some(NodeRuntime::Flavour(RuntimeFlavour::K3sV3));
+const STOCK: Option<NodeRuntime> = Some(NodeRuntime::Flavour(RuntimeFlavour::Containerd));
+
+#[test]
+fn a_new_node_is_placed_on_its_flavour_once_its_runtime_is_known() {
+    assert_eq!(
+        placed(&gpu(&[]), None, &[]),
+        expect(&[(DEPLOY_DRIVER, Some("true"))])
+    );
+    assert_eq!(
+        placed(&gpu(&[]), STOCK, &[]),
+        expect(&[
+            (DEPLOY_DRIVER, Some("true")),
+            (DEPLOY_TOOLKIT, Some("true"))
+        ])
+    );
+    assert_eq!(
+        placed(&gpu(&[]), K3S, &[]),
+        expect(&[(DEPLOY_DRIVER, Some("true")), (DEPLOY_TOOLKIT, Some("k3s"))])
+    );
+}
+
+#[test]
+fn a_node_leaving_the_primary_flavour_gets_the_new_pod_before_losing_the_old() {
+    let on_primary = gpu(&[(DEPLOY_TOOLKIT, "true"), (DEPLOY_DRIVER, "true")]);
+    // First the incoming flavour's DaemonSet is brought beside the running one.
+    assert_eq!(
+        placed(&on_primary, K3S_V3, &[]),
+        expect(&[(TOOLKIT_HANDOVER, Some("k3s-containerd2"))])
+    );
+    let both = gpu(&[
+        (DEPLOY_TOOLKIT, "true"),
+        (DEPLOY_DRIVER, "true"),
+        (TOOLKIT_HANDOVER, "k3s-containerd2"),
+    ]);
+    // Nothing moves while its pod is not ready (the primary's is).
+    assert_eq!(
+        placed(&both, K3S_V3, &["nvidia-container-toolkit-daemonset"]),
+        expect(&[])
+    );
+    // Then the node leaves the primary.
+    assert_eq!(
+        placed(
+            &both,
+            K3S_V3,
+            &["nvidia-container-toolkit-daemonset-k3s-containerd2"]
+        ),
+        expect(&[
+            (DEPLOY_TOOLKIT, Some("k3s-containerd2")),
+            (TOOLKIT_HANDOVER, None)
+        ])
+    );
+}
+
+#[test]
+fn a_node_moving_between_other_flavours_keeps_the_outgoing_one_until_the_new_is_ready() {
+    let on_k3s = gpu(&[(DEPLOY_TOOLKIT, "k3s"), (DEPLOY_DRIVER, "true")]);
+    assert_eq!(
+        placed(&on_k3s, K3S_V3, &["nvidia-container-toolkit-daemonset-k3s"]),
+        expect(&[
+            (DEPLOY_TOOLKIT, Some("k3s-containerd2")),
+            (TOOLKIT_HANDOVER, Some("k3s"))
+        ])
+    );
+    let moving = gpu(&[
+        (DEPLOY_TOOLKIT, "k3s-containerd2"),
+        (DEPLOY_DRIVER, "true"),
+        (TOOLKIT_HANDOVER, "k3s"),
+    ]);
+    assert_eq!(
+        placed(&moving, K3S_V3, &["nvidia-container-toolkit-daemonset-k3s"]),
+        expect(&[])
+    );
+    assert_eq!(
+        placed(
+            &moving,
+            K3S_V3,
+            &["nvidia-container-toolkit-daemonset-k3s-containerd2"]
+        ),
+        expect(&[(TOOLKIT_HANDOVER, None)])
+    );
+    // Into the primary: NVIDIA's `true` at once, the outgoing flavour kept by the handover.
+    assert_eq!(
+        placed(&on_k3s, STOCK, &[]),
+        expect(&[
+            (DEPLOY_TOOLKIT, Some("true")),
+            (TOOLKIT_HANDOVER, Some("k3s"))
+        ])
+    );
+}
+
+#[test]
+fn read_only_images_get_neither_toolkit_nor_driver_and_values_of_others_stay() {
+    let read_only = Some(NodeRuntime::ReadOnly(ReadOnlyImage::Talos));
+    assert_eq!(
+        placed(&gpu(&[]), read_only, &[]),
+        expect(&[
+            (DEPLOY_DRIVER, Some(READ_ONLY_IMAGE)),
+            (DEPLOY_TOOLKIT, Some(READ_ONLY_IMAGE))
+        ])
+    );
+    // Re-imaged to a writable OS: both come back.
+    let was = gpu(&[
+        (DEPLOY_TOOLKIT, READ_ONLY_IMAGE),
+        (DEPLOY_DRIVER, READ_ONLY_IMAGE),
+    ]);
+    assert_eq!(
+        placed(&was, STOCK, &[]),
+        expect(&[
+            (DEPLOY_DRIVER, Some("true")),
+            (DEPLOY_TOOLKIT, Some("true"))
+        ])
+    );
+    // A `false` someone set is theirs, whatever the flavour.
+    let off = gpu(&[(DEPLOY_TOOLKIT, "false"), (DEPLOY_DRIVER, "false")]);
+    assert_eq!(placed(&off, K3S, &[]), expect(&[]));
+    assert_eq!(placed(&off, read_only, &[]), expect(&[]));
+    // Operands taken off the node: our flavour value and handover go with the rest.
+    let taken_off = gpu(&[
+        ("nvidia.com/gpu.deploy.operands", "false"),
+        (DEPLOY_TOOLKIT, "k3s"),
+        (TOOLKIT_HANDOVER, "rke2"),
+    ]);
+    assert_eq!(
+        placed(&taken_off, K3S, &[]),
+        expect(&[(DEPLOY_TOOLKIT, None), (TOOLKIT_HANDOVER, None)])
+    );
 }
 
 #[test]

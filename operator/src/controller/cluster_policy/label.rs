@@ -3,6 +3,7 @@
 //! The GPU nodes' deploy labels, which decide where operands run (labeller), then node pools and
 //! the GPU memory resource (node_pools), all on the pass's node snapshot.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -61,6 +62,17 @@ pub async fn label(
         return Ok(Labelled::default());
     }
     let grace = deps.settings.gpu_label_grace;
+    let toolkit_primary =
+        deps.resolver
+            .toolkit_primary(runtimes, &deps.stores, &crate::facts::gpu_nodes(nodes));
+    let ready_toolkit_pods: HashSet<(String, String)> = deps
+        .stores
+        .toolkit_pods
+        .snapshot()
+        .iter()
+        .filter(|p| p.ready && !p.deleting)
+        .filter_map(|p| Some((p.node.clone()?, p.daemon_set.clone())))
+        .collect();
     let labelling = labeller::label_nodes(
         &deps.client,
         nodes,
@@ -69,7 +81,11 @@ pub async fn label(
         grace,
         &labeller::Wanted {
             mig_default_layout: mig_default_layout(&policy.spec),
-            flavour_of: &|node: &str| runtimes.get(node).map(|r| r.label()),
+            runtime_of: &|node: &str| runtimes.get(node),
+            toolkit_primary,
+            toolkit_ready: &|node: &str, daemon_set: &str| {
+                ready_toolkit_pods.contains(&(node.to_owned(), daemon_set.to_owned()))
+            },
         },
         gate,
     )

@@ -16,35 +16,51 @@ use kube::Client;
 use tokio::sync::Semaphore;
 
 use crate::controller::owner::{self, LabelAttempts};
+use crate::facts::{NodeRuntime, RuntimeFlavour};
 use crate::nodes::{
     Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
     runtime_flavour_label,
 };
+use crate::operands::toolkit_flavour::{self, Placement};
 
 /// How soon to retry a node whose patch met a newer version (kwok or a kubelet updated its
 /// status meanwhile). Such an update changes no label we read, so no watch event would wake us.
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 
-/// What `node` needs: decision 2's labels and the default MIG layout (decision 7).
+/// What `node` needs: decision 2's labels, the default MIG layout (decision 7), its runtime
+/// flavour and the toolkit DaemonSet that serves it.
 fn changes_for(
     node: &NodeView,
     gone_for: Option<Duration>,
     grace: Duration,
-    mig_default_layout: Option<&str>,
-    flavour: Option<&str>,
+    wanted: &Wanted<'_>,
 ) -> LabelPatch {
     let mut changes = desired_label_changes(node, gone_for, grace);
-    changes.extend(mig_config_default(node, mig_default_layout));
-    changes.extend(runtime_flavour_label(node, flavour));
-    changes
+    changes.extend(mig_config_default(node, wanted.mig_default_layout));
+    let runtime = (wanted.runtime_of)(&node.name);
+    changes.extend(runtime_flavour_label(node, runtime.map(|r| r.label())));
+    let ready = |daemon_set: &str| (wanted.toolkit_ready)(&node.name, daemon_set);
+    toolkit_flavour::place(
+        node,
+        changes,
+        &Placement {
+            primary: wanted.toolkit_primary,
+            runtime,
+            ready: &ready,
+        },
+    )
 }
 
 /// What the policy and the resolved facts want on GPU nodes besides decision 2's labels.
 pub struct Wanted<'a> {
     /// The default MIG layout (decision 7).
     pub mig_default_layout: Option<&'a str>,
-    /// Each node's runtime flavour label value, once its nodeInfo was read.
-    pub flavour_of: &'a (dyn Fn(&str) -> Option<&'static str> + Sync),
+    /// Each node's runtime, once its nodeInfo was read.
+    pub runtime_of: &'a (dyn Fn(&str) -> Option<NodeRuntime> + Sync),
+    /// The flavour of the toolkit DaemonSet NVIDIA's deploy value `true` places nodes on.
+    pub toolkit_primary: RuntimeFlavour,
+    /// Whether the named toolkit DaemonSet's pod on the node is ready (node, DaemonSet).
+    pub toolkit_ready: &'a (dyn Fn(&str, &str) -> bool + Sync),
 }
 
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
@@ -91,13 +107,7 @@ pub async fn label_nodes(
         .collect();
     let writes = owner::write_labels(client, nodes, attempts, Some(gate), |node| {
         let gone_for = gone.get(node.name.as_str()).copied();
-        changes_for(
-            node,
-            gone_for,
-            grace,
-            wanted.mig_default_layout,
-            (wanted.flavour_of)(&node.name),
-        )
+        changes_for(node, gone_for, grace, wanted)
     })
     .await;
     for (node, changes) in writes.written.iter().filter(|(_, c)| !c.is_empty()) {

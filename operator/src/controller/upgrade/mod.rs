@@ -477,7 +477,7 @@ fn created(pod: &Pod) -> i64 {
         .unwrap_or_default()
 }
 
-fn pod_ready(pod: &Pod) -> bool {
+pub(crate) fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
