@@ -223,9 +223,11 @@ fn each_flavour_writes_and_talks_to_the_files_its_runtime_reads() {
     }
 }
 
-/// The nodes a DaemonSet's pods may run on, as (nodeSelector, each required affinity term's
-/// `key In values` expressions).
-fn placement(ds: &DaemonSet) -> (BTreeMap<String, String>, Vec<Vec<(String, Vec<String>)>>) {
+/// A required node affinity term as its `key In values` expressions.
+type Term = Vec<(String, Vec<String>)>;
+
+/// The nodes a DaemonSet's pods may run on, as (nodeSelector, required affinity terms).
+fn placement(ds: &DaemonSet) -> (BTreeMap<String, String>, Vec<Term>) {
     let p = pod(ds);
     let terms = p
         .affinity
