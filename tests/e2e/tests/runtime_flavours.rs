@@ -245,7 +245,29 @@ async fn a_mixed_fleet_gets_one_toolkit_daemonset_per_runtime_flavour_and_read_o
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
 
+    // Deleting the policy takes every flavour mark off the nodes, our deploy values with them.
     s.teardown().await;
+    for (node, _) in &added {
+        let labels = node_labels
+            .get_metadata(&node.name)
+            .await
+            .unwrap()
+            .labels()
+            .clone();
+        let left: Vec<(&String, &String)> = labels
+            .iter()
+            .filter(|(k, _)| {
+                [
+                    DEPLOY_TOOLKIT,
+                    DEPLOY_DRIVER,
+                    RUNTIME_FLAVOUR,
+                    TOOLKIT_HANDOVER,
+                ]
+                .contains(&k.as_str())
+            })
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", node.name);
+    }
     let names: Vec<String> = added.iter().map(|(n, _)| n.name.clone()).collect();
     nodes::delete(&admin, &names).await.unwrap();
 }
