@@ -17,6 +17,7 @@ pub mod mig_manager;
 pub mod mps;
 pub mod nfd;
 pub mod node_status_exporter;
+pub mod nvidia_digest;
 pub mod nvidia_driver;
 pub mod openshift;
 pub mod operator_metrics;
