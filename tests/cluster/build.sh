@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in, OLM's olm-operator
-# with csv-rbac, and netns-run) from their Go modules into a cache outside the clone, one folder per tool
+# with csv-rbac, netns-run and krew) from their Go modules into a cache outside the clone, one folder per tool
 # keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 #
-# usage: tests/cluster/build.sh [TOOL...]   TOOL: kubernetes etcd kwok helm nfd olm netns-run
+# usage: tests/cluster/build.sh [TOOL...]   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew
 # With tools named, builds only those and prints a folder holding only their binaries: the OLM
 # bundle needs helm alone (`make chart`, `make bundle`).
 set -euo pipefail
@@ -22,7 +22,7 @@ go_version=$(go env GOVERSION)
 
 log() { echo "build.sh: $*" >&2; }
 
-tools=(kubernetes etcd kwok helm nfd olm netns-run)
+tools=(kubernetes etcd kwok helm nfd olm netns-run krew)
 for tool in "$@"; do
   if [[ " ${tools[*]} " != *" $tool "* ]]; then
     log "unknown tool $tool (one of: ${tools[*]})"
@@ -117,6 +117,12 @@ if wanted olm; then
 fi
 # Ours: runs a tool that binds every address (olm) in a network namespace of its own.
 if wanted netns-run; then dirs+=("$(build netns-run local "-s -w" .)"); fi
+# krew, which installs the kubectl-gpu plugin from the archive and manifest
+# scripts/krew-plugin.sh writes (tests/e2e/tests/krew.rs).
+if wanted krew; then
+  dirs+=("$(build krew "$KREW_VERSION" "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION" \
+    sigs.k8s.io/krew/cmd/krew)")
+fi
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"
