@@ -28,6 +28,7 @@ mod plan_tests;
 pub mod render;
 pub mod sharing;
 pub mod status;
+pub mod takeover;
 pub mod teardown;
 pub mod upgrade;
 pub mod validate;

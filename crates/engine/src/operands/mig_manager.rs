@@ -249,9 +249,10 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
         host_pid: Some(true),
         host_ipc: Some(true),
-        init_containers: Some(vec![validator::wait_for_toolkit(
+        init_containers: Some(vec![validator::wait_for_toolkit_saying(
             policy,
             mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).host_to_container(),
+            validator::WAITING_FOR_TOOLKIT,
         )]),
         containers: vec![main],
         volumes: Some(volumes),

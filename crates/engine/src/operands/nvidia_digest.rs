@@ -232,7 +232,7 @@ mod tests {
 
     fn nvidia_driver() -> DaemonSet {
         serde_yaml_ng::from_str(include_str!(
-            "../../testdata/nvidia-v26.7-driver-daemonset.yaml"
+            "../../../../operator/tests/fixtures/nvidia-v26.7-render/nvidia-driver-daemonset.yaml"
         ))
         .unwrap()
     }
@@ -312,7 +312,7 @@ mod ours {
     #[test]
     fn our_default_driver_differs_from_nvidias_in_its_digest_only_by_two_known_fields() {
         let nvidia: DaemonSet = serde_yaml_ng::from_str(include_str!(
-            "../../testdata/nvidia-v26.7-driver-daemonset.yaml"
+            "../../../../operator/tests/fixtures/nvidia-v26.7-render/nvidia-driver-daemonset.yaml"
         ))
         .unwrap();
         let mut f = facts();

@@ -103,14 +103,28 @@ pub fn driver_validation(policy: &ValidatedPolicy) -> Container {
     }
 }
 
+/// What a `toolkit-validation` init container says while it waits: NVIDIA's words, to the
+/// letter, since they are part of the pod template (a different word would restart NVIDIA's
+/// pods when this operator takes them over). MIG manager's says "toolkit".
+pub const WAITING_FOR_STACK: &str = "nvidia container stack";
+pub const WAITING_FOR_TOOLKIT: &str = "nvidia container toolkit";
+
 /// A `toolkit-validation` init container for operands that need the NVIDIA runtime: it only
 /// waits until the validator wrote `toolkit-ready`. `validations` mounts the status directory
 /// at [`VALIDATIONS_DIR`] (directly or through `/run/nvidia`).
 pub fn wait_for_toolkit(policy: &ValidatedPolicy, validations: VolumeMount) -> Container {
+    wait_for_toolkit_saying(policy, validations, WAITING_FOR_STACK)
+}
+
+/// [`wait_for_toolkit`], saying it waits for `what`.
+pub fn wait_for_toolkit_saying(
+    policy: &ValidatedPolicy,
+    validations: VolumeMount,
+    what: &str,
+) -> Container {
     let file = Stage::Toolkit.ready_file();
-    let script = format!(
-        "until [ -f {file} ]; do echo waiting for the NVIDIA container stack to be set up; sleep 5; done"
-    );
+    let script =
+        format!("until [ -f {file} ]; do echo waiting for {what} to be setup; sleep 5; done");
     Container {
         command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
         args: Some(vec![script]),
