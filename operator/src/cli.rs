@@ -464,11 +464,11 @@ pub fn kubectl_plugin_completions(words: &[String]) -> String {
                 lines.push(with_help(sub.get_name(), sub.get_about()));
             }
         }
-    } else if let Some(arg) = command.get_positionals().nth(positionals) {
-        if !values(arg, &mut lines) {
-            // A free positional (a pod name, a file): the shell's own completion.
-            directive = COBRA_DEFAULT;
-        }
+    } else if let Some(arg) = command.get_positionals().nth(positionals)
+        && !values(arg, &mut lines)
+    {
+        // A free positional (a pod name, a file): the shell's own completion.
+        directive = COBRA_DEFAULT;
     }
     let mut out = String::new();
     for line in lines {
