@@ -113,6 +113,16 @@ pub const NFD_WORKER_KEPT_OFF: &str = "nfd-worker-kept-off";
 
 /// The NFD worker DaemonSet the operator deploys (NVIDIA's name).
 pub const NFD_WORKER: &str = "node-feature-discovery-worker";
+/// Taints the DaemonSet controller tolerates on every DaemonSet's pods without the template
+/// naming them (a node's passing conditions, not a choice of who runs there).
+const DAEMON_SET_TOLERATED: [&str; 6] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/unschedulable",
+];
 /// Labels NFD writes start so; a node with none of them was never seen by a worker.
 const NFD_LABEL_PREFIX: &str = "feature.node.kubernetes.io/";
 
@@ -744,6 +754,7 @@ fn nfd_kept_off(snapshot: &Snapshot) -> Vec<(Vec<String>, Finding)> {
         for taint in taints(node)
             .into_iter()
             .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+            .filter(|t| !DAEMON_SET_TOLERATED.contains(&t.key.as_str()))
             .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
         {
             by_taint

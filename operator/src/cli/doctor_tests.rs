@@ -615,9 +615,13 @@ fn a_taint_keeping_the_nfd_worker_off_is_named_with_the_toleration_to_add() {
         kept_off.fix
     );
 
-    // A tolerated taint, a node NFD already labelled, or an NFD not deployed by the operator:
-    // nothing to say.
+    // A tolerated taint (also one every DaemonSet tolerates), a node NFD already labelled, or
+    // an NFD not deployed by the operator: nothing to say.
     snapshot.nodes[1] = unseen_node("gpu-new-0", ("nvidia.com/gpu", "NoSchedule"));
+    snapshot.nodes.push(unseen_node(
+        "joining-0",
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+    ));
     snapshot.nodes[2].metadata.labels.as_mut().unwrap().insert(
         "feature.node.kubernetes.io/cpu-model.family".into(),
         "6".into(),

@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use e2e::chaos::CrashLoop;
 use e2e::cluster::unique_name;
+use e2e::nodes::{self, FakeNode, GpuModel};
+use e2e::session::EPHEMERAL;
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::cli::doctor::{
-    ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION, NO_GPU_NODE,
-    RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
+    ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION,
+    NFD_WORKER_KEPT_OFF, NO_GPU_NODE, RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
 };
 use gpu_operator::cli::doctor::{EXIT_COULD_NOT_RUN, EXIT_FAULTS};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -418,6 +420,39 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     doctor(&[]).assert_fault(RUNTIME_CLASS_MISSING, "RuntimeClass nvidia");
     setup.start_operator_again().await;
     until_healthy(&setup).await;
+
+    // A node NFD never labelled behind a taint NFD's worker does not tolerate: named, with the
+    // toleration to add, instead of staying an unexplained non-GPU node.
+    let unseen = FakeNode::gpu(unique_name("doctor-unseen"), GpuModel::T4)
+        .undiscovered()
+        .label(EPHEMERAL, "true");
+    nodes::create(&admin, std::slice::from_ref(&unseen))
+        .await
+        .unwrap();
+    Api::<Node>::all(admin.clone())
+        .patch(
+            &unseen.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let report = doctor(&[]);
+    report.assert_fault(
+        NFD_WORKER_KEPT_OFF,
+        &format!("taint dedicated=ml:NoSchedule keeps NFD's worker (node-feature-discovery-worker) off {}", unseen.name),
+    );
+    assert!(
+        report
+            .stdout
+            .contains(r#"{"effect":"NoSchedule","key":"dedicated","operator":"Exists"}"#),
+        "{}",
+        report.stdout
+    );
+    nodes::delete(&admin, std::slice::from_ref(&unseen.name))
+        .await
+        .unwrap();
 
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())
