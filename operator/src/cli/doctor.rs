@@ -46,7 +46,7 @@ pub enum Output {
     /// The table (or the pod's line) and one block per fault.
     #[default]
     Text,
-    /// One JSON object ([`Report`]).
+    /// One JSON object, the shape docs/doctor.md documents.
     Json,
     /// The same object as YAML.
     Yaml,
@@ -1091,11 +1091,18 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         .with_context(|| format!("listing operand pods in {operator_namespace}"))?
         .items;
     // Read as the operator deployed it: absent when NFD came from elsewhere (then its own
-    // tolerations are not ours to judge).
-    let nfd_worker_tolerations = Api::<DaemonSet>::namespaced(client.clone(), &operator_namespace)
+    // tolerations are not ours to judge), and skipped for a user who may not read DaemonSets
+    // (that one check is then not made; the rest needs no such right).
+    let worker = match Api::<DaemonSet>::namespaced(client.clone(), &operator_namespace)
         .get_opt(NFD_WORKER)
         .await
-        .with_context(|| format!("reading DaemonSet {operator_namespace}/{NFD_WORKER}"))?
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        other => {
+            other.with_context(|| format!("reading DaemonSet {operator_namespace}/{NFD_WORKER}"))?
+        }
+    };
+    let nfd_worker_tolerations = worker
         .filter(|ds| ds.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER))
         .map(|ds| {
             ds.spec
