@@ -53,8 +53,9 @@ pub enum Command {
     /// permission it grants to operands (Kubernetes rejects grants the granter lacks).
     Rbac(RbacArgs),
     /// Why GPU pods stay Pending: a table of the GPU nodes and their faults, or, given a pod
-    /// name, that pod's checklist, each fault with the command that fixes it. Reads only; exits
-    /// non-zero when it finds a fault. Also `kubectl gpu doctor` through a `kubectl-gpu` link.
+    /// name, that pod's checklist, each fault with the command that fixes it. Reads only; exits 1
+    /// when it finds a fault, 2 when it cannot run. Also `kubectl gpu doctor` through a
+    /// `kubectl-gpu` link.
     Doctor(doctor::DoctorArgs),
     /// Finish the teardown of a deleted ClusterPolicy when no operator runs: take what the
     /// operator put on the nodes off them (its taints and labels, the GPU memory resource, the
@@ -62,6 +63,36 @@ pub enum Command {
     /// and remove the finalizer that holds ClusterPolicies in Terminating. Refuses while a
     /// ClusterPolicy that is not being deleted exists, or NVIDIA's operator is live.
     Cleanup(cleanup::CleanupArgs),
+    /// Print a shell completion script: `source <(gpu-operator completion bash)`, or save it
+    /// where the shell loads completions from. For `kubectl gpu <TAB>` (kubectl 1.26 or later),
+    /// link this binary as `kubectl_complete-gpu` on PATH beside `kubectl-gpu`.
+    Completion(CompletionArgs),
+}
+
+/// Arguments of `gpu-operator completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: CompletionShell,
+}
+
+/// The shells `completion` writes scripts for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+impl From<CompletionShell> for clap_complete::Shell {
+    fn from(shell: CompletionShell) -> Self {
+        match shell {
+            CompletionShell::Bash => clap_complete::Shell::Bash,
+            CompletionShell::Zsh => clap_complete::Shell::Zsh,
+            CompletionShell::Fish => clap_complete::Shell::Fish,
+        }
+    }
 }
 
 /// Arguments of `gpu-operator run`.
@@ -337,27 +368,160 @@ pub fn rbac_yaml(namespace: Option<&str>) -> anyhow::Result<String> {
 /// The name kubectl finds a plugin by: `kubectl gpu ...` runs `kubectl-gpu ...`.
 pub const KUBECTL_PLUGIN: &str = "kubectl-gpu";
 
+/// The name kubectl (1.26 and later) runs to complete `kubectl gpu <TAB>`: it passes the words
+/// after `gpu`, the last being the one to complete (maybe empty), and reads one candidate a line
+/// (`value<TAB>description`), then `:<directive>` as cobra defines it.
+pub const KUBECTL_PLUGIN_COMPLETION: &str = "kubectl_complete-gpu";
+
+/// Cobra's directive for "complete these, and no file names".
+const COBRA_NO_FILE_COMPLETION: u8 = 4;
+/// Cobra's directive for "the shell's default completion" (file names).
+const COBRA_DEFAULT: u8 = 0;
+
+/// The process's name, without its folder.
+fn invoked_as() -> String {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    std::path::Path::new(&argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Whether this process was started as [`KUBECTL_PLUGIN_COMPLETION`].
+pub fn invoked_for_kubectl_completion() -> bool {
+    invoked_as() == KUBECTL_PLUGIN_COMPLETION
+}
+
+/// What [`KUBECTL_PLUGIN_COMPLETION`] prints for `words` (after `kubectl gpu`; the last is the
+/// word being completed): subcommands, flags of the subcommand reached, or a flag's values.
+pub fn kubectl_plugin_completions(words: &[String]) -> String {
+    use clap::CommandFactory;
+    let root = Cli::command();
+    let (to_complete, before) = match words.split_last() {
+        Some((last, before)) => (last.as_str(), before),
+        None => ("", &[][..]),
+    };
+    let mut command = &root;
+    let mut pending_value: Option<&clap::Arg> = None;
+    let mut positionals = 0;
+    for word in before {
+        if pending_value.take().is_some() {
+            continue;
+        }
+        if let Some(flag) = word.strip_prefix("--") {
+            let (name, inline) = flag
+                .split_once('=')
+                .map_or((flag, false), |(n, _)| (n, true));
+            let arg = command.get_arguments().find(|a| a.get_long() == Some(name));
+            if !inline && arg.is_some_and(takes_value) {
+                pending_value = arg;
+            }
+        } else if let Some(short) = word.strip_prefix('-').filter(|s| s.chars().count() == 1) {
+            let c = short.chars().next();
+            let arg = command.get_arguments().find(|a| a.get_short() == c);
+            if arg.is_some_and(takes_value) {
+                pending_value = arg;
+            }
+        } else if let Some(sub) = command.find_subcommand(word) {
+            command = sub;
+            positionals = 0;
+        } else {
+            positionals += 1;
+        }
+    }
+    let mut lines: Vec<String> = Vec::new();
+    let mut directive = COBRA_NO_FILE_COMPLETION;
+    let values = |arg: &clap::Arg, lines: &mut Vec<String>| -> bool {
+        let possible = arg.get_possible_values();
+        for v in possible.iter().filter(|v| !v.is_hide_set()) {
+            if v.get_name().starts_with(to_complete) {
+                lines.push(with_help(v.get_name(), v.get_help()));
+            }
+        }
+        !possible.is_empty()
+    };
+    if let Some(arg) = pending_value {
+        if !values(arg, &mut lines) {
+            // A free value (a path, a name): the shell's own completion.
+            directive = COBRA_DEFAULT;
+        }
+    } else if to_complete.starts_with('-') {
+        for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(long) = arg.get_long() {
+                let flag = format!("--{long}");
+                if flag.starts_with(to_complete) {
+                    lines.push(with_help(&flag, arg.get_help()));
+                }
+            }
+        }
+        if !command.is_disable_help_flag_set() && "--help".starts_with(to_complete) {
+            lines.push("--help\tPrint help".into());
+        }
+    } else if command.has_subcommands() {
+        for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+            if sub.get_name().starts_with(to_complete) {
+                lines.push(with_help(sub.get_name(), sub.get_about()));
+            }
+        }
+    } else if let Some(arg) = command.get_positionals().nth(positionals)
+        && !values(arg, &mut lines)
+    {
+        // A free positional (a pod name, a file): the shell's own completion.
+        directive = COBRA_DEFAULT;
+    }
+    let mut out = String::new();
+    for line in lines {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str(&format!(":{directive}\n"));
+    out
+}
+
+fn takes_value(arg: &clap::Arg) -> bool {
+    arg.get_action().takes_values()
+}
+
+fn with_help(value: &str, help: Option<&clap::builder::StyledStr>) -> String {
+    match help.map(|h| h.to_string()) {
+        Some(h) if !h.is_empty() => {
+            let first = h.lines().next().unwrap_or_default();
+            let first = first.split(". ").next().unwrap_or(first);
+            format!("{value}\t{}", first.trim_end_matches('.'))
+        }
+        _ => value.to_owned(),
+    }
+}
+
+/// The exit status for an error [`Cli::run`] returned: the doctor's own
+/// ([`doctor::Failure::exit_code`]), else 1.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    error
+        .downcast_ref::<doctor::Failure>()
+        .map_or(1, doctor::Failure::exit_code)
+}
+
 impl Cli {
     /// Parses the process arguments; invoked as [`KUBECTL_PLUGIN`] (a link to this binary),
     /// help and errors name it `kubectl gpu`.
     pub fn parse_args() -> Self {
         use clap::{CommandFactory, FromArgMatches};
-        let argv0 = std::env::args_os().next().unwrap_or_default();
-        let invoked = std::path::Path::new(&argv0)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
         let mut command = Cli::command();
-        if invoked == KUBECTL_PLUGIN {
+        if invoked_as() == KUBECTL_PLUGIN {
             command = command.name("kubectl gpu").bin_name("kubectl gpu");
         }
         let matches = command.get_matches();
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 
-    /// Runs the parsed command, writing its output to `out`.
+    /// Runs the parsed command, writing its output to `out` and warnings to standard error.
     pub fn run(self, out: &mut dyn Write) -> anyhow::Result<()> {
+        self.run_with(out, &mut std::io::stderr())
+    }
+
+    /// Runs the parsed command, writing its output to `out` and warnings to `err`.
+    pub fn run_with(self, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
         match self.command {
             Command::Run(args) => {
                 let options = crate::run::RunOptions {
@@ -408,6 +572,9 @@ impl Cli {
             }
             Command::Render(args) => {
                 let (policy, facts) = args.inputs()?;
+                for warning in render_warnings(&policy, &facts) {
+                    writeln!(err, "warning: {warning}").context("writing to standard error")?;
+                }
                 let yaml = crate::render::inputs::render_yaml(&policy, &facts)
                     .context("serialising the rendered objects")?;
                 out.write_all(yaml.as_bytes())
@@ -422,8 +589,46 @@ impl Cli {
             }
             Command::Doctor(args) => doctor::run(&args, out),
             Command::Cleanup(args) => cleanup::run(&args, out),
+            Command::Completion(CompletionArgs { shell }) => {
+                use clap::CommandFactory;
+                let name = if invoked_as() == KUBECTL_PLUGIN {
+                    KUBECTL_PLUGIN
+                } else {
+                    "gpu-operator"
+                };
+                let mut command = Cli::command();
+                clap_complete::generate(clap_complete::Shell::from(shell), &mut command, name, out);
+                Ok(())
+            }
         }
     }
+}
+
+/// What `render` leaves out and why, for standard error (standard output, often piped to
+/// `kubectl apply`, carries the same as YAML comments nobody reads): each operand not rendered
+/// for invalid input, and for the driver without an OS the flag that supplies it.
+pub fn render_warnings(
+    policy: &api::ClusterPolicy,
+    facts: &crate::facts::ClusterFacts,
+) -> Vec<String> {
+    use crate::render::{Outcome, render};
+    let state = render(&crate::validate::validate(policy, facts), facts);
+    let mut out = Vec::new();
+    for operand in &state.operands {
+        let Outcome::Invalid(message) = &operand.outcome else {
+            continue;
+        };
+        let name = operand.operand.name();
+        let mut line = format!("{name} not rendered: {}", message.replace('\n', " "));
+        if name == "driver" && facts.os_tag.is_none() {
+            line.push_str(
+                "; pass --os-tag <ID><VERSION_ID>, the GPU nodes' OS as NFD reports it (for \
+                 example --os-tag ubuntu22.04), or --nodes with their Node objects",
+            );
+        }
+        out.push(line);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -465,7 +670,105 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_owned())
             .collect();
-        assert_eq!(names, ["run", "crd", "render", "rbac", "doctor", "cleanup"]);
+        assert_eq!(
+            names,
+            [
+                "run",
+                "crd",
+                "render",
+                "rbac",
+                "doctor",
+                "cleanup",
+                "completion"
+            ]
+        );
+    }
+
+    fn printed(args: &[&str]) -> (String, String) {
+        let cli = Cli::try_parse_from(std::iter::once("gpu-operator").chain(args.iter().copied()))
+            .unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        cli.run_with(&mut out, &mut err).unwrap();
+        (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    #[test]
+    fn completion_scripts_complete_the_subcommands_and_the_doctors_flags() {
+        let (bash, _) = printed(&["completion", "bash"]);
+        assert!(
+            bash.contains("complete -F") && bash.contains("gpu-operator"),
+            "{bash}"
+        );
+        let (zsh, _) = printed(&["completion", "zsh"]);
+        assert!(zsh.starts_with("#compdef gpu-operator"), "{zsh}");
+        let (fish, _) = printed(&["completion", "fish"]);
+        assert!(fish.contains("complete -c gpu-operator"), "{fish}");
+        for script in [&bash, &zsh, &fish] {
+            for word in ["doctor", "render", "kubeconfig", "output", "json"] {
+                assert!(script.contains(word), "{word} missing:\n{script}");
+            }
+        }
+        assert!(Cli::try_parse_from(["gpu-operator", "completion", "powershell"]).is_err());
+    }
+
+    fn kubectl_complete(words: &[&str]) -> Vec<String> {
+        let words: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
+        kubectl_plugin_completions(&words)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn kubectl_plugin_completion_offers_subcommands_flags_and_values_as_cobra_reads_them() {
+        let top = kubectl_complete(&[""]);
+        assert!(top.contains(&"doctor".to_owned()) && top.contains(&"render".to_owned()));
+        assert_eq!(top.last().unwrap(), ":4");
+        assert_eq!(kubectl_complete(&["do"]), ["doctor", ":4"]);
+        assert_eq!(
+            kubectl_complete(&["doctor", "-o", ""]),
+            ["text", "json", "yaml", ":4"]
+        );
+        assert_eq!(
+            kubectl_complete(&["doctor", "--output", "j"]),
+            ["json", ":4"]
+        );
+        assert_eq!(
+            kubectl_complete(&["doctor", "--kube"]),
+            ["--kubeconfig", ":4"]
+        );
+        // A path or a name: the shell's own completion (cobra's default directive).
+        assert_eq!(kubectl_complete(&["doctor", "--kubeconfig", ""]), [":0"]);
+        assert_eq!(kubectl_complete(&["doctor", "-n", "ml", ""]), [":0"]);
+        assert_eq!(
+            kubectl_complete(&["completion", ""]),
+            ["bash", "zsh", "fish", ":4"]
+        );
+        let line = kubectl_plugin_completions(&["doc".to_owned()]);
+        assert!(
+            line.starts_with("doctor\tWhy GPU pods stay Pending"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn render_without_an_os_says_on_stderr_that_the_driver_is_left_out_and_names_the_flag() {
+        let policy = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/clusterpolicy-default.yaml"
+        );
+        let (out, err) = printed(&["render", "-f", policy]);
+        assert!(
+            err.starts_with("warning: driver not rendered: ") && err.contains("--os-tag"),
+            "{err}"
+        );
+        assert!(!out.contains("name: nvidia-driver-daemonset\n"), "{out}");
+        let (out, err) = printed(&["render", "-f", policy, "--os-tag", "ubuntu22.04"]);
+        assert_eq!(err, "");
+        assert!(out.contains("name: nvidia-driver-daemonset\n"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     // Written to `DHAT_OUT` (default `dhat-heap.json`) when `main` returns, after a SIGTERM.
     #[cfg(feature = "dhat-heap")]
     let _profiler = dhat::Profiler::builder()
@@ -23,5 +23,17 @@ fn main() -> anyhow::Result<()> {
         .build();
     // Not `stdout().lock()`: `run` logs to stdout from its runtime's worker threads, which would
     // block forever on a lock the main thread holds for the whole command.
-    Cli::parse_args().run(&mut std::io::stdout())
+    if gpu_operator::cli::invoked_for_kubectl_completion() {
+        let words: Vec<String> = std::env::args().skip(1).collect();
+        print!("{}", gpu_operator::cli::kubectl_plugin_completions(&words));
+        return std::process::ExitCode::SUCCESS;
+    }
+    match Cli::parse_args().run(&mut std::io::stdout()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // As `main` returning the error would print it, with its causes.
+            eprintln!("Error: {error:?}");
+            std::process::ExitCode::from(gpu_operator::cli::exit_code(&error))
+        }
+    }
 }

@@ -95,13 +95,14 @@ const PROMETHEUS_RULES: &str =
 /// The Service port NVIDIA's operator gives its metrics (scrape configs select it by name).
 const METRICS_PORT_NAME: &str = "gpu-operator-metrics";
 
-/// Who publishes the bundle. The project has no public home yet: replace these with the
-/// project's own before publishing to a catalog (the validators only check their form).
+/// Who publishes the bundle: the project's name as its README and chart give it. The project
+/// publishes no contact address or domain (SECURITY.md sends reports to the repository's
+/// private vulnerability reporting), so the CSV lists no maintainer rather than a made-up one
+/// (OperatorHub's validator wants a name and an email for each listed).
 const PROVIDER: &str = "GPU Operator (Rust) project";
-const MAINTAINER: (&str, &str) = (
-    "GPU Operator (Rust) maintainers",
-    "gpu-operator-maintainers@example.com",
-);
+/// The name NVIDIA's OperatorHub example gives its ClusterPolicy, which the commands users copy
+/// from NVIDIA's OpenShift documentation name (`kubectl patch clusterpolicy gpu-cluster-policy`).
+pub const OPERATORHUB_POLICY_NAME: &str = "gpu-cluster-policy";
 const LINKS: [(&str, &str); 1] = [(
     "NVIDIA GPU Operator documentation (the API and Helm values this operator follows)",
     "https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/index.html",
@@ -816,6 +817,7 @@ struct CsvSpec {
     min_kube_version: String,
     maturity: &'static str,
     provider: Named,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     maintainers: Vec<Maintainer>,
     links: Vec<Link>,
     keywords: Vec<&'static str>,
@@ -1140,7 +1142,9 @@ fn crd_description() -> String {
 /// `alm-examples`: the examples as a JSON array. The console form's policy (the first) asks
 /// for the Driver Toolkit, as NVIDIA's OperatorHub example does: the bundle is installed on
 /// OpenShift, where the driver builds against each node's RHCOS without entitlements only
-/// with it, and the operator turns it on only when asked (operands::driver_toolkit).
+/// with it, and the operator turns it on only when asked (operands::driver_toolkit). Every
+/// ClusterPolicy is named as NVIDIA's OperatorHub example names it
+/// ([`OPERATORHUB_POLICY_NAME`]).
 pub fn alm_examples() -> anyhow::Result<Value> {
     let mut examples = ALM_EXAMPLES
         .iter()
@@ -1154,6 +1158,14 @@ pub fn alm_examples() -> anyhow::Result<Value> {
         .and_then(Value::as_object_mut)
     {
         operator.insert("use_ocp_driver_toolkit".to_owned(), Value::Bool(true));
+    }
+    for policy in examples.iter_mut().filter(|e| e["kind"] == "ClusterPolicy") {
+        if let Some(metadata) = policy.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.insert(
+                "name".to_owned(),
+                Value::String(OPERATORHUB_POLICY_NAME.to_owned()),
+            );
+        }
     }
     Ok(Value::Array(examples))
 }
@@ -1233,10 +1245,7 @@ fn cluster_service_version(deployment: &Deployment) -> anyhow::Result<ClusterSer
             min_kube_version: format!("{MIN_KUBERNETES_VERSION}.0"),
             maturity: "alpha",
             provider: Named { name: PROVIDER },
-            maintainers: vec![Maintainer {
-                name: MAINTAINER.0,
-                email: MAINTAINER.1,
-            }],
+            maintainers: Vec::new(),
             links: LINKS.iter().map(|(name, url)| Link { name, url }).collect(),
             keywords: vec![
                 "gpu",
@@ -1643,6 +1652,38 @@ mod tests {
             assert_eq!(example["apiVersion"], "nvidia.com/v1");
             let policy: api::ClusterPolicy = serde_json::from_value(example.clone()).unwrap();
             assert_eq!(&serde_json::to_value(policy).unwrap(), example);
+        }
+    }
+
+    #[test]
+    fn the_example_policies_are_named_as_nvidias_operatorhub_example() {
+        let examples = alm_examples().unwrap();
+        let names: Vec<&Value> = examples
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "ClusterPolicy")
+            .map(|e| &e["metadata"]["name"])
+            .collect();
+        assert!(!names.is_empty());
+        for name in names {
+            assert_eq!(name, "gpu-cluster-policy");
+        }
+    }
+
+    #[test]
+    fn the_csv_names_no_placeholder_provider_or_maintainer() {
+        let files = files(chart_like_deployment()).unwrap();
+        let csv: Value = serde_yaml_ng::from_str(&files[0].content).unwrap();
+        let provider = &csv["spec"]["provider"];
+        assert_eq!(provider["name"], PROVIDER);
+        assert!(!provider.to_string().contains("example."), "{provider}");
+        for maintainer in csv["spec"]["maintainers"].as_array().into_iter().flatten() {
+            let email = maintainer["email"].as_str().unwrap_or_default();
+            assert!(
+                email.contains('@') && !email.contains("example."),
+                "a placeholder maintainer: {maintainer}"
+            );
         }
     }
 

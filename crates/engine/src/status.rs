@@ -509,13 +509,27 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                 .keys()
                 .any(|k| k.starts_with("feature.node.kubernetes.io/"))
         });
+        let shortfall = nfd_worker_shortfall(
+            inputs.daemon_sets.get(crate::operands::nfd::WORKER),
+            inputs.nodes.len(),
+        )
+        .unwrap_or_default();
         if has_nfd || inputs.nodes.is_empty() {
-            (false, reason::NO_GPU_NODES, "no node reports an NVIDIA PCI device (NFD label feature.node.kubernetes.io/pci-10de.present)".to_string())
+            (
+                false,
+                reason::NO_GPU_NODES,
+                format!(
+                    "no node reports an NVIDIA PCI device (NFD label \
+                     feature.node.kubernetes.io/pci-10de.present){shortfall}"
+                ),
+            )
         } else {
             (
                 false,
                 reason::NFD_LABELS_MISSING,
-                "no node carries NFD labels: is node-feature-discovery running?".to_string(),
+                format!(
+                    "no node carries NFD labels: is node-feature-discovery running?{shortfall}"
+                ),
             )
         }
     } else if inputs.labels_in_flight > 0 {
@@ -690,6 +704,22 @@ pub fn differs(a: Option<&ClusterPolicyStatus>, b: &ClusterPolicyStatus) -> bool
     a != Some(b)
 }
 
+/// What to add to "no GPU node" when NFD's worker (the operator's) is scheduled on fewer nodes
+/// than the cluster has: NFD cannot report a GPU on a node its worker does not run on, and the
+/// usual cause is a taint the worker does not tolerate (the doctor names it and the toleration).
+fn nfd_worker_shortfall(worker: Option<&DaemonSet>, nodes: usize) -> Option<String> {
+    let scheduled = worker?.status.as_ref()?.desired_number_scheduled;
+    (usize::try_from(scheduled).ok()? < nodes).then(|| {
+        format!(
+            "; NFD's worker ({}) runs on {scheduled} of {nodes} nodes: a taint it does not \
+             tolerate (or its node affinity) keeps it off the others, so their PCI devices are \
+             never reported; `kubectl gpu doctor` names the taint and the toleration to add to \
+             spec.nfd.worker.tolerations",
+            crate::operands::nfd::WORKER
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy};
@@ -741,6 +771,19 @@ mod tests {
         assert_eq!(labelled_for_operand(Operand::DraValidator, &nodes), Some(1));
         // A ClusterPolicy's operand counts only the nodes its labeller marked.
         assert_eq!(labelled_for_operand(Operand::Validator, &nodes), Some(0));
+    }
+
+    #[test]
+    fn no_gpu_node_says_when_nfds_worker_is_kept_off_nodes() {
+        let worker = ds("RollingUpdate", 2, 2, 2);
+        let hint = nfd_worker_shortfall(Some(&worker), 3).unwrap();
+        assert!(
+            hint.contains("runs on 2 of 3 nodes: a taint it does not tolerate")
+                && hint.contains("spec.nfd.worker.tolerations"),
+            "{hint}"
+        );
+        assert_eq!(nfd_worker_shortfall(Some(&worker), 2), None);
+        assert_eq!(nfd_worker_shortfall(None, 3), None);
     }
 
     #[test]

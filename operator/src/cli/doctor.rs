@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use anyhow::Context;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams};
@@ -21,14 +22,49 @@ use crate::facts::{NodeRuntime, NodeRuntimeInfo, detect};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys, places_operand};
 
+/// Exit status when the doctor ran and found at least one fault.
+pub const EXIT_FAULTS: u8 = 1;
+/// Exit status when the doctor could not make its diagnosis: bad arguments (clap's own usage
+/// errors exit 2 as well), no usable kubeconfig, an API server it cannot reach or that refuses
+/// its requests, a pod that does not exist.
+pub const EXIT_COULD_NOT_RUN: u8 = 2;
+
+/// What `--help` says after the options: the exit statuses and the `-o json` shape's home.
+const AFTER_HELP: &str = "\
+Exit status:
+  0  no fault found
+  1  faults found (each is printed with the command that fixes or explains it)
+  2  could not run: bad arguments, no usable kubeconfig, the API server unreachable or
+     refusing a request, the pod not found (nothing is diagnosed)
+
+-o json and -o yaml print the same facts as the text, in the shape docs/doctor.md documents
+(\"version\": 1); the exit status is the same for every format.";
+
+/// How the doctor prints its report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// The table (or the pod's line) and one block per fault.
+    #[default]
+    Text,
+    /// One JSON object, the shape docs/doctor.md documents.
+    Json,
+    /// The same object as YAML.
+    Yaml,
+}
+
 /// Arguments of `gpu-operator doctor`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = AFTER_HELP)]
 pub struct DoctorArgs {
     /// A pod to explain (why it is Pending or failing); without it, the per-GPU-node table.
     pub pod: Option<String>,
-    /// Namespace of the pod.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the pod (default: the namespace of the kubeconfig context in use, as
+    /// kubectl takes it, else default).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output format: text, or json / yaml for scripts (same facts, same exit status).
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
     /// Namespace of the operator and its operands (default: the one the active ClusterPolicy
     /// reports, else gpu-operator).
     #[arg(long)]
@@ -41,7 +77,8 @@ pub struct DoctorArgs {
     pub context: Option<String>,
 }
 
-/// What the doctor reads: every node, the operand pods, RuntimeClass names, the active policy.
+/// What the doctor reads: every node, the operand pods, RuntimeClass names, the active policy,
+/// and the tolerations of the NFD worker the operator deployed (none when it deployed none).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub nodes: Vec<Node>,
@@ -49,10 +86,11 @@ pub struct Snapshot {
     pub runtime_classes: Vec<String>,
     pub policy: Option<ClusterPolicy>,
     pub operator_namespace: String,
+    pub nfd_worker_tolerations: Option<Vec<Toleration>>,
 }
 
 /// One fault: a stable check name, what is wrong, and the command that fixes or explains it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
     pub check: &'static str,
     pub problem: String,
@@ -104,6 +142,23 @@ fn containerd_major(node: &Node) -> Option<u64> {
         .parse()
         .ok()
 }
+
+pub const NFD_WORKER_KEPT_OFF: &str = "nfd-worker-kept-off";
+
+/// The NFD worker DaemonSet the operator deploys (NVIDIA's name).
+pub const NFD_WORKER: &str = "node-feature-discovery-worker";
+/// Taints the DaemonSet controller tolerates on every DaemonSet's pods without the template
+/// naming them (a node's passing conditions, not a choice of who runs there).
+const DAEMON_SET_TOLERATED: [&str; 6] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/unschedulable",
+];
+/// Labels NFD writes start so; a node with none of them was never seen by a worker.
+const NFD_LABEL_PREFIX: &str = "feature.node.kubernetes.io/";
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
 const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
@@ -307,9 +362,128 @@ impl Snapshot {
     }
 }
 
+/// One operand pod on a node that is not Ready.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PodState {
+    pub operand: String,
+    pub pod: String,
+    pub state: String,
+}
+
+/// One GPU node as the doctor sees it: a row of the table, a `nodes[]` entry of `-o json`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub name: String,
+    /// GFD's `nvidia.com/gpu.product` label (absent before GFD ran).
+    pub gpu_product: Option<String>,
+    /// GFD's `nvidia.com/gpu.count` label, as written.
+    pub gpu_count: Option<String>,
+    /// `nvidia.com/gpu.deploy.*` labels that place their operand on the node: `true`, or a
+    /// runtime flavour on the toolkit's (operands::toolkit_flavour).
+    pub deploy_labels_placing: usize,
+    /// `nvidia.com/gpu.deploy.*` labels present, whatever their value.
+    pub deploy_labels_set: usize,
+    /// Per-node operand pods (DaemonSets') that are Ready, and all of them.
+    pub operands_ready: usize,
+    pub operands_total: usize,
+    /// The operand pods that are not Ready, with their state.
+    pub operands_not_ready: Vec<PodState>,
+    /// The validator pod's state, `missing` without one.
+    pub validator: String,
+    /// Allocatable `nvidia.com/gpu` ("0" when not advertised).
+    pub allocatable_gpus: String,
+    /// Allocatable of the policy's GPU memory resource, when one is enabled.
+    pub allocatable_gpu_memory: Option<String>,
+    /// The container runtime flavour the operator detects on the node.
+    pub runtime: String,
+    /// The node's taints, `key[=value]:Effect`.
+    pub taints: Vec<String>,
+}
+
+/// The pod a `doctor <pod>` run explains.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PodReport {
+    pub namespace: String,
+    pub name: String,
+    pub state: String,
+}
+
+/// Everything one doctor run found; `-o json|yaml` prints it as is (docs/doctor.md documents
+/// the shape; `version` changes only when a field changes meaning or goes away).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub version: u32,
+    pub operator_namespace: String,
+    /// The active ClusterPolicy, none when there is none.
+    pub cluster_policy: Option<String>,
+    /// The GPU memory resource the policy enables (the table's seventh column).
+    pub gpu_memory_resource: Option<String>,
+    /// The GPU nodes (without a pod name; empty with one).
+    pub nodes: Vec<NodeReport>,
+    /// The pod explained (with a pod name).
+    pub pod: Option<PodReport>,
+    /// Every fault, in the order the text prints them; none means exit status 0.
+    pub faults: Vec<Finding>,
+}
+
+/// The version of [`Report`]'s shape.
+pub const REPORT_VERSION: u32 = 1;
+
+/// The GPU nodes' rows.
+pub fn node_reports(snapshot: &Snapshot) -> Vec<NodeReport> {
+    let memory = snapshot.memory_resource();
+    let mut out = Vec::new();
+    for node in snapshot.gpu_nodes() {
+        let name = node.name_any();
+        let v = view(node);
+        // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
+        // scheduler puts it.
+        let mut pods: Vec<&Pod> = on_node(snapshot, &name)
+            .filter(|p| is_daemon_pod(p))
+            .collect();
+        pods.sort_by_key(|p| operand_of(p).to_owned());
+        out.push(NodeReport {
+            gpu_product: v.label(GPU_PRODUCT).map(str::to_owned),
+            gpu_count: v.label(GPU_COUNT).map(str::to_owned),
+            deploy_labels_placing: deploy_keys()
+                .filter(|k| v.label(k).is_some_and(|value| places_operand(k, value)))
+                .count(),
+            deploy_labels_set: deploy_keys().filter(|k| v.label(k).is_some()).count(),
+            operands_ready: pods.iter().filter(|p| pod_state(p) == "Ready").count(),
+            operands_total: pods.len(),
+            operands_not_ready: pods
+                .iter()
+                .filter(|p| pod_state(p) != "Ready")
+                .map(|p| PodState {
+                    operand: operand_of(p).to_owned(),
+                    pod: p.name_any(),
+                    state: pod_state(p),
+                })
+                .collect(),
+            validator: snapshot.validator_state(&name).0,
+            allocatable_gpus: quantity(node, GPU_RESOURCE).unwrap_or_else(|| "0".into()),
+            allocatable_gpu_memory: memory
+                .as_deref()
+                .map(|m| quantity(node, m).unwrap_or_else(|| "0".into())),
+            runtime: runtime_of(node).label().to_owned(),
+            taints: taints(node).iter().map(taint_text).collect(),
+            name,
+        });
+    }
+    out
+}
+
 /// The per-GPU-node table.
 pub fn node_table(snapshot: &Snapshot) -> String {
-    let memory = snapshot.memory_resource();
+    table_text(
+        &node_reports(snapshot),
+        snapshot.memory_resource().as_deref(),
+    )
+}
+
+fn table_text(nodes: &[NodeReport], memory: Option<&str>) -> String {
     let header = [
         "NODE",
         "GPU",
@@ -317,58 +491,96 @@ pub fn node_table(snapshot: &Snapshot) -> String {
         "OPERANDS",
         "VALIDATOR",
         GPU_RESOURCE,
-        memory.as_deref().unwrap_or("GPU-MEMORY"),
+        memory.unwrap_or("GPU-MEMORY"),
         "RUNTIME",
         "TAINTS",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
-    for node in snapshot.gpu_nodes() {
-        let name = node.name_any();
-        let v = view(node);
-        let gpu = match (v.label(GPU_PRODUCT), v.label(GPU_COUNT)) {
+    for n in nodes {
+        let gpu = match (&n.gpu_product, &n.gpu_count) {
             (Some(p), Some(c)) => format!("{c}x {p}"),
-            (Some(p), None) => p.to_owned(),
+            (Some(p), None) => p.clone(),
             _ => "yes (no GFD labels)".into(),
         };
-        let deploy = format!(
-            "{}/{}",
-            // A flavour's name on the toolkit's key places it too (operands::toolkit_flavour).
-            deploy_keys()
-                .filter(|k| v.label(k).is_some_and(|value| places_operand(k, value)))
-                .count(),
-            deploy_keys().filter(|k| v.label(k).is_some()).count()
-        );
-        // Per-node operands only: a Deployment's pod (NFD's master) lands wherever the
-        // scheduler puts it.
-        let mut pods: Vec<&Pod> = on_node(snapshot, &name)
-            .filter(|p| is_daemon_pod(p))
-            .collect();
-        pods.sort_by_key(|p| operand_of(p).to_owned());
-        let ready = pods.iter().filter(|p| pod_state(p) == "Ready").count();
-        let mut operands = format!("{ready}/{}", pods.len());
-        for p in pods.iter().filter(|p| pod_state(p) != "Ready") {
-            let _ = write!(operands, " {}:{}", operand_of(p), pod_state(p));
+        let mut operands = format!("{}/{}", n.operands_ready, n.operands_total);
+        for p in &n.operands_not_ready {
+            let _ = write!(operands, " {}:{}", p.operand, p.state);
         }
-        let taints: Vec<String> = taints(node).iter().map(taint_text).collect();
         rows.push(vec![
-            name.clone(),
+            n.name.clone(),
             gpu,
-            deploy,
+            format!("{}/{}", n.deploy_labels_placing, n.deploy_labels_set),
             operands,
-            snapshot.validator_state(&name).0,
-            quantity(node, GPU_RESOURCE).unwrap_or_else(|| "0".into()),
-            memory.as_deref().map_or("-".into(), |m| {
-                quantity(node, m).unwrap_or_else(|| "0".into())
-            }),
-            runtime_of(node).label().to_owned(),
-            if taints.is_empty() {
+            n.validator.clone(),
+            n.allocatable_gpus.clone(),
+            n.allocatable_gpu_memory
+                .clone()
+                .unwrap_or_else(|| "-".into()),
+            n.runtime.clone(),
+            if n.taints.is_empty() {
                 "-".into()
             } else {
-                taints.join(",")
+                n.taints.join(",")
             },
         ]);
     }
     columns(&rows)
+}
+
+impl Report {
+    /// The cluster's report (the table and its faults).
+    pub fn of_cluster(snapshot: &Snapshot) -> Self {
+        Report {
+            nodes: node_reports(snapshot),
+            faults: cluster_findings(snapshot),
+            ..Report::empty(snapshot)
+        }
+    }
+
+    /// The report on one pod.
+    pub fn of_pod(snapshot: &Snapshot, pod: &Pod) -> Self {
+        Report {
+            pod: Some(PodReport {
+                namespace: pod.namespace().unwrap_or_else(|| "default".into()),
+                name: pod.name_any(),
+                state: pod_state(pod),
+            }),
+            faults: pod_findings(snapshot, pod),
+            ..Report::empty(snapshot)
+        }
+    }
+
+    fn empty(snapshot: &Snapshot) -> Self {
+        Report {
+            version: REPORT_VERSION,
+            operator_namespace: snapshot.operator_namespace.clone(),
+            cluster_policy: snapshot.policy.as_ref().map(ResourceExt::name_any),
+            gpu_memory_resource: snapshot.memory_resource(),
+            nodes: Vec::new(),
+            pod: None,
+            faults: Vec::new(),
+        }
+    }
+
+    /// The report in `format`; text is the table (or the pod's line), a blank line, the faults.
+    pub fn render(&self, format: Output) -> anyhow::Result<String> {
+        Ok(match format {
+            Output::Text => {
+                let head = match &self.pod {
+                    Some(p) => format!("pod {}/{}: {}\n", p.namespace, p.name, p.state),
+                    None => table_text(&self.nodes, self.gpu_memory_resource.as_deref()),
+                };
+                format!("{head}\n{}", findings_text(&self.faults))
+            }
+            Output::Json => {
+                let mut text =
+                    serde_json::to_string_pretty(self).context("serialising the report")?;
+                text.push('\n');
+                text
+            }
+            Output::Yaml => serde_yaml_ng::to_string(self).context("serialising the report")?,
+        })
+    }
 }
 
 /// Left-aligned columns two spaces apart, without trailing blanks.
@@ -583,6 +795,90 @@ fn runtime_class_finding(snapshot: &Snapshot, name: &str, whose: &str) -> Option
     })
 }
 
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// Nodes NFD never labelled because a taint keeps its worker off them, one finding per taint
+/// (with the nodes it names): NFD cannot report a GPU on a node its worker does not run on, so
+/// such a node is never taken for a GPU node. The fix names the toleration to add (the whole
+/// list, since a list in the policy replaces the operator's defaults) and the taint to remove.
+fn nfd_kept_off(snapshot: &Snapshot) -> Vec<(Vec<String>, Finding)> {
+    let Some(tolerations) = &snapshot.nfd_worker_tolerations else {
+        return Vec::new();
+    };
+    let mut by_taint: std::collections::BTreeMap<String, (Taint, Vec<String>)> =
+        std::collections::BTreeMap::new();
+    for node in &snapshot.nodes {
+        let labelled = node
+            .labels()
+            .keys()
+            .any(|k| k.starts_with(NFD_LABEL_PREFIX));
+        if labelled {
+            continue;
+        }
+        for taint in taints(node)
+            .into_iter()
+            .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+            .filter(|t| !DAEMON_SET_TOLERATED.contains(&t.key.as_str()))
+            .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        {
+            by_taint
+                .entry(taint_text(&taint))
+                .or_insert_with(|| (taint.clone(), Vec::new()))
+                .1
+                .push(node.name_any());
+        }
+    }
+    by_taint
+        .into_iter()
+        .map(|(text, (taint, mut nodes))| {
+            nodes.sort();
+            let mut wanted = tolerations.clone();
+            wanted.push(Toleration {
+                key: Some(taint.key.clone()),
+                operator: Some("Exists".into()),
+                effect: Some(taint.effect.clone()),
+                ..Toleration::default()
+            });
+            let list = serde_json::to_string(&wanted).unwrap_or_default();
+            let shown: Vec<&str> = nodes.iter().take(5).map(String::as_str).collect();
+            let more = nodes.len().saturating_sub(shown.len());
+            let finding = Finding {
+                check: NFD_WORKER_KEPT_OFF,
+                problem: format!(
+                    "taint {text} keeps NFD's worker ({NFD_WORKER}) off {}{}, which NFD has not \
+                     labelled: a GPU there is never reported, so the operator never deploys to it",
+                    shown.join(", "),
+                    if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    },
+                ),
+                fix: format!(
+                    "add the toleration {{key: {}, operator: Exists, effect: {}}} to the NFD \
+                     worker: kubectl patch clusterpolicy {} --type merge -p \
+                     '{{\"spec\":{{\"nfd\":{{\"worker\":{{\"tolerations\":{list}}}}}}}}}'  \
+                     (with Helm: node-feature-discovery.worker.tolerations, the same list); or, \
+                     if the taint is not meant for it, kubectl taint node {} {}:{}-",
+                    taint.key,
+                    taint.effect,
+                    snapshot.policy_name(),
+                    nodes[0],
+                    taint.key,
+                    taint.effect,
+                ),
+            };
+            (nodes, finding)
+        })
+        .collect()
+}
+
 /// Faults of the whole cluster (the table's companion).
 pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -593,11 +889,24 @@ pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
             fix: "kubectl get clusterpolicies; helm install gpu-operator charts/gpu-operator -n gpu-operator --create-namespace".into(),
         });
     }
+    let kept_off = nfd_kept_off(snapshot);
     let nodes = snapshot.gpu_nodes();
     if nodes.is_empty() {
-        out.push(no_gpu_node(" in the cluster"));
+        let blocked: std::collections::BTreeSet<&String> =
+            kept_off.iter().flat_map(|(n, _)| n).collect();
+        out.push(if blocked.is_empty() {
+            no_gpu_node(" in the cluster")
+        } else {
+            no_gpu_node(&format!(
+                " in the cluster: NFD's worker cannot run on {}, so NFD reports no PCI device \
+                 there ({NFD_WORKER_KEPT_OFF} below)",
+                plural(blocked.len(), "node"),
+            ))
+        });
+        out.extend(kept_off.into_iter().map(|(_, f)| f));
         return out;
     }
+    out.extend(kept_off.into_iter().map(|(_, f)| f));
     for node in &nodes {
         out.extend(runtime_findings(snapshot, node));
         out.extend(operand_findings(snapshot, node));
@@ -814,20 +1123,7 @@ pub async fn client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
 ) -> anyhow::Result<Client> {
-    let options = kube::config::KubeConfigOptions {
-        context: context.map(str::to_owned),
-        ..Default::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
-        }
-        None if context.is_some() => kube::Config::from_kubeconfig(&options).await?,
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
+    Ok(Client::try_from(config(kubeconfig, context).await?)?)
 }
 
 /// The active policy: the oldest (the operator's rule), or none when the CRD is not served.
@@ -864,6 +1160,26 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         .await
         .with_context(|| format!("listing operand pods in {operator_namespace}"))?
         .items;
+    // Read as the operator deployed it: absent when NFD came from elsewhere (then its own
+    // tolerations are not ours to judge), and skipped for a user who may not read DaemonSets
+    // (that one check is then not made; the rest needs no such right).
+    let worker = match Api::<DaemonSet>::namespaced(client.clone(), &operator_namespace)
+        .get_opt(NFD_WORKER)
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        other => {
+            other.with_context(|| format!("reading DaemonSet {operator_namespace}/{NFD_WORKER}"))?
+        }
+    };
+    let nfd_worker_tolerations = worker
+        .filter(|ds| ds.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER))
+        .map(|ds| {
+            ds.spec
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.tolerations)
+                .unwrap_or_default()
+        });
     let runtime_classes = Api::<RuntimeClass>::all(client.clone())
         .list_metadata(&ListParams::default())
         .await
@@ -878,41 +1194,103 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         runtime_classes,
         policy,
         operator_namespace,
+        nfd_worker_tolerations,
     })
 }
 
-/// Runs the doctor; an error (non-zero exit) when it finds a fault.
+/// How a doctor run ended without a clean bill: [`Failure::exit_code`] is its exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// The diagnosis ran and found faults (printed in full on standard output).
+    #[error("doctor found {0} fault(s)")]
+    Faults(usize),
+    /// No diagnosis: the reason, with its causes.
+    #[error("doctor could not run: {0:#}")]
+    CouldNotRun(anyhow::Error),
+}
+
+impl Failure {
+    /// [`EXIT_FAULTS`] or [`EXIT_COULD_NOT_RUN`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Faults(_) => EXIT_FAULTS,
+            Failure::CouldNotRun(_) => EXIT_COULD_NOT_RUN,
+        }
+    }
+}
+
+/// The client configuration from `kubeconfig` and `context` (default: KUBECONFIG,
+/// ~/.kube/config, or the in-cluster account); its `default_namespace` is the context's
+/// namespace (else `default`), as kubectl's.
+pub async fn config(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    Ok(match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("using the kubeconfig (KUBECONFIG or ~/.kube/config)")?,
+        None => kube::Config::infer().await.context(
+            "finding a kubeconfig (KUBECONFIG, ~/.kube/config) or an in-cluster account",
+        )?,
+    })
+}
+
+/// The namespace of the pod to explain: `-n`, else the kubeconfig context's.
+pub fn pod_namespace(args: &DoctorArgs, config: &kube::Config) -> String {
+    args.namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| config.default_namespace.clone())
+}
+
+async fn diagnose(args: &DoctorArgs) -> anyhow::Result<Report> {
+    let config = config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let namespace = pod_namespace(args, &config);
+    let client = Client::try_from(config)?;
+    let snapshot = snapshot(&client, args).await?;
+    Ok(match &args.pod {
+        None => Report::of_cluster(&snapshot),
+        Some(name) => {
+            let pod = Api::<Pod>::namespaced(client.clone(), &namespace)
+                .get(name)
+                .await
+                .with_context(|| format!("reading pod {namespace}/{name}"))?;
+            Report::of_pod(&snapshot, &pod)
+        }
+    })
+}
+
+/// Runs the doctor and prints its report in the chosen format; a [`Failure`] when it finds a
+/// fault or cannot run.
 pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let report = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("starting the async runtime")?;
-    let (text, findings) = runtime.block_on(async {
-        let client = client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-        let snapshot = snapshot(&client, args).await?;
-        Ok::<_, anyhow::Error>(match &args.pod {
-            None => {
-                let findings = cluster_findings(&snapshot);
-                (node_table(&snapshot), findings)
-            }
-            Some(name) => {
-                let pod = Api::<Pod>::namespaced(client.clone(), &args.namespace)
-                    .get(name)
-                    .await
-                    .with_context(|| format!("reading pod {}/{name}", args.namespace))?;
-                let header = format!("pod {}/{name}: {}\n", args.namespace, pod_state(&pod));
-                let findings = pod_findings(&snapshot, &pod);
-                (header, findings)
-            }
-        })
-    })?;
-    write!(out, "{text}\n{}", findings_text(&findings)).context("writing the report")?;
-    anyhow::ensure!(
-        findings.is_empty(),
-        "doctor found {} fault(s)",
-        findings.len()
-    );
-    Ok(())
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(diagnose(args)))
+        .and_then(|report| Ok((report.render(args.output)?, report)))
+        .map_err(Failure::CouldNotRun)?;
+    let (text, report) = report;
+    out.write_all(text.as_bytes())
+        .context("writing the report")
+        .map_err(Failure::CouldNotRun)?;
+    if report.faults.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Faults(report.faults.len()).into())
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 use serde_json::json;
 
+use clap::Parser as _;
+
 use super::*;
 
 fn node(name: &str, product: &str, count: u32, gpus: u32, taint: bool) -> Node {
@@ -146,6 +148,7 @@ fn healthy() -> Snapshot {
         runtime_classes: vec!["nvidia".into()],
         policy: Some(policy(json!({}))),
         operator_namespace: "gpu-operator".into(),
+        nfd_worker_tolerations: None,
     }
 }
 
@@ -491,4 +494,307 @@ fn containerd_2_under_a_toolkit_too_old_for_config_version_3_is_named() {
         "Ubuntu 22.04.4 LTS",
     );
     assert_eq!(cluster_findings(&snapshot), []);
+}
+
+#[test]
+fn json_and_yaml_carry_the_facts_of_the_text() {
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy(
+        json!({"gpuMemoryResource": {"enabled": true, "name": "example.com/vram"}}),
+    ));
+    snapshot.operand_pods[2] = operand_pod("device-plugin", "gpu-a100-0", Some("ImagePullBackOff"));
+    let report = Report::of_cluster(&snapshot);
+    let text = report.render(Output::Text).unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{}\n{}",
+            node_table(&snapshot),
+            findings_text(&cluster_findings(&snapshot))
+        )
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&report.render(Output::Json).unwrap()).unwrap();
+    let yaml: serde_json::Value =
+        serde_yaml_ng::from_str(&report.render(Output::Yaml).unwrap()).unwrap();
+    assert_eq!(json, yaml);
+    assert_eq!(json["version"], 1);
+    assert_eq!(json["operatorNamespace"], "gpu-operator");
+    assert_eq!(json["clusterPolicy"], "cluster-policy");
+    assert_eq!(json["gpuMemoryResource"], "example.com/vram");
+    assert_eq!(json["pod"], serde_json::Value::Null);
+    let a100 = &json["nodes"][0];
+    assert_eq!(
+        a100,
+        &json!({
+            "name": "gpu-a100-0",
+            "gpuProduct": "NVIDIA-A100-SXM4-40GB",
+            "gpuCount": "8",
+            "deployLabelsPlacing": 3,
+            "deployLabelsSet": 3,
+            "operandsReady": 2,
+            "operandsTotal": 3,
+            "operandsNotReady": [{"operand": "device-plugin", "pod": "device-plugin-gpu-a100-0", "state": "ImagePullBackOff"}],
+            "validator": "Ready",
+            "allocatableGpus": "8",
+            "allocatableGpuMemory": "0",
+            "runtime": "containerd",
+            "taints": []
+        })
+    );
+    assert_eq!(
+        json["nodes"][1]["taints"],
+        json!(["nvidia.com/gpu=present:NoSchedule"])
+    );
+    // Every fault of the text, with its check and fix.
+    let faults = json["faults"].as_array().unwrap();
+    assert_eq!(faults.len(), text.matches("FAULT ").count());
+    assert_eq!(faults[0]["check"], OPERAND_NOT_READY);
+    assert!(text.contains(faults[0]["fix"].as_str().unwrap()));
+}
+
+#[test]
+fn a_pods_report_names_the_pod_and_lists_no_nodes() {
+    let snapshot = healthy();
+    let pod = gpu_pod(json!({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}}));
+    let report = Report::of_pod(&snapshot, &pod);
+    assert_eq!(
+        report.render(Output::Text).unwrap(),
+        format!(
+            "pod default/infer: Unknown\n\n{}",
+            findings_text(&pod_findings(&snapshot, &pod))
+        )
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&report.render(Output::Json).unwrap()).unwrap();
+    assert_eq!(
+        json["pod"],
+        json!({"namespace": "default", "name": "infer", "state": "Unknown"})
+    );
+    assert_eq!(json["nodes"], json!([]));
+    assert_eq!(json["faults"][0]["check"], NO_GPU_NODE);
+}
+
+fn nfd_worker_default_tolerations() -> Vec<Toleration> {
+    serde_json::from_value(json!([
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]))
+    .unwrap()
+}
+
+/// A GPU node NFD has not seen yet (no NFD label) behind `taint`.
+fn unseen_node(name: &str, taint: (&str, &str)) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("kubernetes.io/hostname".to_string(), name.to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: taint.0.into(),
+                value: Some("true".into()),
+                effect: taint.1.into(),
+                time_added: None,
+            }]),
+            ..NodeSpec::default()
+        }),
+        ..Node::default()
+    }
+}
+
+#[test]
+fn a_taint_keeping_the_nfd_worker_off_is_named_with_the_toleration_to_add() {
+    let mut snapshot = healthy();
+    snapshot.nodes = vec![
+        cpu_node(),
+        unseen_node("gpu-new-0", ("dedicated", "NoSchedule")),
+        unseen_node("gpu-new-1", ("dedicated", "NoSchedule")),
+    ];
+    snapshot.operand_pods.clear();
+    snapshot.nfd_worker_tolerations = Some(nfd_worker_default_tolerations());
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [NO_GPU_NODE, NFD_WORKER_KEPT_OFF]);
+    assert!(
+        findings[0]
+            .problem
+            .contains("NFD's worker cannot run on 2 nodes"),
+        "{}",
+        findings[0].problem
+    );
+    let kept_off = &findings[1];
+    assert!(
+        kept_off
+            .problem
+            .contains("taint dedicated=true:NoSchedule keeps NFD's worker")
+            && kept_off.problem.contains("gpu-new-0, gpu-new-1"),
+        "{}",
+        kept_off.problem
+    );
+    // The whole list goes into the patch: a list in the policy replaces the defaults.
+    assert!(
+        kept_off.fix.contains(
+            r#"{"spec":{"nfd":{"worker":{"tolerations":[{"effect":"NoSchedule","key":"node-role.kubernetes.io/control-plane","operator":"Exists"},{"effect":"NoSchedule","key":"nvidia.com/gpu","operator":"Exists"},{"effect":"NoSchedule","key":"dedicated","operator":"Exists"}]}}}}"#
+        ),
+        "{}",
+        kept_off.fix
+    );
+    assert!(
+        kept_off
+            .fix
+            .contains("kubectl patch clusterpolicy cluster-policy")
+            && kept_off
+                .fix
+                .contains("kubectl taint node gpu-new-0 dedicated:NoSchedule-"),
+        "{}",
+        kept_off.fix
+    );
+
+    // A tolerated taint (also one every DaemonSet tolerates), a node NFD already labelled, or
+    // an NFD not deployed by the operator: nothing to say.
+    snapshot.nodes[1] = unseen_node("gpu-new-0", ("nvidia.com/gpu", "NoSchedule"));
+    snapshot.nodes.push(unseen_node(
+        "joining-0",
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+    ));
+    snapshot.nodes[2].metadata.labels.as_mut().unwrap().insert(
+        "feature.node.kubernetes.io/cpu-model.family".into(),
+        "6".into(),
+    );
+    assert_eq!(checks(&cluster_findings(&snapshot)), [NO_GPU_NODE]);
+    let mut foreign = snapshot.clone();
+    foreign.nodes[1] = unseen_node("gpu-new-0", ("dedicated", "NoSchedule"));
+    foreign.nfd_worker_tolerations = None;
+    assert_eq!(checks(&cluster_findings(&foreign)), [NO_GPU_NODE]);
+}
+
+#[test]
+fn faults_and_could_not_run_have_distinct_exit_codes() {
+    assert_eq!(Failure::Faults(3).exit_code(), EXIT_FAULTS);
+    assert_eq!(
+        Failure::CouldNotRun(anyhow::anyhow!("no kubeconfig")).exit_code(),
+        EXIT_COULD_NOT_RUN
+    );
+    assert_ne!(EXIT_FAULTS, EXIT_COULD_NOT_RUN);
+    assert_ne!(EXIT_FAULTS, 0);
+    let faults: anyhow::Error = Failure::Faults(1).into();
+    assert_eq!(crate::cli::exit_code(&faults), EXIT_FAULTS);
+    let broken: anyhow::Error = Failure::CouldNotRun(anyhow::anyhow!("refused")).into();
+    assert_eq!(crate::cli::exit_code(&broken), EXIT_COULD_NOT_RUN);
+    assert!(broken.to_string().contains("refused"));
+    assert_eq!(crate::cli::exit_code(&anyhow::anyhow!("render failed")), 1);
+}
+
+#[test]
+fn a_kubeconfig_that_cannot_be_read_is_could_not_run() {
+    let args = DoctorArgs {
+        pod: None,
+        namespace: None,
+        output: Output::Json,
+        operator_namespace: None,
+        kubeconfig: Some("/nonexistent/kubeconfig".into()),
+        context: None,
+    };
+    let mut out = Vec::new();
+    let error = run(&args, &mut out).unwrap_err();
+    assert_eq!(crate::cli::exit_code(&error), EXIT_COULD_NOT_RUN);
+    assert!(
+        out.is_empty(),
+        "printed a report: {}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(
+        format!("{error:#}").contains("/nonexistent/kubeconfig"),
+        "{error:#}"
+    );
+}
+
+const KUBECONFIG: &str = r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: team-a
+  context: {cluster: c, user: u, namespace: team-a}
+- name: bare
+  context: {cluster: c, user: u}
+current-context: team-a
+"#;
+
+#[test]
+fn the_pod_namespace_defaults_to_the_contexts_as_kubectl_does() {
+    let dir = std::env::temp_dir().join(format!("doctor-kubeconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config");
+    std::fs::write(&path, KUBECONFIG).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let namespace = |args: &[&str]| {
+        let cli = crate::cli::Cli::try_parse_from(
+            [
+                "gpu-operator",
+                "doctor",
+                "--kubeconfig",
+                path.to_str().unwrap(),
+            ]
+            .iter()
+            .chain(args),
+        )
+        .unwrap();
+        let crate::cli::Command::Doctor(args) = cli.command else {
+            panic!("not the doctor")
+        };
+        let config = runtime
+            .block_on(config(args.kubeconfig.as_deref(), args.context.as_deref()))
+            .unwrap();
+        pod_namespace(&args, &config)
+    };
+    assert_eq!(namespace(&[]), "team-a");
+    assert_eq!(namespace(&["--context", "bare"]), "default");
+    assert_eq!(namespace(&["-n", "ml"]), "ml");
+    assert_eq!(namespace(&["--namespace", "ml", "--context", "bare"]), "ml");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn output_takes_text_json_and_yaml_only() {
+    let parse = |args: &[&str]| {
+        crate::cli::Cli::try_parse_from(["gpu-operator", "doctor"].iter().chain(args))
+    };
+    for (flag, want) in [
+        (&["-o", "json"][..], Output::Json),
+        (&["--output", "yaml"][..], Output::Yaml),
+        (&[][..], Output::Text),
+    ] {
+        let crate::cli::Command::Doctor(args) = parse(flag).unwrap().command else {
+            panic!("not the doctor")
+        };
+        assert_eq!(args.output, want);
+        assert_eq!(args.namespace, None);
+    }
+    let error = parse(&["-o", "wide"]).unwrap_err();
+    assert_eq!(error.exit_code(), i32::from(EXIT_COULD_NOT_RUN));
+}
+
+#[test]
+fn help_documents_the_exit_statuses_and_the_formats() {
+    let error = crate::cli::Cli::try_parse_from(["gpu-operator", "doctor", "--help"]).unwrap_err();
+    let help = error.render().to_string();
+    for text in [
+        "Exit status:",
+        "1  faults found",
+        "2  could not run",
+        "json",
+        "yaml",
+        "the kubeconfig context in use",
+    ] {
+        assert!(help.contains(text), "{text:?} not in:\n{help}");
+    }
 }

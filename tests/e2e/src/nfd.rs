@@ -237,7 +237,19 @@ impl RealNfd {
         std::fs::create_dir_all(&host)?;
         nfd.pods
             .push(run_pod(admin, &pod, &host, &dir, api_port, 0).await?);
+        nfd.add_workers(admin, namespace, nodes).await?;
+        Ok(nfd)
+    }
 
+    /// Runs the worker pods the DaemonSet placed on `nodes` (for nodes that joined after
+    /// [`RealNfd::start`]); fails when the DaemonSet puts no running pod on one of them.
+    pub async fn add_workers(
+        &mut self,
+        admin: &Client,
+        namespace: &str,
+        nodes: &[FakeNode],
+    ) -> Result<()> {
+        let api_port = api_server_port()?;
         let worker = Api::<DaemonSet>::namespaced(admin.clone(), namespace)
             .get(WORKER)
             .await
@@ -246,14 +258,15 @@ impl RealNfd {
             .spec
             .and_then(|s| s.selector.match_labels)
             .context("the NFD worker DaemonSet has no matchLabels")?;
-        for (i, node) in nodes.iter().enumerate() {
-            let host = dir.join("hosts").join(&node.name);
+        for node in nodes {
+            let host = self.dir.join("hosts").join(&node.name);
             write_fake_host(&host, node)?;
             let pod = running_pod(admin, namespace, &selector, Some(&node.name)).await?;
-            nfd.pods
-                .push(run_pod(admin, &pod, &host, &dir, api_port, i + 1).await?);
+            let index = self.pods.len();
+            self.pods
+                .push(run_pod(admin, &pod, &host, &self.dir, api_port, index).await?);
         }
-        Ok(nfd)
+        Ok(())
     }
 
     /// Every process's log, for assertion messages.

@@ -2,7 +2,10 @@
 //! is named with its fix and makes the exit code non-zero; a healthy cluster exits 0 and its
 //! table equals `testdata/doctor-healthy.txt` (regenerate with `UPDATE_GOLDEN=1`). It runs as
 //! the user (the admin kubeconfig), as the operator (its ServiceAccount's kubeconfig), and as
-//! the kubectl plugin `kubectl gpu doctor` (a `kubectl-gpu` link on PATH).
+//! the kubectl plugin `kubectl gpu doctor` (a `kubectl-gpu` link on PATH), which finds a pod in
+//! the kubeconfig context's namespace without `-n`. `-o json` and `-o yaml` carry the table's
+//! facts and the faults; faults exit 1, a doctor that cannot run (no kubeconfig, an unknown
+//! context, a pod that does not exist) exits 2 and prints no report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -11,13 +14,16 @@ use std::time::Duration;
 
 use e2e::chaos::CrashLoop;
 use e2e::cluster::unique_name;
+use e2e::nodes::{self, FakeNode, GpuModel};
+use e2e::session::EPHEMERAL;
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::cli::doctor::{
-    ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION, NO_GPU_NODE,
-    RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
+    ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION,
+    NFD_WORKER_KEPT_OFF, NO_GPU_NODE, RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
 };
+use gpu_operator::cli::doctor::{EXIT_COULD_NOT_RUN, EXIT_FAULTS};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -27,21 +33,46 @@ use serde_json::json;
 /// What one doctor run printed and how it exited.
 struct Report {
     ok: bool,
+    code: Option<i32>,
     stdout: String,
+    stderr: String,
 }
 
 impl Report {
+    /// A run that could not diagnose: exit 2, no report, the reason on stderr.
+    fn assert_could_not_run(&self, mentions: &str) {
+        assert_eq!(
+            self.code,
+            Some(i32::from(EXIT_COULD_NOT_RUN)),
+            "{}{}",
+            self.stdout,
+            self.stderr
+        );
+        assert_eq!(self.stdout, "");
+        assert!(
+            self.stderr.contains(mentions),
+            "{mentions} not in {}",
+            self.stderr
+        );
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", self.stdout, self.stderr))
+    }
+
     fn assert_fault(&self, check: &str, mentions: &str) {
         let line = format!("FAULT {check}: ");
         assert!(
-            !self.ok
+            self.code == Some(i32::from(EXIT_FAULTS))
                 && self
                     .stdout
                     .lines()
                     .any(|l| l.starts_with(&line) && l.contains(mentions)),
-            "expected {check} mentioning {mentions}, exit ok={}:\n{}",
-            self.ok,
-            self.stdout
+            "expected {check} mentioning {mentions}, exit {:?}:\n{}{}",
+            self.code,
+            self.stdout,
+            self.stderr
         );
         // Every finding carries its fix on the next line.
         let fixes = self
@@ -62,7 +93,9 @@ fn run(mut command: Command, args: &[&str]) -> Report {
     let output = command.args(args).output().unwrap();
     Report {
         ok: output.status.success(),
+        code: output.status.code(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
 }
 
@@ -165,6 +198,51 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     )
     .await;
     doctor(&["needs-gpu", "-n", &namespace]).assert_fault(ALLOCATABLE_ZERO, "gpu-t4-0");
+    // The same fault in JSON, with the same exit status.
+    let as_json = doctor(&["needs-gpu", "-n", &namespace, "-o", "json"]);
+    assert_eq!(
+        as_json.code,
+        Some(i32::from(EXIT_FAULTS)),
+        "{}",
+        as_json.stderr
+    );
+    let report = as_json.json();
+    assert_eq!(report["pod"]["namespace"], namespace.as_str());
+    assert_eq!(report["pod"]["name"], "needs-gpu");
+    assert!(
+        report["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == ALLOCATABLE_ZERO
+                && f["problem"].as_str().unwrap().contains("gpu-t4-0")),
+        "{report}"
+    );
+
+    // Without -n, the pod is looked for in the kubeconfig context's namespace, as kubectl does.
+    let context_kubeconfig = std::env::temp_dir().join(unique_name("doctor-kubeconfig"));
+    std::fs::copy(std::env::var("KUBECONFIG").unwrap(), &context_kubeconfig).unwrap();
+    let context_path = context_kubeconfig.display().to_string();
+    e2e::cluster::kubectl_output(&[
+        "config",
+        "set-context",
+        "--current",
+        "--namespace",
+        &namespace,
+        "--kubeconfig",
+        &context_path,
+    ])
+    .unwrap();
+    doctor(&["needs-gpu", "--kubeconfig", &context_path])
+        .assert_fault(ALLOCATABLE_ZERO, "gpu-t4-0");
+    // ... and not in default, where the admin kubeconfig's context points.
+    doctor(&["needs-gpu"]).assert_could_not_run("default/needs-gpu");
+
+    // Could not run: exit 2, no report.
+    doctor(&["--kubeconfig", "/nonexistent/kubeconfig", "-o", "json"])
+        .assert_could_not_run("/nonexistent/kubeconfig");
+    doctor(&["--context", "no-such-context"]).assert_could_not_run("no-such-context");
+    doctor(&["no-such-pod", "-n", &namespace]).assert_could_not_run("no-such-pod");
 
     // Healthy: exit 0, the golden table, the same from the operator's kubeconfig and as a
     // kubectl plugin.
@@ -177,6 +255,36 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
         healthy.stdout,
         std::fs::read_to_string(golden_path()).unwrap()
     );
+    // JSON and YAML: the table's facts, no fault, exit 0.
+    let json = doctor(&["-o", "json"]);
+    assert!(json.ok, "{}{}", json.stdout, json.stderr);
+    let report = json.json();
+    assert_eq!(report["version"], 1);
+    assert_eq!(report["faults"], serde_json::json!([]));
+    let rows: Vec<&str> = healthy
+        .stdout
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let nodes = report["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), rows.len(), "{report}");
+    for (node, row) in nodes.iter().zip(&rows) {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(node["name"], cells[0], "{row}");
+        assert_eq!(node["validator"], "Ready", "{row}");
+        assert_eq!(node["allocatableGpus"], cells[cells.len() - 4], "{row}");
+        let taints = node["taints"].as_array().unwrap();
+        assert_eq!(
+            cells[cells.len() - 1] == "-",
+            taints.is_empty(),
+            "{row}: {node}"
+        );
+    }
+    let yaml = doctor(&["--output", "yaml"]);
+    assert!(yaml.ok, "{}", yaml.stderr);
+    let from_yaml: serde_json::Value = serde_yaml_ng::from_str(&yaml.stdout).unwrap();
+    assert_eq!(from_yaml, report);
     let kubeconfig = setup.identity.kubeconfig.display().to_string();
     let as_operator = doctor(&["--kubeconfig", &kubeconfig]);
     assert!(as_operator.ok, "{}", as_operator.stdout);
@@ -194,11 +302,65 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
         std::env::var("PATH").unwrap_or_default()
     );
     let mut kubectl = e2e::kubectl();
-    kubectl.env("PATH", path);
+    kubectl.env("PATH", &path);
     let plugin = run(kubectl, &["gpu", "doctor"]);
     assert!(plugin.ok, "{}", plugin.stdout);
     assert_eq!(plugin.stdout, healthy.stdout);
+    // As a plugin with kubectl's own flags, and the context's namespace for the pod.
+    let mut kubectl = e2e::kubectl();
+    kubectl.env("PATH", &path);
+    let plugin = run(
+        kubectl,
+        &[
+            "gpu",
+            "doctor",
+            "on-no-node",
+            "--kubeconfig",
+            &context_path,
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(
+        plugin.code,
+        Some(i32::from(EXIT_COULD_NOT_RUN)),
+        "{}",
+        plugin.stderr
+    );
+    assert!(
+        plugin.stderr.contains(&format!("{namespace}/on-no-node")),
+        "{}",
+        plugin.stderr
+    );
+    let mut kubectl = e2e::kubectl();
+    kubectl
+        .env("PATH", &path)
+        .env("KUBECONFIG", &context_kubeconfig);
+    let plugin = run(kubectl, &["gpu", "doctor", "needs-gpu", "-o", "json"]);
+    assert_ne!(
+        plugin.code,
+        Some(i32::from(EXIT_COULD_NOT_RUN)),
+        "{}",
+        plugin.stderr
+    );
+    assert_eq!(plugin.json()["pod"]["namespace"], namespace.as_str());
+    // kubectl's completion of `kubectl gpu <TAB>` through a kubectl_complete-gpu link.
+    std::os::unix::fs::symlink(
+        e2e::operator::binary().unwrap(),
+        plugins.join("kubectl_complete-gpu"),
+    )
+    .unwrap();
+    let mut kubectl = e2e::kubectl();
+    kubectl.env("PATH", &path);
+    let completed = run(kubectl, &["__complete", "gpu", "doctor", "--out"]);
+    assert!(
+        completed.ok && completed.stdout.lines().any(|l| l.starts_with("--output")),
+        "{}{}",
+        completed.stdout,
+        completed.stderr
+    );
     std::fs::remove_dir_all(&plugins).unwrap();
+    std::fs::remove_file(&context_kubeconfig).unwrap();
 
     // No GPU node for the pod's selector; a missing toleration; a MIG resource the strategy
     // does not advertise.
@@ -258,6 +420,39 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     doctor(&[]).assert_fault(RUNTIME_CLASS_MISSING, "RuntimeClass nvidia");
     setup.start_operator_again().await;
     until_healthy(&setup).await;
+
+    // A node NFD never labelled behind a taint NFD's worker does not tolerate: named, with the
+    // toleration to add, instead of staying an unexplained non-GPU node.
+    let unseen = FakeNode::gpu(unique_name("doctor-unseen"), GpuModel::T4)
+        .undiscovered()
+        .label(EPHEMERAL, "true");
+    nodes::create(&admin, std::slice::from_ref(&unseen))
+        .await
+        .unwrap();
+    Api::<Node>::all(admin.clone())
+        .patch(
+            &unseen.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let report = doctor(&[]);
+    report.assert_fault(
+        NFD_WORKER_KEPT_OFF,
+        &format!("taint dedicated=ml:NoSchedule keeps NFD's worker (node-feature-discovery-worker) off {}", unseen.name),
+    );
+    assert!(
+        report
+            .stdout
+            .contains(r#"{"effect":"NoSchedule","key":"dedicated","operator":"Exists"}"#),
+        "{}",
+        report.stdout
+    );
+    nodes::delete(&admin, std::slice::from_ref(&unseen.name))
+        .await
+        .unwrap();
 
     Api::<Namespace>::all(admin.clone())
         .delete(&namespace, &DeleteParams::default())

@@ -249,11 +249,12 @@ fn chart_lints_and_renders_the_policy_for_default_values_documented_flags_and_ti
             assert_eq!(config["metadata"]["namespace"], "gpu-operator");
             let default = config["data"]["default"].as_str().unwrap();
             assert!(default.contains("replicas: 4"), "{default}");
-            let terms = &spec["nfd"]["worker"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                ["nodeSelectorTerms"];
-            assert_eq!(
-                terms[0]["matchExpressions"][0]["key"],
-                "feature.node.kubernetes.io/pci-10de.present"
+            // NFD's workers stay on every node: a worker is what finds a node's GPU, so no
+            // affinity may wait for a label only a worker writes (tests/e2e/tests/shipped.rs).
+            assert!(
+                spec["nfd"]["worker"].get("affinity").is_none(),
+                "time-slicing values pin NFD's workers: {}",
+                spec["nfd"]["worker"]
             );
         } else {
             assert!(spec["devicePlugin"].get("config").is_none(), "{case}");
@@ -474,10 +475,25 @@ fn misspelt_and_unsupported_values_fail_with_a_message_naming_the_value() {
     if tools::harness_tool("helm").is_none() {
         return;
     }
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 10] = [
         (
             &["--set", "devicePlugin.enable=true"],
             &["/devicePlugin", "'enable' not allowed"],
+        ),
+        // The ClusterPolicy takes env values and args as strings only: the schema refuses what
+        // the CRD would (`--set-string` or quotes pass).
+        (
+            &[
+                "--set",
+                "toolkit.env[0].name=CONTAINERD_SET_AS_DEFAULT",
+                "--set",
+                "toolkit.env[0].value=true",
+            ],
+            &["/toolkit/env/0/value", "got boolean, want string"],
+        ),
+        (
+            &["--set", "driver.args[0]=1"],
+            &["/driver/args/0", "want string"],
         ),
         (
             &["--set", "dcgmExporter.serviceMonitor.enable=true"],
@@ -520,6 +536,20 @@ fn misspelt_and_unsupported_values_fail_with_a_message_naming_the_value() {
             &["node-feature-discovery.image.tag"],
         ),
     ];
+    // Quoted, the same values pass.
+    let quoted = helm(&template_args(&strings(&[
+        "--set",
+        "toolkit.env[0].name=CONTAINERD_SET_AS_DEFAULT",
+        "--set-string",
+        "toolkit.env[0].value=true",
+        "--set-string",
+        "driver.args[0]=1",
+    ])));
+    assert!(
+        quoted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&quoted.stderr)
+    );
     for (args, expected) in cases {
         let out = helm(&template_args(&strings(args)));
         let stderr = String::from_utf8_lossy(&out.stderr);
