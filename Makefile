@@ -31,12 +31,16 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here)
+e2e: harness release-tools olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here)
 	tests/e2e.sh
 
 .PHONY: image
 image: ## the operator's OCI image archive, reproducibly, without a container daemon (prints its digest; docs/install.md)
 	scripts/image.sh
+
+.PHONY: release
+release: ## publish to an OCI registry: the image (SBOM as a referrer), the chart naming it, the image list (REGISTRY=host[:port][/path] VERSION=...; docs/install.md)
+	scripts/release.sh "$(REGISTRY)" "$(VERSION)"
 
 .PHONY: image-check
 image-check: ## build the image twice (same digest) and check it: layout, config, user, entrypoint, labels, the binary runs
@@ -45,6 +49,10 @@ image-check: ## build the image twice (same digest) and check it: layout, config
 .PHONY: harness
 harness: ## build (or reuse) the Kubernetes, etcd, kwok, helm and NFD binaries
 	tests/cluster/build.sh >/dev/null
+
+.PHONY: release-tools
+release-tools: ## build (or reuse) the OCI registry and oras that `make release` and its end-to-end test use
+	tests/cluster/build.sh registry oras helm >/dev/null
 
 .PHONY: olm-validator
 olm-validator: ## build (or reuse) the operator-framework bundle validators the OLM tests run

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in, OLM's olm-operator
-# with csv-rbac, netns-run and krew) from their Go modules into a cache outside the clone, one folder per tool
-# keyed by its version, the Go toolchain and its go.sum, and reuses them when present.
+# with csv-rbac, netns-run, krew, the OCI registry and oras) from their Go modules into a cache
+# outside the clone, one folder per tool keyed by its version, the Go toolchain and its go.sum,
+# and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 #
-# usage: tests/cluster/build.sh [TOOL...]   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew
+# usage: tests/cluster/build.sh [TOOL...]
+#   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras
 # With tools named, builds only those and prints a folder holding only their binaries: the OLM
-# bundle needs helm alone (`make chart`, `make bundle`).
+# bundle needs helm alone (`make chart`, `make bundle`), `make release` helm and oras.
+# Without tools named it builds those every harness runs; the registry and oras, which only the
+# release test and `make release` use, are built when named (they add a cold build of minutes).
 set -euo pipefail
 # A failed build inside $(build ...) must stop the script, not be cached as complete.
 shopt -s inherit_errexit
@@ -22,7 +26,7 @@ go_version=$(go env GOVERSION)
 
 log() { echo "build.sh: $*" >&2; }
 
-tools=(kubernetes etcd kwok helm nfd olm netns-run krew)
+tools=(kubernetes etcd kwok helm nfd olm netns-run krew registry oras)
 for tool in "$@"; do
   if [[ " ${tools[*]} " != *" $tool "* ]]; then
     log "unknown tool $tool (one of: ${tools[*]})"
@@ -30,8 +34,10 @@ for tool in "$@"; do
   fi
 done
 only=("$@")
-# wanted TOOL: whether to build TOOL (every tool when none is named)
+# wanted TOOL: whether to build TOOL (every tool of a harness when none is named)
 wanted() { ((${#only[@]} == 0)) || [[ " ${only[*]} " == *" $1 "* ]]; }
+# named TOOL: whether TOOL was named (the tools only some tests need)
+named() { [[ " ${only[*]} " == *" $1 "* ]]; }
 
 # key TOOL VERSION -> folder name that changes whenever the inputs of the build change: the Go
 # version, go.mod, go.sum and the wrapper module's own Go files (only go/nfd has any).
@@ -122,6 +128,16 @@ if wanted netns-run; then dirs+=("$(build netns-run local "-s -w" .)"); fi
 if wanted krew; then
   dirs+=("$(build krew "$KREW_VERSION" "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION" \
     sigs.k8s.io/krew/cmd/krew)")
+fi
+# The OCI registry (distribution, what Docker's registry:3 image runs) that `make release`
+# publishes to in the release test (tests/cluster/registry.sh starts it), and oras, the client
+# that pushes the image layout and attaches its SBOM as a referrer (scripts/release.sh).
+if named registry; then
+  dirs+=("$(build registry "$REGISTRY_VERSION" "-s -w -X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION" \
+    github.com/distribution/distribution/v3/cmd/registry)")
+fi
+if named oras; then
+  dirs+=("$(build oras "$ORAS_VERSION" "-s -w -X oras.land/oras/internal/version.BuildMetadata=" oras.land/oras/cmd/oras)")
 fi
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.

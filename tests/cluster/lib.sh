@@ -10,6 +10,8 @@ APISERVER_PORT=${APISERVER_PORT:-$((HARNESS_PORT_BASE + 2))}
 CONTROLLER_MANAGER_PORT=${CONTROLLER_MANAGER_PORT:-$((HARNESS_PORT_BASE + 3))}
 SCHEDULER_PORT=${SCHEDULER_PORT:-$((HARNESS_PORT_BASE + 4))}
 KWOK_PORT=${KWOK_PORT:-$((HARNESS_PORT_BASE + 5))}
+# The OCI registry, started only by what publishes to it (registry.sh).
+REGISTRY_PORT=${REGISTRY_PORT:-$((HARNESS_PORT_BASE + 6))}
 HARNESS_DIR=${HARNESS_DIR:-${TMPDIR:-/tmp}/gpu-operator-harness-$APISERVER_PORT}
 
 # Rust builds go to a cache outside the clone; cargo's fingerprints include the compiler

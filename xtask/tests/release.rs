@@ -133,7 +133,7 @@ fn one_operator_image_reference_across_chart_bundle_and_docs() {
     );
     assert_eq!(
         values["operator"]["repository"], "",
-        "the chart must have no default registry (the project publishes none): installing without one fails with a message instead"
+        "the chart of a checkout must have no default registry (scripts/release.sh sets it in the published chart): installing without one fails with a message instead"
     );
 
     // The CSV: its Deployment, containerImage and relatedImages.

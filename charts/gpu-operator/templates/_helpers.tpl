@@ -64,7 +64,7 @@ nothing, so rendering for review or GitOps needs no flags. kube-system exists in
 {{- end -}}
 {{- $image := include "gpu-operator.image" . -}}
 {{- if not (contains "/" $image) -}}
-{{- fail (printf "operator.repository is not set, so the operator's image would be %q, which no registry serves (this project publishes no image). Build and push the image (docs/install.md: make image, then skopeo copy), then set operator.repository to the registry and path you pushed to, for example --set operator.repository=registry.example.com/gpu-operator (operator.version: the tag, default %s, or a digest sha256:...)" $image .Chart.AppVersion) -}}
+{{- fail (printf "operator.repository is not set, so the operator's image would be %q, which no registry serves: this chart comes from a checkout, and only a released chart names its image. Install the released chart (docs/install.md: helm install gpu-operator oci://<registry>/charts/gpu-operator), publish your own release with make release REGISTRY=<registry> (docs/install.md), or set operator.repository to the registry and path you pushed the image to, for example --set operator.repository=registry.example.com/gpu-operator (operator.version: the tag, default %s, or a digest sha256:...)" $image .Chart.AppVersion) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

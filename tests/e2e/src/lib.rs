@@ -17,6 +17,7 @@ pub mod openshift;
 pub mod operator;
 pub mod procs;
 pub mod procstat;
+pub mod registry;
 pub mod scrape;
 pub mod session;
 pub mod steady;
