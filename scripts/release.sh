@@ -12,8 +12,10 @@
 #   OUT/images.txt                         every image the release runs or deploys by default,
 #                                          one per line, for mirroring into an air-gapped registry
 #
-# The OLM bundle and catalog images, the kubectl-gpu binary with its krew manifest and the arm64
-# image are published by steps not written yet; they go where "Not published here" stands below.
+# The OLM bundle and catalog images and the arm64 image are published by steps not written yet;
+# they go where "Not published here" stands below. The kubectl-gpu archive and its krew
+# manifest are scripts/krew-plugin.sh's, which needs the URL the archive will be downloaded
+# from (a forge's release page, not an OCI registry).
 #
 # usage: scripts/release.sh REGISTRY [VERSION]
 #   REGISTRY  host[:port][/path], for example ghcr.io/example or 127.0.0.1:5000/gpu-operator.
@@ -165,9 +167,9 @@ for tagged, ref in sorted(images.items()):
         print(ref)
 EOF
 
-# Not published here (later steps): the OLM bundle image and file-based catalog image, the
-# kubectl-gpu binaries with the krew manifest and checksums, and linux/arm64 images (this
-# machine builds linux/amd64 only; scripts/image.sh builds for the host).
+# Not published here (later steps): the OLM bundle image and file-based catalog image, and
+# linux/arm64 images (this machine builds linux/amd64 only; scripts/image.sh builds for the
+# host). The krew plugin: scripts/krew-plugin.sh.
 
 log "published $image:$version@$digest, SBOM $sbom_ref, chart $chart/gpu-operator:$version; image list $out/images.txt"
 cat <<EOF
