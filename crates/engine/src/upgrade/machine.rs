@@ -252,7 +252,10 @@ pub enum DriverRevision {
     #[default]
     Current,
     /// On an older revision whose template differs from the current one in pod labels or
-    /// annotations only: left running, it gets them at its next restart.
+    /// annotations only, or a pod NVIDIA's operator started that runs the installation the
+    /// current template renders (taken over): left running, it gets the template at its next
+    /// restart. A restart would not do: its manager would find another digest value on the
+    /// node than the pod's and reinstall the driver.
     OlderMetadata,
     /// On an older revision with the same driver config digest (say, only the driver manager
     /// changed): restarted in place, without cordon, drain or evictions.
@@ -274,6 +277,9 @@ pub struct DesiredDriver {
     pub revision: String,
     /// The driver config digest its template carries.
     pub digest: Option<String>,
+    /// NVIDIA's digest of its template (operands::nvidia_digest): a pod NVIDIA's operator
+    /// started carries that value when it runs the installation this template renders.
+    pub nvidia_digest: Option<String>,
     /// Older revisions whose template differs from the current one in pod metadata only.
     pub metadata_only: BTreeSet<String>,
     /// For an outgoing DaemonSet of a variant switch: the variant its nodes are handed to, and
@@ -304,8 +310,13 @@ pub fn classify(
     match pod_revision {
         Some(r) if r == desired.revision => DriverRevision::Current,
         Some(r) if desired.metadata_only.contains(r) => DriverRevision::OlderMetadata,
-        _ => match (pod_digest, desired.digest.as_deref()) {
-            (Some(running), Some(wanted)) if running == wanted => DriverRevision::RestartOnly,
+        _ => match pod_digest {
+            Some(running) if desired.digest.as_deref() == Some(running) => {
+                DriverRevision::RestartOnly
+            }
+            Some(running) if desired.nvidia_digest.as_deref() == Some(running) => {
+                DriverRevision::OlderMetadata
+            }
             _ => DriverRevision::Outdated,
         },
     }

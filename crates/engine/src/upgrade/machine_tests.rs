@@ -445,6 +445,7 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
         daemon_set: "nvidia-driver-daemonset".into(),
         revision: "new".into(),
         digest: Some("d1".into()),
+        nvidia_digest: Some("3379408550".into()),
         metadata_only: ["relabelled".to_owned()].into(),
         handover: None,
     };
@@ -490,6 +491,12 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
             Some("d1"),
             R::RestartOnly,
             "no revision label, same digest",
+        ),
+        (
+            Some("nvidias"),
+            Some("3379408550"),
+            R::OlderMetadata,
+            "started by NVIDIA's operator with the installation we render: left running",
         ),
     ];
     for (revision, digest, want, why) in cases {

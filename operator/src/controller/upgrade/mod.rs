@@ -552,10 +552,8 @@ async fn current_revisions(
             })
             .filter_map(|r| r.labels().get(REVISION_HASH_LABEL).cloned())
             .collect();
-        let digest = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
+        let template = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let digest = template
             .and_then(driver::carried_config_digest)
             .map(str::to_owned);
         current.insert(
@@ -564,6 +562,7 @@ async fn current_revisions(
                 daemon_set: ds.name_any(),
                 revision: hash,
                 digest,
+                nvidia_digest: template.map(crate::operands::nvidia_digest::digest),
                 metadata_only,
                 handover: driver_variant::successors(ds, drivers.iter().copied()),
             },
