@@ -35,6 +35,8 @@ pub enum Outcome {
     Unchanged,
     /// The template changes and the DaemonSet's RollingUpdate replaces every pod.
     PodsRoll,
+    /// The template changes; the DaemonSet is OnDelete, so its pods stay until deleted.
+    PodsStay,
     /// The driver's template changes; its pods stay (OnDelete). `installation_kept`: NVIDIA's
     /// digest of our template equals the one the pods carry, so they run what we render.
     Driver { installation_kept: bool },
@@ -121,7 +123,7 @@ pub fn plan(desired: &[DaemonSet], live: &[DaemonSet]) -> Vec<DaemonSetPlan> {
                 .collect();
             let outcome = if changes.is_empty() {
                 Outcome::Unchanged
-            } else if is_driver(ours) || on_delete(theirs) {
+            } else if is_driver(ours) {
                 let carried = theirs
                     .spec
                     .as_ref()
@@ -136,6 +138,8 @@ pub fn plan(desired: &[DaemonSet], live: &[DaemonSet]) -> Vec<DaemonSetPlan> {
                 Outcome::Driver {
                     installation_kept: carried.is_some() && carried == ours_digest,
                 }
+            } else if on_delete(theirs) {
+                Outcome::PodsStay
             } else {
                 Outcome::PodsRoll
             };
@@ -169,6 +173,10 @@ pub fn describe_plan(plan: &[DaemonSetPlan]) -> String {
                 "adopted, template changes in {} field(s): every pod is replaced",
                 p.changes.len()
             ),
+            Outcome::PodsStay => format!(
+                "adopted, template changes in {} field(s); OnDelete: the pods stay until deleted",
+                p.changes.len()
+            ),
             Outcome::Driver {
                 installation_kept: true,
             } => format!(
@@ -191,4 +199,56 @@ pub fn describe_plan(plan: &[DaemonSetPlan]) -> String {
         }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn daemon_set(name: &str, image: &str, strategy: &str) -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "updateStrategy": {"type": strategy},
+                "template": {"spec": {"containers": [{"name": "c", "image": image}]}},
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_changed_template_rolls_a_rolling_update_daemon_set_and_leaves_an_on_delete_ones_pods() {
+        let ours = [
+            daemon_set("plugin", "new", "RollingUpdate"),
+            daemon_set("exporter", "new", "RollingUpdate"),
+            daemon_set("same", "x", "RollingUpdate"),
+            daemon_set("fresh", "x", "RollingUpdate"),
+        ];
+        let live = [
+            daemon_set("plugin", "old", "RollingUpdate"),
+            // A user's `daemonsets.updateStrategy: OnDelete` on NVIDIA's policy.
+            daemon_set("exporter", "old", "OnDelete"),
+            daemon_set("same", "x", "RollingUpdate"),
+            daemon_set("gone", "x", "RollingUpdate"),
+        ];
+        let outcomes: Vec<(String, Outcome)> = plan(&ours, &live)
+            .into_iter()
+            .map(|p| (p.name, p.outcome))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("plugin".to_owned(), Outcome::PodsRoll),
+                ("exporter".to_owned(), Outcome::PodsStay),
+                ("same".to_owned(), Outcome::Unchanged),
+                ("fresh".to_owned(), Outcome::Created),
+                ("gone".to_owned(), Outcome::NotRendered),
+            ]
+        );
+    }
 }
