@@ -152,6 +152,23 @@ fn api_resource(gvk: &kube::core::GroupVersionKind) -> kube::core::ApiResource {
 /// kinds at the root.
 pub trait ScopedApi: Resource<DynamicType = ()> + Sized {
     fn api(client: &Client, namespace: Option<&str>) -> Api<Self>;
+
+    /// What to send in place of `rendered` over `live`, when not `rendered` itself: only a
+    /// DaemonSet adopted from NVIDIA's operator keeps its live pod template
+    /// (takeover::keep_adopted_template).
+    fn adopted(_rendered: &Self, _live: &Self) -> Option<Self> {
+        None
+    }
+}
+
+impl ScopedApi for DaemonSet {
+    fn api(client: &Client, namespace: Option<&str>) -> Api<Self> {
+        Api::namespaced(client.clone(), namespace.unwrap_or_default())
+    }
+
+    fn adopted(rendered: &Self, live: &Self) -> Option<Self> {
+        crate::takeover::keep_adopted_template(rendered, live)
+    }
 }
 
 macro_rules! namespaced_api {
@@ -180,7 +197,6 @@ namespaced_api!(
     RoleBinding,
     ConfigMap,
     Service,
-    DaemonSet,
     Deployment
 );
 cluster_api!(ClusterRole, ClusterRoleBinding, RuntimeClass);
@@ -369,8 +385,9 @@ impl Applier<'_> {
             if let Some(ns) = obj.namespace() {
                 object_ref = object_ref.within(&ns);
             }
-            let (sent, hash, desired) = annotated(obj, kind)?;
             let current = live.get(&object_ref);
+            let kept = current.as_deref().and_then(|c| K::adopted(obj, c));
+            let (sent, hash, desired) = annotated(kept.as_ref().unwrap_or(obj), kind)?;
             // The ConfigMap cache holds the namespace's ConfigMaps, ours or not.
             if let Some(c) = &current
                 && !is_ours(c.meta(), self.owner_uid.as_deref())
