@@ -8,6 +8,8 @@
 pub mod cleanup;
 /// `gpu-operator doctor` (and `kubectl gpu doctor`): read-only diagnosis of GPU pods and nodes.
 pub mod doctor;
+/// `gpu-operator migrate --from-nvidia`: takes over a fleet NVIDIA's operator runs.
+pub mod migrate;
 
 use std::io::Write;
 
@@ -63,6 +65,10 @@ pub enum Command {
     /// and remove the finalizer that holds ClusterPolicies in Terminating. Refuses while a
     /// ClusterPolicy that is not being deleted exists, or NVIDIA's operator is live.
     Cleanup(cleanup::CleanupArgs),
+    /// Take over a fleet NVIDIA's GPU Operator runs, restarting nothing: prints the plan (every
+    /// object touched, every pod it would restart, every field it would lose); `--apply` stops
+    /// NVIDIA's operator and replaces its CRD. docs/migrate-from-nvidia.md.
+    Migrate(migrate::MigrateArgs),
     /// Print a shell completion script: `source <(gpu-operator completion bash)`, or save it
     /// where the shell loads completions from. For `kubectl gpu <TAB>` (kubectl 1.26 or later),
     /// link this binary as `kubectl_complete-gpu` on PATH beside `kubectl-gpu`.
@@ -589,6 +595,7 @@ impl Cli {
             }
             Command::Doctor(args) => doctor::run(&args, out),
             Command::Cleanup(args) => cleanup::run(&args, out),
+            Command::Migrate(args) => migrate::run(&args, out),
             Command::Completion(CompletionArgs { shell }) => {
                 use clap::CommandFactory;
                 let name = if invoked_as() == KUBECTL_PLUGIN {

@@ -206,7 +206,7 @@ pub struct Outcome {
 }
 
 /// The embedded CRD as it is written: [`crate::api::crd::crd`] carrying our version annotation.
-fn replacement(served: &CustomResourceDefinition) -> CustomResourceDefinition {
+pub fn replacement(served: &CustomResourceDefinition) -> CustomResourceDefinition {
     let mut next = served.clone();
     next.spec = crate::api::crd::crd().spec;
     next.metadata.managed_fields = None;
