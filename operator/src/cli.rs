@@ -686,6 +686,7 @@ mod tests {
                 "rbac",
                 "doctor",
                 "cleanup",
+                "migrate",
                 "completion"
             ]
         );

@@ -322,6 +322,31 @@ pub fn keep_adopted_template(desired: &DaemonSet, live: &DaemonSet) -> Option<Da
     Some(sent)
 }
 
+/// The status note naming the DaemonSets that still run the pod template NVIDIA's operator
+/// gave them ([`keep_adopted_template`]), so that what runs is never silently not ours.
+pub fn kept_templates_note<'a>(
+    daemon_sets: impl IntoIterator<Item = &'a DaemonSet>,
+) -> Option<String> {
+    let kept: Vec<String> = daemon_sets
+        .into_iter()
+        .filter(|d| {
+            d.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(TEMPLATE_KEPT_ANNOTATION))
+        })
+        .filter_map(|d| d.metadata.name.clone())
+        .collect();
+    (!kept.is_empty()).then(|| {
+        format!(
+            "DaemonSets {} keep the pod template NVIDIA's operator gave them: it differs from \
+             ours only in fields that change nothing run, so adopting them restarted nothing; \
+             ours replaces it at the next change of the policy (docs/migrate-from-nvidia.md)",
+            kept.join(", ")
+        )
+    })
+}
+
 /// The plan for `desired` (our render) over `live` (NVIDIA's DaemonSets), by name.
 pub fn plan(desired: &[DaemonSet], live: &[DaemonSet]) -> Vec<DaemonSetPlan> {
     let name = |ds: &DaemonSet| ds.metadata.name.clone().unwrap_or_default();

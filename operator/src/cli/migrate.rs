@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use crate::api::ClusterPolicy;
 use crate::api::crd::CRD_NAME;
 use crate::controller::coexist::NVIDIA_OPERATOR_LEASE;
-use crate::json_diff::{self, Rules};
 use crate::controller::plan::is_ours;
+use crate::json_diff::{self, Rules};
 use crate::render::inputs::{RenderOptions, facts_for};
 use crate::takeover::{self, Outcome};
 

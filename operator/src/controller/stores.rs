@@ -9,7 +9,7 @@
 //! - driver and validator pods by label, reduced to what the driver upgrade reads
 //!   ([`UpgradePod`]); never all Pods.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, RwLock};
@@ -135,12 +135,37 @@ impl View for ToolkitPod {
 
 /// Objects by name, each reduced to a [`View`] as its watch event arrives, so that neither a
 /// full object nor a list page outlives the event.
+///
+/// Several watches may fill one cache (the driver and the validator pods, by two selectors):
+/// each watch's relist replaces only the objects that watch listed, and the cache is ready once
+/// every watch has listed once.
 #[derive(Clone)]
 pub struct ViewCache<V> {
     /// Each view behind an `Arc`: a pass's snapshot shares them (a thousand nodes' label maps
     /// are not cloned for every pass).
     items: Arc<RwLock<BTreeMap<String, Arc<V>>>>,
     ready: tokio::sync::watch::Sender<bool>,
+    /// Watches started on this cache, and those that have listed once.
+    watches: Arc<std::sync::atomic::AtomicUsize>,
+    listed: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// What one watch keeps between its events: a relist in progress, and the keys it put in the
+/// cache (a relist removes only those it no longer lists).
+struct WatchState<V> {
+    pending: Option<BTreeMap<String, Arc<V>>>,
+    owned: BTreeSet<String>,
+    listed_once: bool,
+}
+
+impl<V> Default for WatchState<V> {
+    fn default() -> Self {
+        WatchState {
+            pending: None,
+            owned: BTreeSet::new(),
+            listed_once: false,
+        }
+    }
 }
 
 /// The nodes the operator knows, by name, reduced to the labels it reads.
@@ -151,6 +176,8 @@ impl<V> Default for ViewCache<V> {
         ViewCache {
             items: Arc::default(),
             ready: tokio::sync::watch::channel(false).0,
+            watches: Arc::default(),
+            listed: Arc::default(),
         }
     }
 }
@@ -178,42 +205,55 @@ impl<V: View> ViewCache<V> {
     }
 
     /// Applies one watch event, each object reduced by `view`; true when the reconcile should
-    /// hear of it. `pending` holds a relist until it is complete.
-    fn apply<K>(
-        &self,
-        event: Event<K>,
-        view: impl Fn(&K) -> V,
-        pending: &mut Option<BTreeMap<String, Arc<V>>>,
-    ) -> bool {
+    /// hear of it. `state` is the watch's own: its relist until complete, the keys it owns.
+    fn apply<K>(&self, event: Event<K>, view: impl Fn(&K) -> V, state: &mut WatchState<V>) -> bool {
         let Ok(mut items) = self.items.write() else {
             return false;
         };
         match event {
             Event::Init => {
-                *pending = Some(BTreeMap::new());
+                state.pending = Some(BTreeMap::new());
                 false
             }
             Event::InitApply(o) => {
                 let v = view(&o);
-                if let Some(p) = pending.as_mut() {
+                if let Some(p) = state.pending.as_mut() {
                     p.insert(v.key().to_owned(), Arc::new(v));
                 }
                 false
             }
             Event::InitDone => {
-                if let Some(p) = pending.take() {
-                    *items = p;
+                if let Some(listed) = state.pending.take() {
+                    for gone in state.owned.iter().filter(|k| !listed.contains_key(*k)) {
+                        items.remove(gone);
+                    }
+                    state.owned = listed.keys().cloned().collect();
+                    items.extend(listed);
                 }
-                self.ready.send_replace(true);
+                if !state.listed_once {
+                    state.listed_once = true;
+                    let listed = self
+                        .listed
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                        + 1;
+                    if listed >= self.watches.load(std::sync::atomic::Ordering::SeqCst) {
+                        self.ready.send_replace(true);
+                    }
+                }
                 true
             }
             Event::Apply(o) => {
                 let v = view(&o);
                 let wakes = items.get(v.key()).is_none_or(|old| v.wakes(old));
+                state.owned.insert(v.key().to_owned());
                 items.insert(v.key().to_owned(), Arc::new(v));
                 wakes
             }
-            Event::Delete(o) => items.remove(view(&o).key()).is_some(),
+            Event::Delete(o) => {
+                let v = view(&o);
+                state.owned.remove(v.key());
+                items.remove(v.key()).is_some()
+            }
         }
     }
 
@@ -229,12 +269,15 @@ impl<V: View> ViewCache<V> {
         K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
         let cache = self.clone();
-        let mut pending = None;
+        cache
+            .watches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut state = WatchState::default();
         watcher::watcher(api, config)
             .default_backoff()
             .filter_map(move |event| {
                 let wake = match event {
-                    Ok(event) => cache.apply(event, &view, &mut pending),
+                    Ok(event) => cache.apply(event, &view, &mut state),
                     Err(e) => {
                         tracing::warn!(error = %e, "watch failed; retrying with backoff");
                         false
@@ -786,5 +829,48 @@ mod tests {
             .get_or_insert_default()
             .insert("x".into(), "y".into());
         assert!(daemon_set_wakes(&mut seen, &Event::Apply(edited)));
+    }
+
+    fn pod(name: &str, app: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"nodeName": "gpu-1", "containers": []},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn two_watches_filling_one_cache_each_relist_only_their_own_objects() {
+        let cache: ViewCache<ToolkitPod> = ViewCache::default();
+        // Two watches, as the driver and validator pod selectors fill the upgrade's cache.
+        cache
+            .watches
+            .fetch_add(2, std::sync::atomic::Ordering::SeqCst);
+        let (mut drivers, mut validators) = (WatchState::default(), WatchState::default());
+        let listed =
+            |cache: &ViewCache<ToolkitPod>, state: &mut WatchState<ToolkitPod>, pods: &[Pod]| {
+                cache.apply(Event::Init, ToolkitPod::of, state);
+                for p in pods {
+                    cache.apply(Event::InitApply(p.clone()), ToolkitPod::of, state);
+                }
+                cache.apply(Event::<Pod>::InitDone, ToolkitPod::of, state);
+            };
+        listed(
+            &cache,
+            &mut drivers,
+            &[pod("driver-a", "driver"), pod("driver-b", "driver")],
+        );
+        assert!(!*cache.ready.borrow(), "one of two watches has listed");
+        listed(&cache, &mut validators, &[pod("validator-a", "validator")]);
+        assert!(*cache.ready.borrow());
+        let names = |cache: &ViewCache<ToolkitPod>| {
+            let mut n: Vec<String> = cache.snapshot().iter().map(|p| p.name.clone()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&cache), ["driver-a", "driver-b", "validator-a"]);
+        // A relist of the drivers drops the driver gone, and keeps the validator.
+        listed(&cache, &mut drivers, &[pod("driver-a", "driver")]);
+        assert_eq!(names(&cache), ["driver-a", "validator-a"]);
     }
 }

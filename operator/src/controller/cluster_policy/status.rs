@@ -79,6 +79,9 @@ pub fn compute(
         .chain(&resolved.notes)
         .cloned()
         .chain(nfd_crds_read_only.then(|| vendored_crds::READ_ONLY_NOTE.to_owned()))
+        .chain(crate::takeover::kept_templates_note(
+            observed.daemon_sets.values(),
+        ))
         .chain(gpu_cluster::policy_note(
             deps.gpu_clusters.as_ref(),
             policy,
