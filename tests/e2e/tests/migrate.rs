@@ -244,12 +244,23 @@ async fn create_nvidia_fleet(
     }
     let runtime_class = json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
         "metadata": {"name": "nvidia", "labels": labels, "ownerReferences": [owner]}, "handler": "nvidia"});
-    apply(
-        &Api::<RuntimeClass>::all(admin.clone()),
-        "nvidia",
-        runtime_class,
-    )
-    .await;
+    // One a failed run left would hold an owner reference to a policy that is gone.
+    let runtime_classes = Api::<RuntimeClass>::all(admin.clone());
+    if runtime_classes.get_opt("nvidia").await.unwrap().is_some() {
+        runtime_classes
+            .delete("nvidia", &DeleteParams::default())
+            .await
+            .unwrap();
+        wait::until_none_left(
+            &runtime_classes,
+            &ListParams::default().fields("metadata.name=nvidia"),
+            TIMEOUT,
+            "RuntimeClass nvidia gone",
+        )
+        .await
+        .unwrap();
+    }
+    apply(&runtime_classes, "nvidia", runtime_class).await;
 
     // NVIDIA's operator, holding its leader Lease.
     let operator = json!({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -385,7 +396,7 @@ struct Baseline {
     allocatable: BTreeMap<String, String>,
 }
 
-/// `except_driver`: the driver's pods are left out (an upgrade replaces them).
+/// `except_driver`: the driver's and validator's pods are left out (an upgrade replaces them).
 async fn baseline(admin: &Client, ns: &str, fleet: &NvidiaFleet, except_driver: bool) -> Baseline {
     let pods = Api::<Pod>::namespaced(admin.clone(), ns)
         .list(&ListParams::default())
@@ -401,7 +412,12 @@ async fn baseline(admin: &Client, ns: &str, fleet: &NvidiaFleet, except_driver: 
         .items
         .iter()
         .filter(|p| on_fleet(p) && p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
-        .filter(|p| !(except_driver && p.labels().get("app").is_some_and(|a| a == DRIVER)))
+        .filter(|p| {
+            !(except_driver
+                && p.labels()
+                    .get("app")
+                    .is_some_and(|a| a == DRIVER || a == "nvidia-operator-validator"))
+        })
         .map(|p| (p.name_any(), p.uid().unwrap()))
         .collect();
     let workloads = pods
