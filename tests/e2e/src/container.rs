@@ -42,9 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::authentication::v1::{
-    BoundObjectReference, TokenRequest, TokenRequestSpec,
-};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, HTTPGetAction, Pod, PodSpec, Probe, Secret, ServiceAccount, Volume,
     VolumeProjection,
@@ -221,7 +219,9 @@ impl Image {
         let index: Value = serde_json::from_str(
             &std::fs::read_to_string(layout.join("index.json")).context("the layout's index")?,
         )?;
-        let manifests = index["manifests"].as_array().context("index.json lists nothing")?;
+        let manifests = index["manifests"]
+            .as_array()
+            .context("index.json lists nothing")?;
         let pulled = manifests
             .iter()
             .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "pulled")
@@ -231,8 +231,7 @@ impl Image {
             .as_str()
             .context("a manifest without digest")?
             .to_owned();
-        let mut manifest: Value =
-            serde_json::from_slice(&std::fs::read(blob(&layout, &digest)?)?)?;
+        let mut manifest: Value = serde_json::from_slice(&std::fs::read(blob(&layout, &digest)?)?)?;
         if manifest["manifests"].is_array() {
             let arch = match std::env::consts::ARCH {
                 "x86_64" => "amd64",
@@ -252,8 +251,8 @@ impl Image {
             .as_str()
             .context("the manifest has no config")?;
         let config: Value = serde_json::from_slice(&std::fs::read(blob(&layout, config_digest)?)?)?;
-        let config: ImageConfig = serde_json::from_value(config["config"].clone())
-            .context("reading the image config")?;
+        let config: ImageConfig =
+            serde_json::from_value(config["config"].clone()).context("reading the image config")?;
         let mut layers = Vec::new();
         for layer in manifest["layers"].as_array().into_iter().flatten() {
             let d = layer["digest"].as_str().context("a layer without digest")?;
@@ -281,8 +280,14 @@ impl Image {
             );
             let flags = if gzip { "-tzf" } else { "-tf" };
             let names = run(Command::new("tar").arg(flags).arg(path))?;
-            if let Some(w) = names.lines().find(|n| n.rsplit('/').next().is_some_and(|b| b.starts_with(".wh."))) {
-                bail!("layer {} has a whiteout ({w}): not supported here", path.display());
+            if let Some(w) = names
+                .lines()
+                .find(|n| n.rsplit('/').next().is_some_and(|b| b.starts_with(".wh.")))
+            {
+                bail!(
+                    "layer {} has a whiteout ({w}): not supported here",
+                    path.display()
+                );
             }
             let flags = if gzip { "-xzf" } else { "-xf" };
             run(Command::new("tar")
@@ -415,7 +420,11 @@ impl PodContext {
     /// From a live Pod.
     pub fn live(pod: &Pod) -> Result<Self> {
         Ok(PodContext {
-            namespace: pod.metadata.namespace.clone().context("pod without namespace")?,
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .context("pod without namespace")?,
             name: pod.metadata.name.clone().context("pod without name")?,
             uid: pod.metadata.uid.clone(),
             node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -447,7 +456,10 @@ impl PodContext {
         match path {
             "metadata.name" => Ok(self.name.clone()),
             "metadata.namespace" => Ok(self.namespace.clone()),
-            "metadata.uid" => self.uid.clone().context("a rendered pod has no metadata.uid"),
+            "metadata.uid" => self
+                .uid
+                .clone()
+                .context("a rendered pod has no metadata.uid"),
             "spec.nodeName" => self
                 .node_name
                 .clone()
@@ -460,7 +472,12 @@ impl PodContext {
 
 /// The running Pod of Deployment `namespace/name` (the one the harness scheduled onto a fake
 /// node), waited for: the pod whose container the runner runs.
-pub async fn deployment_pod(admin: &Client, namespace: &str, name: &str, timeout: Duration) -> Result<Pod> {
+pub async fn deployment_pod(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Pod> {
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::ListParams;
     let deployment = Api::<Deployment>::namespaced(admin.clone(), namespace)
@@ -476,23 +493,30 @@ pub async fn deployment_pod(admin: &Client, namespace: &str, name: &str, timeout
         .collect::<Vec<_>>()
         .join(",");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-    crate::wait::until(timeout, &format!("a running pod of Deployment {namespace}/{name}"), || {
-        let (pods, selector) = (pods.clone(), selector.clone());
-        async move {
-            let list = pods.list(&ListParams::default().labels(&selector)).await?.items;
-            let running: Vec<Pod> = list
-                .into_iter()
-                .filter(|p| {
-                    p.metadata.deletion_timestamp.is_none()
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    crate::wait::until(
+        timeout,
+        &format!("a running pod of Deployment {namespace}/{name}"),
+        || {
+            let (pods, selector) = (pods.clone(), selector.clone());
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .items;
+                let running: Vec<Pod> = list
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .collect();
+                Ok(match running.as_slice() {
+                    [pod] => Ok(pod.clone()),
+                    other => Err(format!("{} running pods", other.len())),
                 })
-                .collect();
-            Ok(match running.as_slice() {
-                [pod] => Ok(pod.clone()),
-                other => Err(format!("{} running pods", other.len())),
-            })
-        }
-    })
+            }
+        },
+    )
     .await
 }
 
@@ -519,9 +543,13 @@ impl ApiServer {
         let (host, port) = rest
             .rsplit_once(':')
             .with_context(|| format!("no port in server address {server}"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         ensure!(
-            host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+            host.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()),
             "the API server {server} is not on a loopback address: the runner forwards only those"
         );
         Ok(ApiServer {
@@ -544,17 +572,27 @@ fn passwd_entry(passwd: &str, name_or_uid: &str) -> Option<(u32, u32)> {
     passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
         let (name, uid, gid) = (fields.first()?, fields.get(2)?, fields.get(3)?);
-        (*name == name_or_uid || *uid == name_or_uid).then(|| Some((uid.parse().ok()?, gid.parse().ok()?)))?
+        (*name == name_or_uid || *uid == name_or_uid)
+            .then(|| Some((uid.parse().ok()?, gid.parse().ok()?)))?
     })
 }
 
 /// The user the container runs as, with the kubelet's runAsNonRoot check. `passwd` is the
 /// image's /etc/passwd (empty when it has none).
-pub fn resolve_user(pod: &PodSpec, container: &Container, image: &ImageConfig, passwd: &str) -> Result<User> {
+pub fn resolve_user(
+    pod: &PodSpec,
+    container: &Container,
+    image: &ImageConfig,
+    passwd: &str,
+) -> Result<User> {
     let csc = container.security_context.as_ref();
     let psc = pod.security_context.as_ref();
-    let run_as_user = csc.and_then(|s| s.run_as_user).or(psc.and_then(|s| s.run_as_user));
-    let run_as_group = csc.and_then(|s| s.run_as_group).or(psc.and_then(|s| s.run_as_group));
+    let run_as_user = csc
+        .and_then(|s| s.run_as_user)
+        .or(psc.and_then(|s| s.run_as_user));
+    let run_as_group = csc
+        .and_then(|s| s.run_as_group)
+        .or(psc.and_then(|s| s.run_as_group));
     let non_root = csc
         .and_then(|s| s.run_as_non_root)
         .or(psc.and_then(|s| s.run_as_non_root))
@@ -567,7 +605,10 @@ pub fn resolve_user(pod: &PodSpec, container: &Container, image: &ImageConfig, p
     let uid: u32 = match run_as_user {
         Some(uid) => {
             if non_root && uid == 0 {
-                bail!("container's runAsUser breaks non-root policy (container {})", container.name);
+                bail!(
+                    "container's runAsUser breaks non-root policy (container {})",
+                    container.name
+                );
             }
             u32::try_from(uid).context("runAsUser out of range")?
         }
@@ -580,11 +621,16 @@ pub fn resolve_user(pod: &PodSpec, container: &Container, image: &ImageConfig, p
             ),
             Err(_) => passwd_entry(passwd, &image_uid)
                 .map(|(uid, _)| uid)
-                .with_context(|| format!("the image's user {image_uid} is not in its /etc/passwd"))?,
+                .with_context(|| {
+                    format!("the image's user {image_uid} is not in its /etc/passwd")
+                })?,
         },
     };
     if non_root && uid == 0 {
-        bail!("container has runAsNonRoot and image will run as root (container {})", container.name);
+        bail!(
+            "container has runAsNonRoot and image will run as root (container {})",
+            container.name
+        );
     }
     let gid: u32 = match (run_as_group, run_as_user, &image_gid) {
         (Some(gid), _, _) => u32::try_from(gid).context("runAsGroup out of range")?,
@@ -620,14 +666,32 @@ pub fn capabilities(container: &Container) -> Vec<String> {
         .and_then(|s| s.capabilities.as_ref());
     let norm = |c: &String| {
         let c = c.to_uppercase();
-        if c.starts_with("CAP_") { c } else { format!("CAP_{c}") }
+        if c.starts_with("CAP_") {
+            c
+        } else {
+            format!("CAP_{c}")
+        }
     };
-    let drop: Vec<String> = caps.and_then(|c| c.drop.as_ref()).into_iter().flatten().map(norm).collect();
-    let add: Vec<String> = caps.and_then(|c| c.add.as_ref()).into_iter().flatten().map(norm).collect();
+    let drop: Vec<String> = caps
+        .and_then(|c| c.drop.as_ref())
+        .into_iter()
+        .flatten()
+        .map(norm)
+        .collect();
+    let add: Vec<String> = caps
+        .and_then(|c| c.add.as_ref())
+        .into_iter()
+        .flatten()
+        .map(norm)
+        .collect();
     let mut out: Vec<String> = if drop.iter().any(|c| c == "CAP_ALL") {
         Vec::new()
     } else {
-        DEFAULT_CAPS.iter().map(|c| (*c).to_owned()).filter(|c| !drop.contains(c)).collect()
+        DEFAULT_CAPS
+            .iter()
+            .map(|c| (*c).to_owned())
+            .filter(|c| !drop.contains(c))
+            .collect()
     };
     if add.iter().any(|c| c == "CAP_ALL") {
         out = ALL_CAPS.iter().map(|c| (*c).to_owned()).collect();
@@ -693,7 +757,10 @@ pub fn environment(
         ("KUBERNETES_SERVICE_PORT", p.to_string()),
         ("KUBERNETES_SERVICE_PORT_HTTPS", p.to_string()),
         ("KUBERNETES_PORT", format!("tcp://{h}:{p}")),
-        (&format!("KUBERNETES_PORT_{p}_TCP"), format!("tcp://{h}:{p}")),
+        (
+            &format!("KUBERNETES_PORT_{p}_TCP"),
+            format!("tcp://{h}:{p}"),
+        ),
         (&format!("KUBERNETES_PORT_{p}_TCP_PROTO"), "tcp".to_owned()),
         (&format!("KUBERNETES_PORT_{p}_TCP_PORT"), p.to_string()),
         (&format!("KUBERNETES_PORT_{p}_TCP_ADDR"), h.clone()),
@@ -726,12 +793,25 @@ pub fn environment(
 
 /// The process's arguments, as the CRI combines the container's command/args with the image's
 /// Entrypoint/Cmd.
-pub fn process_args(container: &Container, image: &ImageConfig, env: &[(String, String)]) -> Result<Vec<String>> {
+pub fn process_args(
+    container: &Container,
+    image: &ImageConfig,
+    env: &[(String, String)],
+) -> Result<Vec<String>> {
     let expand_all = |v: &Vec<String>| v.iter().map(|s| expand(s, env)).collect::<Vec<_>>();
     let args: Vec<String> = match (&container.command, &container.args) {
-        (Some(command), Some(args)) => expand_all(command).into_iter().chain(expand_all(args)).collect(),
+        (Some(command), Some(args)) => expand_all(command)
+            .into_iter()
+            .chain(expand_all(args))
+            .collect(),
         (Some(command), None) => expand_all(command),
-        (None, Some(args)) => image.entrypoint.clone().unwrap_or_default().into_iter().chain(expand_all(args)).collect(),
+        (None, Some(args)) => image
+            .entrypoint
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(expand_all(args))
+            .collect(),
         (None, None) => image
             .entrypoint
             .clone()
@@ -740,7 +820,11 @@ pub fn process_args(container: &Container, image: &ImageConfig, env: &[(String, 
             .chain(image.cmd.clone().unwrap_or_default())
             .collect(),
     };
-    ensure!(!args.is_empty(), "container {}: no command, and the image has no entrypoint or cmd", container.name);
+    ensure!(
+        !args.is_empty(),
+        "container {}: no command, and the image has no entrypoint or cmd",
+        container.name
+    );
     Ok(args)
 }
 
@@ -769,11 +853,22 @@ pub fn probes(container: &Container) -> Result<Vec<HttpProbe>> {
     ] {
         let Some(probe) = probe else { continue };
         let Probe { http_get, .. } = probe;
-        let Some(HTTPGetAction { path, port, scheme, host, .. }) = http_get else {
-            bail!("container {}: its {kind} probe is not httpGet, which is all the runner polls", container.name);
+        let Some(HTTPGetAction {
+            path,
+            port,
+            scheme,
+            host,
+            ..
+        }) = http_get
+        else {
+            bail!(
+                "container {}: its {kind} probe is not httpGet, which is all the runner polls",
+                container.name
+            );
         };
         ensure!(
-            host.as_deref().is_none_or(|h| h.is_empty() || h == "127.0.0.1" || h == "localhost"),
+            host.as_deref()
+                .is_none_or(|h| h.is_empty() || h == "127.0.0.1" || h == "localhost"),
             "container {}: the {kind} probe names host {host:?}",
             container.name
         );
@@ -785,9 +880,15 @@ pub fn probes(container: &Container) -> Result<Vec<HttpProbe>> {
                 .flatten()
                 .find(|p| p.name.as_deref() == Some(name.as_str()))
                 .and_then(|p| u16::try_from(p.container_port).ok())
-                .with_context(|| format!("container {}: the {kind} probe's port {name} is not among its ports", container.name))?,
+                .with_context(|| {
+                    format!(
+                        "container {}: the {kind} probe's port {name} is not among its ports",
+                        container.name
+                    )
+                })?,
         };
-        let secs = |v: Option<i32>, default: i32| Duration::from_secs(v.unwrap_or(default).max(0) as u64);
+        let secs =
+            |v: Option<i32>, default: i32| Duration::from_secs(v.unwrap_or(default).max(0) as u64);
         out.push(HttpProbe {
             kind,
             path: path.clone().unwrap_or_else(|| "/".to_owned()),
@@ -832,12 +933,19 @@ pub fn seccomp_type(pod: &PodSpec, container: &Container) -> String {
         .security_context
         .as_ref()
         .and_then(|s| s.seccomp_profile.as_ref())
-        .or(pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()))
+        .or(pod
+            .security_context
+            .as_ref()
+            .and_then(|s| s.seccomp_profile.as_ref()))
         .map_or_else(|| "Unconfined".to_owned(), |p| p.type_.clone())
 }
 
 /// The OCI runtime config (config.json) for the container, and the limits it must run under.
-pub fn plan(pod: &PodContext, container: &Container, inputs: &PlanInputs<'_>) -> Result<(Value, Limits)> {
+pub fn plan(
+    pod: &PodContext,
+    container: &Container,
+    inputs: &PlanInputs<'_>,
+) -> Result<(Value, Limits)> {
     let spec = &pod.spec;
     ensure!(
         !spec.host_network.unwrap_or(false),
@@ -856,12 +964,22 @@ pub fn plan(pod: &PodContext, container: &Container, inputs: &PlanInputs<'_>) ->
     let caps = capabilities(container);
     let limits = limits(container, inputs.node_memory)?;
     let seccomp = match seccomp_type(spec, container).as_str() {
-        "RuntimeDefault" => Some(inputs.seccomp.clone().context("RuntimeDefault seccomp asked for, but no profile given")?),
+        "RuntimeDefault" => Some(
+            inputs
+                .seccomp
+                .clone()
+                .context("RuntimeDefault seccomp asked for, but no profile given")?,
+        ),
         "Unconfined" => None,
-        other => bail!("container {}: seccomp profile type {other} is not supported here", container.name),
+        other => bail!(
+            "container {}: seccomp profile type {other} is not supported here",
+            container.name
+        ),
     };
     let no_new_privs = csc.and_then(|s| s.allow_privilege_escalation) == Some(false);
-    let read_only = csc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false);
+    let read_only = csc
+        .and_then(|s| s.read_only_root_filesystem)
+        .unwrap_or(false);
     let cwd = container
         .working_dir
         .clone()
@@ -944,7 +1062,10 @@ fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
     for (path, content) in files {
-        ensure!(!path.contains(".."), "volume item path {path} leaves its volume");
+        ensure!(
+            !path.contains(".."),
+            "volume item path {path} leaves its volume"
+        );
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
@@ -965,10 +1086,19 @@ async fn config_map_files(
     // As the kubelet, wait a little for a ConfigMap not there yet: kube-root-ca.crt is
     // published into a new namespace by the controller manager, shortly after it is created.
     let api = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
-    let cm = crate::wait::until(Duration::from_secs(30), &format!("ConfigMap {namespace}/{name}"), || {
-        let api = api.clone();
-        async move { Ok(api.get_opt(name).await?.ok_or_else(|| "not found".to_owned())) }
-    })
+    let cm = crate::wait::until(
+        Duration::from_secs(30),
+        &format!("ConfigMap {namespace}/{name}"),
+        || {
+            let api = api.clone();
+            async move {
+                Ok(api
+                    .get_opt(name)
+                    .await?
+                    .ok_or_else(|| "not found".to_owned()))
+            }
+        },
+    )
     .await?;
     let mut data: BTreeMap<String, Vec<u8>> = cm
         .data
@@ -976,7 +1106,12 @@ async fn config_map_files(
         .into_iter()
         .map(|(k, v)| (k, v.into_bytes()))
         .collect();
-    data.extend(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
+    data.extend(
+        cm.binary_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0)),
+    );
     select_items(data, items, &format!("ConfigMap {namespace}/{name}"))
 }
 
@@ -1009,7 +1144,9 @@ fn select_items(
         Some(items) => items
             .iter()
             .map(|i| {
-                let v = data.get(&i.key).with_context(|| format!("{what} has no key {}", i.key))?;
+                let v = data
+                    .get(&i.key)
+                    .with_context(|| format!("{what} has no key {}", i.key))?;
                 Ok((i.path.clone(), v.clone()))
             })
             .collect(),
@@ -1018,10 +1155,17 @@ fn select_items(
 
 /// A token of the pod's ServiceAccount as the kubelet requests it: `audience` (the API
 /// server's when empty), the expiry the projection asks for, bound to the pod when it is live.
-async fn pod_token(admin: &Client, pod: &PodContext, audience: Option<&str>, seconds: Option<i64>) -> Result<String> {
+async fn pod_token(
+    admin: &Client,
+    pod: &PodContext,
+    audience: Option<&str>,
+    seconds: Option<i64>,
+) -> Result<String> {
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
-            audiences: audience.filter(|a| !a.is_empty()).map(|a| vec![a.to_owned()]),
+            audiences: audience
+                .filter(|a| !a.is_empty())
+                .map(|a| vec![a.to_owned()]),
             expiration_seconds: Some(seconds.unwrap_or(3607)),
             bound_object_ref: pod.uid.as_ref().map(|uid| BoundObjectReference {
                 api_version: Some("v1".to_owned()),
@@ -1036,7 +1180,12 @@ async fn pod_token(admin: &Client, pod: &PodContext, audience: Option<&str>, sec
     Api::<ServiceAccount>::namespaced(admin.clone(), &pod.namespace)
         .create_token_request(sa, &PostParams::default(), &request)
         .await
-        .with_context(|| format!("requesting a token of ServiceAccount {}/{sa}", pod.namespace))?
+        .with_context(|| {
+            format!(
+                "requesting a token of ServiceAccount {}/{sa}",
+                pod.namespace
+            )
+        })?
         .status
         .and_then(|s| s.token)
         .context("the token request returned no token")
@@ -1064,7 +1213,12 @@ fn service_account_volume() -> (Volume, k8s_openapi::api::core::v1::VolumeMount)
 }
 
 /// Writes the container's volumes under `dir` and returns their bind mounts.
-async fn prepare_volumes(admin: &Client, pod: &PodContext, container: &Container, dir: &Path) -> Result<Vec<BindMount>> {
+async fn prepare_volumes(
+    admin: &Client,
+    pod: &PodContext,
+    container: &Container,
+    dir: &Path,
+) -> Result<Vec<BindMount>> {
     let mut volumes: Vec<Volume> = pod.spec.volumes.clone().unwrap_or_default();
     let mut mounts = container.volume_mounts.clone().unwrap_or_default();
     let automount = pod.spec.automount_service_account_token.unwrap_or(true);
@@ -1086,10 +1240,14 @@ async fn prepare_volumes(admin: &Client, pod: &PodContext, container: &Container
         );
         let source = dir.join(&volume.name);
         if let Some(cm) = &volume.config_map {
-            let files = config_map_files(admin, &pod.namespace, &cm.name, cm.items.as_ref()).await?;
+            let files =
+                config_map_files(admin, &pod.namespace, &cm.name, cm.items.as_ref()).await?;
             write_files(&source, &files)?;
         } else if let Some(secret) = &volume.secret {
-            let name = secret.secret_name.as_deref().context("a secret volume without secretName")?;
+            let name = secret
+                .secret_name
+                .as_deref()
+                .context("a secret volume without secretName")?;
             let files = secret_files(admin, &pod.namespace, name, secret.items.as_ref()).await?;
             write_files(&source, &files)?;
         } else if volume.empty_dir.is_some() {
@@ -1107,24 +1265,38 @@ async fn prepare_volumes(admin: &Client, pod: &PodContext, container: &Container
             } in projected.sources.iter().flatten()
             {
                 if let Some(cm) = config_map {
-                    files.extend(config_map_files(admin, &pod.namespace, &cm.name, cm.items.as_ref()).await?);
+                    files.extend(
+                        config_map_files(admin, &pod.namespace, &cm.name, cm.items.as_ref())
+                            .await?,
+                    );
                 } else if let Some(s) = secret {
-                    files.extend(secret_files(admin, &pod.namespace, &s.name, s.items.as_ref()).await?);
+                    files.extend(
+                        secret_files(admin, &pod.namespace, &s.name, s.items.as_ref()).await?,
+                    );
                 } else if let Some(d) = downward_api {
                     for item in d.items.iter().flatten() {
-                        let f = item.field_ref.as_ref().with_context(|| format!("downwardAPI item {}: only fieldRef is supported", item.path))?;
+                        let f = item.field_ref.as_ref().with_context(|| {
+                            format!("downwardAPI item {}: only fieldRef is supported", item.path)
+                        })?;
                         files.push((item.path.clone(), pod.field(&f.field_path)?.into_bytes()));
                     }
                 } else if let Some(t) = service_account_token {
-                    let token = pod_token(admin, pod, t.audience.as_deref(), t.expiration_seconds).await?;
+                    let token =
+                        pod_token(admin, pod, t.audience.as_deref(), t.expiration_seconds).await?;
                     files.push((t.path.clone(), token.into_bytes()));
                 } else {
-                    bail!("volume {}: a projected source the runner does not support", volume.name);
+                    bail!(
+                        "volume {}: a projected source the runner does not support",
+                        volume.name
+                    );
                 }
             }
             write_files(&source, &files)?;
         } else {
-            bail!("volume {}: only configMap, secret, emptyDir and projected volumes are supported by the runner", volume.name);
+            bail!(
+                "volume {}: only configMap, secret, emptyDir and projected volumes are supported by the runner",
+                volume.name
+            );
         }
         out.push(BindMount {
             source,
@@ -1185,7 +1357,8 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 /// The cgroup of process `pid`: v1 controller paths from /proc/PID/cgroup under
 /// /sys/fs/cgroup/<controller>, or the unified path where the host has cgroup v2 only.
 pub fn cgroup_stats(pid: u32) -> Result<CgroupStats> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).with_context(|| format!("reading /proc/{pid}/cgroup"))?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
     let root = Path::new("/sys/fs/cgroup");
     let mut s = CgroupStats::default();
     if root.join("cgroup.controllers").exists() {
@@ -1222,7 +1395,8 @@ pub fn cgroup_stats(pid: u32) -> Result<CgroupStats> {
         })
     };
     if let Some(dir) = controller("memory") {
-        s.memory_limit_bytes = read_u64(&dir.join("memory.limit_in_bytes")).filter(|b| *b < (1 << 62));
+        s.memory_limit_bytes =
+            read_u64(&dir.join("memory.limit_in_bytes")).filter(|b| *b < (1 << 62));
         s.memory_usage_bytes = read_u64(&dir.join("memory.usage_in_bytes"));
         s.memory_peak_bytes = read_u64(&dir.join("memory.max_usage_in_bytes"));
         s.oom_kills = keyed(&dir.join("memory.oom_control"), "oom_kill");
@@ -1244,7 +1418,10 @@ pub fn unenforced(want: &Limits, got: &CgroupStats) -> Vec<String> {
     if let Some(bytes) = want.memory_bytes {
         // The kernel rounds the limit down to whole pages.
         let page = 4096;
-        if got.memory_limit_bytes.is_none_or(|b| b > bytes || b + page < bytes) {
+        if got
+            .memory_limit_bytes
+            .is_none_or(|b| b > bytes || b + page < bytes)
+        {
             missing.push(format!(
                 "memory limit {bytes} bytes: the container's {} cgroup has {:?}",
                 got.version, got.memory_limit_bytes
@@ -1289,7 +1466,11 @@ impl std::fmt::Display for ProbeReport {
             write!(f, " (first after {t:.1}s)")?;
         }
         for (kind, (ok, failed)) in &self.counts {
-            write!(f, "; {kind}: {ok} passed, {failed} failed, last {}", self.last.get(kind).map_or("-", String::as_str))?;
+            write!(
+                f,
+                "; {kind}: {ok} passed, {failed} failed, last {}",
+                self.last.get(kind).map_or("-", String::as_str)
+            )?;
         }
         if let Some(r) = &self.restart_due {
             write!(f, "; RESTART DUE: {r}")?;
@@ -1304,7 +1485,16 @@ fn probe_once(pid: u32, probe: &HttpProbe) -> std::result::Result<String, String
     let url = format!("{scheme}://127.0.0.1:{}{}", probe.port, probe.path);
     let out = Command::new("nsenter")
         .arg(format!("--net=/proc/{pid}/ns/net"))
-        .args(["curl", "-sS", "-k", "-o", "/dev/null", "-w", "%{http_code}", "--max-time"])
+        .args([
+            "curl",
+            "-sS",
+            "-k",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+        ])
         .arg(probe.timeout.as_secs().max(1).to_string())
         .arg(&url)
         .output()
@@ -1312,12 +1502,20 @@ fn probe_once(pid: u32, probe: &HttpProbe) -> std::result::Result<String, String
     let code = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     match code.parse::<u16>() {
         Ok(c) if (200..400).contains(&c) => Ok(format!("{url} {c}")),
-        _ => Err(format!("{url} {code} {}", String::from_utf8_lossy(&out.stderr).trim())),
+        _ => Err(format!(
+            "{url} {code} {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
     }
 }
 
 /// Polls the probes as the kubelet schedules them until `stop`.
-fn poll_probes(pid: u32, probes: Vec<HttpProbe>, report: Arc<Mutex<ProbeReport>>, stop: Arc<AtomicBool>) {
+fn poll_probes(
+    pid: u32,
+    probes: Vec<HttpProbe>,
+    report: Arc<Mutex<ProbeReport>>,
+    stop: Arc<AtomicBool>,
+) {
     let started = Instant::now();
     let has_startup = probes.iter().any(|p| p.kind == "startup");
     let mut next: Vec<Instant> = probes.iter().map(|p| started + p.initial_delay).collect();
@@ -1327,12 +1525,17 @@ fn poll_probes(pid: u32, probes: Vec<HttpProbe>, report: Arc<Mutex<ProbeReport>>
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         for (i, probe) in probes.iter().enumerate() {
-            if now < next[i] || (probe.kind != "startup" && !started_ok) || (probe.kind == "startup" && started_ok) {
+            if now < next[i]
+                || (probe.kind != "startup" && !started_ok)
+                || (probe.kind == "startup" && started_ok)
+            {
                 continue;
             }
             next[i] = now + probe.period;
             let result = probe_once(pid, probe);
-            let mut r = report.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut r = report
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let counts = r.counts.entry(probe.kind).or_default();
             let (ok, bad) = &mut streak[i];
             match &result {
@@ -1347,17 +1550,22 @@ fn poll_probes(pid: u32, probes: Vec<HttpProbe>, report: Arc<Mutex<ProbeReport>>
                     *ok = 0;
                 }
             }
-            r.last.insert(probe.kind, result.clone().unwrap_or_else(|e| format!("FAILED {e}")));
+            r.last.insert(
+                probe.kind,
+                result.clone().unwrap_or_else(|e| format!("FAILED {e}")),
+            );
             match probe.kind {
                 "startup" if *ok >= 1 => started_ok = true,
-                "readiness" if *ok >= probe.success_threshold => {
-                    if !r.ready {
-                        r.ready = true;
-                        r.first_ready_s.get_or_insert(started.elapsed().as_secs_f64());
-                    }
+                "readiness" if *ok >= probe.success_threshold && !r.ready => {
+                    r.ready = true;
+                    r.first_ready_s
+                        .get_or_insert(started.elapsed().as_secs_f64());
                 }
+                "readiness" if *ok >= probe.success_threshold => {}
                 "readiness" if *bad >= probe.failure_threshold => r.ready = false,
-                "liveness" | "startup" if *bad >= probe.failure_threshold && r.restart_due.is_none() => {
+                "liveness" | "startup"
+                    if *bad >= probe.failure_threshold && r.restart_due.is_none() =>
+                {
                     r.restart_due = Some(format!(
                         "{} probe failed {} times in a row after {:.1}s: {}",
                         probe.kind,
@@ -1371,10 +1579,13 @@ fn poll_probes(pid: u32, probes: Vec<HttpProbe>, report: Arc<Mutex<ProbeReport>>
         }
         // Without a readiness probe a started container counts as ready.
         if !has_readiness && started_ok {
-            let mut r = report.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut r = report
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if !r.ready {
                 r.ready = true;
-                r.first_ready_s.get_or_insert(started.elapsed().as_secs_f64());
+                r.first_ready_s
+                    .get_or_insert(started.elapsed().as_secs_f64());
             }
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -1397,12 +1608,17 @@ impl Tools {
     /// Runs tests/cluster/container-tools.sh.
     pub fn find() -> Result<Self> {
         let bin = crate::tools::built_by("tests/cluster/container-tools.sh")?;
-        let runc = ["/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .or_else(|| crate::tools::on_path("runc").ok())
-            .context("runc is not installed")?;
+        let runc = [
+            "/usr/sbin/runc",
+            "/usr/bin/runc",
+            "/usr/local/sbin/runc",
+            "/usr/local/bin/runc",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .or_else(|| crate::tools::on_path("runc").ok())
+        .context("runc is not installed")?;
         Ok(Tools {
             runc,
             netns_run: bin.join("netns-run"),
@@ -1461,6 +1677,25 @@ impl RunningContainer {
             .unwrap_or_else(|_| std::env::temp_dir())
             .join("containers")
             .join(&id);
+        let started = Self::start_in(admin, tools, image, pod, container, log, &id, &base).await;
+        if started.is_err() {
+            let _ = std::fs::remove_dir_all(&base);
+        }
+        started
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_in(
+        admin: &Client,
+        tools: &Tools,
+        image: &Image,
+        pod: &PodContext,
+        container: &Container,
+        log: PathBuf,
+        id: &str,
+        base: &Path,
+    ) -> Result<Self> {
+        let id = id.to_owned();
         let bundle = base.join("bundle");
         let state_root = base.join("state");
         std::fs::create_dir_all(&state_root)?;
@@ -1472,18 +1707,45 @@ impl RunningContainer {
         // The files a kubelet and containerd put in every container.
         let files = bundle.join("files");
         std::fs::create_dir_all(&files)?;
-        std::fs::write(files.join("hosts"), format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.0.1\t{}\n", pod.name))?;
+        std::fs::write(
+            files.join("hosts"),
+            format!(
+                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.0.1\t{}\n",
+                pod.name
+            ),
+        )?;
         std::fs::write(files.join("hostname"), format!("{}\n", pod.name))?;
         // No cluster DNS here; searches as the kubelet writes them.
-        std::fs::write(files.join("resolv.conf"), format!("search {0}.svc.cluster.local svc.cluster.local cluster.local\nnameserver 127.0.0.1\noptions ndots:5\n", pod.namespace))?;
+        std::fs::write(
+            files.join("resolv.conf"),
+            format!(
+                "search {0}.svc.cluster.local svc.cluster.local cluster.local\nnameserver 127.0.0.1\noptions ndots:5\n",
+                pod.namespace
+            ),
+        )?;
         std::fs::write(files.join("termination-log"), "")?;
         let mut mounts = vec![
-            BindMount { source: files.join("hosts"), destination: "/etc/hosts".into(), read_only: false },
-            BindMount { source: files.join("hostname"), destination: "/etc/hostname".into(), read_only: false },
-            BindMount { source: files.join("resolv.conf"), destination: "/etc/resolv.conf".into(), read_only: false },
+            BindMount {
+                source: files.join("hosts"),
+                destination: "/etc/hosts".into(),
+                read_only: false,
+            },
+            BindMount {
+                source: files.join("hostname"),
+                destination: "/etc/hostname".into(),
+                read_only: false,
+            },
+            BindMount {
+                source: files.join("resolv.conf"),
+                destination: "/etc/resolv.conf".into(),
+                read_only: false,
+            },
             BindMount {
                 source: files.join("termination-log"),
-                destination: container.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into()),
+                destination: container
+                    .termination_message_path
+                    .clone()
+                    .unwrap_or_else(|| "/dev/termination-log".into()),
                 read_only: false,
             },
         ];
@@ -1506,7 +1768,10 @@ impl RunningContainer {
             cgroups_path: format!("gpu-operator-runc/{id}"),
         };
         let (config, limits) = plan(pod, container, &inputs)?;
-        std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config)?,
+        )?;
 
         let file = std::fs::File::create(&log)?;
         let mut command = Command::new(&tools.netns_run);
@@ -1524,7 +1789,9 @@ impl RunningContainer {
             .stdout(file.try_clone()?)
             .stderr(file)
             .stdin(Stdio::null());
-        let child = command.spawn().with_context(|| format!("starting {command:?}"))?;
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {command:?}"))?;
         let mut running = RunningContainer {
             id,
             pid: 0,
@@ -1552,18 +1819,30 @@ impl RunningContainer {
                 missing.join("; ")
             );
         }
-        *running.last_stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stats);
+        *running
+            .last_stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stats);
         let probes = probes(container)?;
         let (pid, report, stop) = (running.pid, running.probes.clone(), running.stop.clone());
-        running.poller = Some(std::thread::spawn(move || poll_probes(pid, probes, report, stop)));
+        running.poller = Some(std::thread::spawn(move || {
+            poll_probes(pid, probes, report, stop)
+        }));
         Ok(running)
     }
 
     /// `runc state`: the container's status and init pid.
     fn state(&self) -> Result<(String, u32)> {
-        let text = run(Command::new(&self.tools.runc).arg("--root").arg(&self.state_root).arg("state").arg(&self.id))?;
+        let text = run(Command::new(&self.tools.runc)
+            .arg("--root")
+            .arg(&self.state_root)
+            .arg("state")
+            .arg(&self.id))?;
         let v: Value = serde_json::from_str(&text)?;
-        Ok((v["status"].as_str().unwrap_or_default().to_owned(), v["pid"].as_u64().unwrap_or_default() as u32))
+        Ok((
+            v["status"].as_str().unwrap_or_default().to_owned(),
+            v["pid"].as_u64().unwrap_or_default() as u32,
+        ))
     }
 
     /// Waits until runc reports the container running; its pid.
@@ -1580,9 +1859,16 @@ impl RunningContainer {
                 && let Some(status) = child.try_wait()?
             {
                 self.child = None;
-                bail!("the container exited before it ran ({status}):\n{}", self.log_text());
+                bail!(
+                    "the container exited before it ran ({status}):\n{}",
+                    self.log_text()
+                );
             }
-            ensure!(Instant::now() < deadline, "the container did not start within {timeout:?}:\n{}", self.log_text());
+            ensure!(
+                Instant::now() < deadline,
+                "the container did not start within {timeout:?}:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -1593,7 +1879,10 @@ impl RunningContainer {
 
     /// The probes' report so far.
     pub fn probe_report(&self) -> ProbeReport {
-        self.probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.probes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Waits until the readiness probe passes; fails when the container exits or a liveness
@@ -1608,15 +1897,25 @@ impl RunningContainer {
             if report.ready {
                 return Ok(report);
             }
-            ensure!(self.is_running(), "the container exited before it was ready; probes: {report}:\n{}", self.log_text());
-            ensure!(Instant::now() < deadline, "not ready within {timeout:?}; probes: {report}");
+            ensure!(
+                self.is_running(),
+                "the container exited before it was ready; probes: {report}:\n{}",
+                self.log_text()
+            );
+            ensure!(
+                Instant::now() < deadline,
+                "not ready within {timeout:?}; probes: {report}"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// The cgroup's figures now (the last reading once the container is gone).
     pub fn cgroup_stats(&self) -> Result<CgroupStats> {
-        let mut last = self.last_stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = self
+            .last_stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match cgroup_stats(self.pid) {
             Ok(s) => {
                 *last = Some(s.clone());
@@ -1628,25 +1927,38 @@ impl RunningContainer {
 
     /// Whether the container still runs.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Sends `signal` (`TERM`, `KILL`) to the container's init process through runc.
     pub fn signal(&self, signal: &str) -> Result<()> {
-        run(Command::new(&self.tools.runc).arg("--root").arg(&self.state_root).arg("kill").arg(&self.id).arg(signal))?;
+        run(Command::new(&self.tools.runc)
+            .arg("--root")
+            .arg(&self.state_root)
+            .arg("kill")
+            .arg(&self.id)
+            .arg(signal))?;
         Ok(())
     }
 
     /// Waits for the container to exit; its exit code (128 + signal when killed).
     pub fn wait(&mut self, timeout: Duration) -> Result<Option<i32>> {
-        let Some(child) = self.child.as_mut() else { return Ok(None) };
+        let Some(child) = self.child.as_mut() else {
+            return Ok(None);
+        };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait()? {
                 self.child = None;
                 return Ok(status.code());
             }
-            ensure!(Instant::now() < deadline, "container {} did not exit within {timeout:?}", self.id);
+            ensure!(
+                Instant::now() < deadline,
+                "container {} did not exit within {timeout:?}",
+                self.id
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -1710,7 +2022,10 @@ mod tests {
             user: Some("65532:65532".into()),
             entrypoint: Some(vec!["/usr/local/bin/gpu-operator".into()]),
             cmd: None,
-            env: Some(vec!["PATH=/usr/bin:/bin".into(), "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt".into()]),
+            env: Some(vec![
+                "PATH=/usr/bin:/bin".into(),
+                "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt".into(),
+            ]),
             working_dir: Some("/".into()),
         }
     }
@@ -1740,37 +2055,86 @@ mod tests {
         assert_eq!(l.cpu_shares, Some(204));
         // 1000 - 1000 * 100 MiB / 1 GiB
         assert_eq!(l.oom_score_adj, 903);
-        let g = container(json!({"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}));
+        let g =
+            container(json!({"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}));
         assert_eq!(limits(&g, 1 << 34).unwrap().oom_score_adj, -997);
-        assert_eq!(limits(&container(json!({"name": "c"})), 1 << 34).unwrap(), Limits { oom_score_adj: 1000, ..Limits::default() });
+        assert_eq!(
+            limits(&container(json!({"name": "c"})), 1 << 34).unwrap(),
+            Limits {
+                oom_score_adj: 1000,
+                ..Limits::default()
+            }
+        );
     }
 
     #[test]
     fn the_user_comes_from_the_security_context_else_the_image_and_root_is_refused_when_non_root() {
         let c = container(json!({"name": "c"}));
-        let spec = pod_spec(json!({"containers": [], "securityContext": {"runAsNonRoot": true, "runAsUser": 65532}}));
-        assert_eq!(resolve_user(&spec, &c, &image(), "").unwrap(), User { uid: 65532, gid: 0, additional_gids: vec![] });
+        let spec = pod_spec(
+            json!({"containers": [], "securityContext": {"runAsNonRoot": true, "runAsUser": 65532}}),
+        );
+        assert_eq!(
+            resolve_user(&spec, &c, &image(), "").unwrap(),
+            User {
+                uid: 65532,
+                gid: 0,
+                additional_gids: vec![]
+            }
+        );
         let passwd = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532::/home/nonroot:/sbin/nologin\n";
-        assert_eq!(resolve_user(&spec, &c, &image(), passwd).unwrap().gid, 65532);
-        let no_user = pod_spec(json!({"containers": [], "securityContext": {"runAsNonRoot": true}}));
-        assert_eq!(resolve_user(&no_user, &c, &image(), "").unwrap(), User { uid: 65532, gid: 65532, additional_gids: vec![] });
-        let root_image = ImageConfig { user: None, ..image() };
-        let e = resolve_user(&no_user, &c, &root_image, "").unwrap_err().to_string();
+        assert_eq!(
+            resolve_user(&spec, &c, &image(), passwd).unwrap().gid,
+            65532
+        );
+        let no_user =
+            pod_spec(json!({"containers": [], "securityContext": {"runAsNonRoot": true}}));
+        assert_eq!(
+            resolve_user(&no_user, &c, &image(), "").unwrap(),
+            User {
+                uid: 65532,
+                gid: 65532,
+                additional_gids: vec![]
+            }
+        );
+        let root_image = ImageConfig {
+            user: None,
+            ..image()
+        };
+        let e = resolve_user(&no_user, &c, &root_image, "")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("runAsNonRoot and image will run as root"), "{e}");
-        let named = ImageConfig { user: Some("nonroot".into()), ..image() };
-        let e = resolve_user(&no_user, &c, &named, passwd).unwrap_err().to_string();
+        let named = ImageConfig {
+            user: Some("nonroot".into()),
+            ..image()
+        };
+        let e = resolve_user(&no_user, &c, &named, passwd)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("non-numeric user (nonroot)"), "{e}");
-        let zero = pod_spec(json!({"containers": [], "securityContext": {"runAsNonRoot": true, "runAsUser": 0}}));
-        assert!(resolve_user(&zero, &c, &image(), "").unwrap_err().to_string().contains("breaks non-root policy"));
+        let zero = pod_spec(
+            json!({"containers": [], "securityContext": {"runAsNonRoot": true, "runAsUser": 0}}),
+        );
+        assert!(
+            resolve_user(&zero, &c, &image(), "")
+                .unwrap_err()
+                .to_string()
+                .contains("breaks non-root policy")
+        );
     }
 
     #[test]
     fn capabilities_start_from_containerds_defaults() {
-        let none = container(json!({"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"]}}}));
+        let none =
+            container(json!({"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"]}}}));
         assert!(capabilities(&none).is_empty());
-        let some = container(json!({"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}}));
+        let some = container(
+            json!({"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}}),
+        );
         assert_eq!(capabilities(&some), ["CAP_NET_BIND_SERVICE"]);
-        let default = capabilities(&container(json!({"name": "c", "securityContext": {"capabilities": {"drop": ["NET_RAW"]}}})));
+        let default = capabilities(&container(
+            json!({"name": "c", "securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}),
+        ));
         assert_eq!(default.len(), DEFAULT_CAPS.len() - 1);
         assert!(!default.contains(&"CAP_NET_RAW".to_owned()));
     }
@@ -1778,53 +2142,97 @@ mod tests {
     #[test]
     fn command_replaces_the_entrypoint_and_references_expand() {
         let env = vec![("NS".to_owned(), "gpu".to_owned())];
-        let c = container(json!({"name": "c", "command": ["gpu-operator"], "args": ["run", "--ns=$(NS)", "$$(NS)", "$(MISSING)"]}));
-        assert_eq!(process_args(&c, &image(), &env).unwrap(), ["gpu-operator", "run", "--ns=gpu", "$(NS)", "$(MISSING)"]);
+        let c = container(
+            json!({"name": "c", "command": ["gpu-operator"], "args": ["run", "--ns=$(NS)", "$$(NS)", "$(MISSING)"]}),
+        );
+        assert_eq!(
+            process_args(&c, &image(), &env).unwrap(),
+            ["gpu-operator", "run", "--ns=gpu", "$(NS)", "$(MISSING)"]
+        );
         let only_args = container(json!({"name": "c", "args": ["version"]}));
-        assert_eq!(process_args(&only_args, &image(), &env).unwrap(), ["/usr/local/bin/gpu-operator", "version"]);
+        assert_eq!(
+            process_args(&only_args, &image(), &env).unwrap(),
+            ["/usr/local/bin/gpu-operator", "version"]
+        );
     }
 
     #[test]
     fn env_resolves_field_refs_after_the_image_and_service_variables() {
-        let pod = PodContext::rendered("gpu-operator", "gpu-operator-abc", pod_spec(json!({"containers": []})));
+        let pod = PodContext::rendered(
+            "gpu-operator",
+            "gpu-operator-abc",
+            pod_spec(json!({"containers": []})),
+        );
         let c = container(json!({"name": "c", "env": [
             {"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "PATH", "value": "/x:$(PATH)"}]}));
-        let api = ApiServer { host: "127.0.0.1".into(), port: 19402 };
-        let env: BTreeMap<String, String> = environment(&pod, &c, &image(), &api).unwrap().into_iter().collect();
+        let api = ApiServer {
+            host: "127.0.0.1".into(),
+            port: 19402,
+        };
+        let env: BTreeMap<String, String> = environment(&pod, &c, &image(), &api)
+            .unwrap()
+            .into_iter()
+            .collect();
         assert_eq!(env["OPERATOR_NAMESPACE"], "gpu-operator");
         assert_eq!(env["POD_NAME"], "gpu-operator-abc");
         assert_eq!(env["KUBERNETES_SERVICE_HOST"], "127.0.0.1");
         assert_eq!(env["KUBERNETES_SERVICE_PORT"], "19402");
         assert_eq!(env["PATH"], "/x:/usr/bin:/bin");
-        let secret = container(json!({"name": "c", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}));
+        let secret = container(
+            json!({"name": "c", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
+        );
         assert!(environment(&pod, &secret, &image(), &api).is_err());
     }
 
     #[test]
     fn probes_resolve_named_ports() {
-        let c = container(json!({"name": "c", "ports": [{"name": "health", "containerPort": 8081}],
+        let c = container(
+            json!({"name": "c", "ports": [{"name": "health", "containerPort": 8081}],
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "initialDelaySeconds": 5, "periodSeconds": 10},
-            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "health"}, "periodSeconds": 5}}));
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "health"}, "periodSeconds": 5}}),
+        );
         let p = probes(&c).unwrap();
         assert_eq!(p.len(), 2);
-        assert_eq!((p[0].kind, p[0].port, p[0].path.as_str(), p[0].failure_threshold), ("liveness", 8081, "/healthz", 3));
-        assert_eq!((p[1].kind, p[1].period), ("readiness", Duration::from_secs(5)));
-        let wrong = container(json!({"name": "c", "readinessProbe": {"httpGet": {"port": "metrics"}}}));
+        assert_eq!(
+            (
+                p[0].kind,
+                p[0].port,
+                p[0].path.as_str(),
+                p[0].failure_threshold
+            ),
+            ("liveness", 8081, "/healthz", 3)
+        );
+        assert_eq!(
+            (p[1].kind, p[1].period),
+            ("readiness", Duration::from_secs(5))
+        );
+        let wrong =
+            container(json!({"name": "c", "readinessProbe": {"httpGet": {"port": "metrics"}}}));
         assert!(probes(&wrong).is_err());
-        let exec = container(json!({"name": "c", "readinessProbe": {"exec": {"command": ["true"]}}}));
+        let exec =
+            container(json!({"name": "c", "readinessProbe": {"exec": {"command": ["true"]}}}));
         assert!(probes(&exec).is_err());
     }
 
     #[test]
     fn the_runtime_config_carries_the_security_context() {
-        let pod = PodContext::rendered("ns", "pod", pod_spec(json!({"containers": [],
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}})));
-        let c = container(json!({"name": "c", "command": ["gpu-operator"], "args": ["run"],
+        let pod = PodContext::rendered(
+            "ns",
+            "pod",
+            pod_spec(json!({"containers": [],
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}})),
+        );
+        let c = container(
+            json!({"name": "c", "command": ["gpu-operator"], "args": ["run"],
             "resources": {"limits": {"cpu": "500m", "memory": "350Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}}}));
-        let api = ApiServer { host: "127.0.0.1".into(), port: 1 };
+            "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}}}),
+        );
+        let api = ApiServer {
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
         let profile = json!({"defaultAction": "SCMP_ACT_ERRNO"});
         let inputs = PlanInputs {
             image: &image(),
@@ -1841,22 +2249,51 @@ mod tests {
         assert_eq!(config["process"]["capabilities"]["bounding"], json!([]));
         assert_eq!(config["root"]["readonly"], true);
         assert_eq!(config["linux"]["seccomp"], profile);
-        assert_eq!(config["linux"]["resources"]["memory"]["limit"], 350 * 1024 * 1024);
+        assert_eq!(
+            config["linux"]["resources"]["memory"]["limit"],
+            350 * 1024 * 1024
+        );
         assert_eq!(config["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(limits.cpu_quota_us, Some(50_000));
-        assert!(config["linux"]["namespaces"].as_array().unwrap().iter().all(|n| n["type"] != "network"));
-        let host = PodContext::rendered("ns", "pod", pod_spec(json!({"containers": [], "hostNetwork": true})));
+        assert!(
+            config["linux"]["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["type"] != "network")
+        );
+        let host = PodContext::rendered(
+            "ns",
+            "pod",
+            pod_spec(json!({"containers": [], "hostNetwork": true})),
+        );
         assert!(plan(&host, &c, &inputs).is_err());
-        let no_profile = PlanInputs { seccomp: None, ..inputs };
+        let no_profile = PlanInputs {
+            seccomp: None,
+            ..inputs
+        };
         assert!(plan(&pod, &c, &no_profile).is_err());
     }
 
     #[test]
     fn a_limit_the_cgroup_does_not_hold_is_named() {
-        let want = Limits { memory_bytes: Some(350 << 20), cpu_quota_us: Some(50_000), ..Limits::default() };
-        let held = CgroupStats { version: "v1".into(), memory_limit_bytes: Some(350 << 20), cpu_quota_us: Some(50_000), cpu_period_us: Some(100_000), ..CgroupStats::default() };
+        let want = Limits {
+            memory_bytes: Some(350 << 20),
+            cpu_quota_us: Some(50_000),
+            ..Limits::default()
+        };
+        let held = CgroupStats {
+            version: "v1".into(),
+            memory_limit_bytes: Some(350 << 20),
+            cpu_quota_us: Some(50_000),
+            cpu_period_us: Some(100_000),
+            ..CgroupStats::default()
+        };
         assert!(unenforced(&want, &held).is_empty());
-        let none = CgroupStats { version: "v1".into(), ..CgroupStats::default() };
+        let none = CgroupStats {
+            version: "v1".into(),
+            ..CgroupStats::default()
+        };
         let missing = unenforced(&want, &none);
         assert_eq!(missing.len(), 2, "{missing:?}");
     }

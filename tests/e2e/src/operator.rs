@@ -359,7 +359,8 @@ impl Operator {
             .iter()
             .find(|c| c.name == container)
             .with_context(|| format!("pod {} has no container {container}", pod.name))?;
-        let log = std::env::temp_dir().join(format!("{}-{}.log", pod.namespace, unique_name("op-runc")));
+        let log =
+            std::env::temp_dir().join(format!("{}-{}.log", pod.namespace, unique_name("op-runc")));
         let running =
             crate::container::RunningContainer::start(admin, tools, image, pod, spec, log.clone())
                 .await?;

@@ -21,8 +21,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::helm::{RELEASE, helm, helm_ok, release_namespace, strings};
 use e2e::container;
+use e2e::helm::{RELEASE, helm, helm_ok, release_namespace, strings};
 use e2e::operator::Operator;
 use e2e::tools::repo_root;
 use e2e::{session, wait};
@@ -121,8 +121,16 @@ fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
     let pid = running.pid;
     let status = proc_status(pid);
     let log = || operator.log_text();
-    assert_eq!(status["Uid"].split_whitespace().next(), Some("65532"), "{status:?}");
-    assert_eq!(status["Gid"].split_whitespace().next(), Some("65532"), "{status:?}");
+    assert_eq!(
+        status["Uid"].split_whitespace().next(),
+        Some("65532"),
+        "{status:?}"
+    );
+    assert_eq!(
+        status["Gid"].split_whitespace().next(),
+        Some("65532"),
+        "{status:?}"
+    );
     assert_eq!(status["CapEff"], "0000000000000000", "{status:?}");
     assert_eq!(status["CapBnd"], "0000000000000000", "{status:?}");
     assert_eq!(status["NoNewPrivs"], "1", "{status:?}");
@@ -133,13 +141,17 @@ fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
         .find(|l| l.split_whitespace().nth(4) == Some("/"))
         .unwrap_or_else(|| panic!("no root mount:\n{mountinfo}"));
     assert!(
-        root.split_whitespace().nth(5).is_some_and(|o| o.split(',').any(|o| o == "ro")),
+        root.split_whitespace()
+            .nth(5)
+            .is_some_and(|o| o.split(',').any(|o| o == "ro")),
         "the root file system is writable: {root}"
     );
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     let environ = String::from_utf8_lossy(&environ);
     assert!(
-        environ.split('\0').any(|e| e == format!("POD_NAME={pod_name}")),
+        environ
+            .split('\0')
+            .any(|e| e == format!("POD_NAME={pod_name}")),
         "POD_NAME: {environ}"
     );
     let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
@@ -148,10 +160,18 @@ fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
         .filter(|a| !a.is_empty())
         .map(str::to_owned)
         .collect();
-    assert_eq!(args.first().map(String::as_str), Some("gpu-operator"), "{args:?}");
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("gpu-operator"),
+        "{args:?}"
+    );
     assert_eq!(args.get(1).map(String::as_str), Some("run"), "{args:?}");
     let stats = running.cgroup_stats().unwrap();
-    assert_eq!(stats.memory_limit_bytes, Some(350 * 1024 * 1024), "{stats:?}");
+    assert_eq!(
+        stats.memory_limit_bytes,
+        Some(350 * 1024 * 1024),
+        "{stats:?}"
+    );
     assert_eq!(
         (stats.cpu_quota_us, stats.cpu_period_us),
         (Some(50_000), Some(100_000)),
@@ -360,12 +380,18 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
         &out_dir.join("pulled"),
     )
     .unwrap();
-    assert_eq!(image.digest, digest, "the pulled image is not the published one");
+    assert_eq!(
+        image.digest, digest,
+        "the pulled image is not the published one"
+    );
     let pod = container::deployment_pod(&admin, &namespace, "gpu-operator", TIMEOUT)
         .await
         .unwrap();
     let pod = container::PodContext::live(&pod).unwrap();
-    assert_eq!(pod.spec.service_account_name.as_deref(), Some(OPERATOR_ACCOUNT));
+    assert_eq!(
+        pod.spec.service_account_name.as_deref(),
+        Some(OPERATOR_ACCOUNT)
+    );
     let started = Instant::now();
     let mut operator = Operator::start_in_container(
         &admin,
@@ -377,7 +403,10 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
     )
     .await
     .unwrap_or_else(|e| panic!("the released image did not run as its Deployment says: {e:#}"));
-    println!("operator container ready {:?} after its start", started.elapsed());
+    println!(
+        "operator container ready {:?} after its start",
+        started.elapsed()
+    );
     assert_runs_as_the_chart_says(&operator, &pod.name);
     let started = Instant::now();
     await_ready(

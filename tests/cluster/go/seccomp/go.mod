@@ -1,4 +1,4 @@
-module gpu-operator.local/harness/seccomp
+module gpu-operator.local/harness/seccomp-default
 
 go 1.26.3
 

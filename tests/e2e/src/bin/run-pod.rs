@@ -57,9 +57,13 @@ async fn main() -> Result<()> {
     let dir = e2e::cluster::harness_dir()?.join(e2e::cluster::unique_name("run-pod-image"));
     let image = Image::pull(&o.source, &dir)?;
     println!("run-pod: image {} ({:?})", image.digest, o.source);
-    let pod =
-        container::deployment_pod(&admin, &o.namespace, &o.deployment, Duration::from_secs(180))
-            .await?;
+    let pod = container::deployment_pod(
+        &admin,
+        &o.namespace,
+        &o.deployment,
+        Duration::from_secs(180),
+    )
+    .await?;
     let pod = PodContext::live(&pod)?;
     let spec = pod
         .spec
@@ -107,7 +111,10 @@ async fn watch(running: &mut RunningContainer) -> Result<()> {
                 .cgroup_stats()
                 .ok()
                 .and_then(|s| s.memory_usage_bytes)
-                .map_or_else(|| "-".to_owned(), |b| format!("{:.1} MiB", b as f64 / 1048576.0));
+                .map_or_else(
+                    || "-".to_owned(),
+                    |b| format!("{:.1} MiB", b as f64 / 1048576.0),
+                );
             println!("run-pod: probes: {report}; cgroup memory {memory}");
         }
         if let Some(r) = &report.restart_due {

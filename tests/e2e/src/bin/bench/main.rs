@@ -558,7 +558,10 @@ async fn start_container(
         Duration::from_secs(300),
     )
     .await?;
-    r.command = format!("runc: the chart's Deployment, image {}", image.layout.display());
+    r.command = format!(
+        "runc: the chart's Deployment, image {}",
+        image.layout.display()
+    );
     r.container = Some(ContainerReport {
         image: o
             .image
@@ -961,7 +964,10 @@ async fn measure_inner(
         k.cpu_throttled_periods = stats.cpu_throttled_periods;
         k.cpu_throttled_s = stats.cpu_throttled_ns.map(|ns| round1(ns as f64 / 1e9));
         k.probes = c.probe_report().to_string();
-        eprintln!("bench: container cgroup at the end: {stats:?}; probes {}", k.probes);
+        eprintln!(
+            "bench: container cgroup at the end: {stats:?}; probes {}",
+            k.probes
+        );
         anyhow::ensure!(
             stats.oom_kills == Some(0),
             "the operator's container saw OOM kills: {stats:?}"
