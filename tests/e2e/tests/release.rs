@@ -120,7 +120,6 @@ fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
     let running = operator.container.as_ref().unwrap();
     let pid = running.pid;
     let status = proc_status(pid);
-    let log = || operator.log_text();
     assert_eq!(
         status["Uid"].split_whitespace().next(),
         Some("65532"),
@@ -177,7 +176,6 @@ fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
         (Some(50_000), Some(100_000)),
         "{stats:?}"
     );
-    assert!(operator.log_text().contains("caches ready"), "{}", log());
 }
 
 /// Waits until the policy is `ready` for its current generation.
@@ -408,6 +406,10 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
         started.elapsed()
     );
     assert_runs_as_the_chart_says(&operator, &pod.name);
+    operator
+        .await_log("caches ready", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     let started = Instant::now();
     await_ready(
         &admin,
