@@ -78,7 +78,7 @@ if [[ $runtime == runc ]]; then
   registry=$("$root/tests/cluster/registry.sh" | tail -1)
   version=$(sed -n 's/^version: *//p' "$root/charts/gpu-operator/Chart.yaml" | tr -d '"')
   step "make release REGISTRY=$registry/gpu-operator (the image's release build takes minutes the first time)"
-  OUT=$HARNESS_DIR/release "$root/scripts/release.sh" "$registry/gpu-operator" "$version" | tail -3
+  OUT=$HARNESS_DIR/release "$root/scripts/release.sh" "$registry/gpu-operator" "$version" 2>&1 | tail -4
   CHART=oci://$registry/gpu-operator/charts/gpu-operator
   # The published chart names its image; --plain-http only because this registry is plain HTTP.
   OPERATOR_IMAGE=(--plain-http)
