@@ -1457,6 +1457,8 @@ pub struct ProbeReport {
     pub restart_due: Option<String>,
     /// The last result of each probe kind.
     pub last: BTreeMap<&'static str, String>,
+    /// The last failure of each probe kind, with how long after the start it came.
+    pub last_failure: BTreeMap<&'static str, String>,
 }
 
 impl std::fmt::Display for ProbeReport {
@@ -1471,6 +1473,9 @@ impl std::fmt::Display for ProbeReport {
                 "; {kind}: {ok} passed, {failed} failed, last {}",
                 self.last.get(kind).map_or("-", String::as_str)
             )?;
+        }
+        for (kind, failure) in &self.last_failure {
+            write!(f, "; last {kind} failure {failure}")?;
         }
         if let Some(r) = &self.restart_due {
             write!(f, "; RESTART DUE: {r}")?;
@@ -1536,16 +1541,19 @@ fn poll_probes(
             let mut r = report
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let counts = r.counts.entry(probe.kind).or_default();
             let (ok, bad) = &mut streak[i];
             match &result {
                 Ok(_) => {
-                    counts.0 += 1;
+                    r.counts.entry(probe.kind).or_default().0 += 1;
                     *ok += 1;
                     *bad = 0;
                 }
-                Err(_) => {
-                    counts.1 += 1;
+                Err(e) => {
+                    r.last_failure.insert(
+                        probe.kind,
+                        format!("after {:.1}s: {e}", started.elapsed().as_secs_f64()),
+                    );
+                    r.counts.entry(probe.kind).or_default().1 += 1;
                     *bad += 1;
                     *ok = 0;
                 }
