@@ -51,8 +51,9 @@ harness: ## build (or reuse) the Kubernetes, etcd, kwok, helm and NFD binaries
 	tests/cluster/build.sh >/dev/null
 
 .PHONY: release-tools
-release-tools: ## build (or reuse) the OCI registry and oras that `make release` and its end-to-end test use
+release-tools: ## build (or reuse) the OCI registry and oras that `make release` and its end-to-end test use, and what runs the image under runc (Debian's runc installed when missing)
 	tests/cluster/build.sh registry oras helm >/dev/null
+	tests/cluster/container-tools.sh >/dev/null
 
 .PHONY: olm-validator
 olm-validator: ## build (or reuse) the operator-framework bundle validators the OLM tests run
@@ -71,7 +72,7 @@ chaos: harness ## the chaos suite on its own harness (port base 16600): N seeded
 	tests/chaos.sh $(or $(N),100)
 
 .PHONY: bench
-bench: harness ## operator benchmark on its own harness: convergence, rollout latency, memory, API traffic (N=100|1000|5000, OPERATOR_CMD=... to compare)
+bench: harness ## operator benchmark on its own harness: convergence, rollout latency, memory, API traffic (N=100|1000|5000, OPERATOR_CMD=... to compare, OPERATOR_RUNTIME=runc for the image under the chart's limits)
 	bench/run.sh $(or $(N),100)
 
 .PHONY: chart

@@ -7,7 +7,10 @@
 # Settings (environment): OPERATOR_CMD, OPERATOR_NAME, BENCH_CHANGES (25), BENCH_STEADY_SECONDS
 # (60), BENCH_ARGS (more bench flags), BENCH_SKIP_BUILD, BENCH_KEEP, HARNESS_PORT_BASE (20400),
 # BENCH_OUT (bench/results), BENCH_DHAT (a file: heap-profile our operator with dhat-rs into it;
-# its timings are then not comparable).
+# its timings are then not comparable), OPERATOR_RUNTIME (`runc`: our operator runs from its
+# image, `make image`, under runc as the chart's Deployment says, with its securityContext and
+# memory/CPU limits as cgroup limits; results then go to bench/results/runc/ by default, and
+# OPERATOR_IMAGE=ARCHIVE reuses an archive already built).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,7 +35,12 @@ if ((n >= 1000)); then
 fi
 # shellcheck source=../tests/cluster/lib.sh
 source "$cluster/lib.sh"
-out=${BENCH_OUT:-$root/bench/results}
+runtime=${OPERATOR_RUNTIME:-process}
+case $runtime in
+  process) out=${BENCH_OUT:-$root/bench/results} ;;
+  runc) out=${BENCH_OUT:-$root/bench/results/runc} ;;
+  *) echo "bench/run.sh: OPERATOR_RUNTIME=$runtime: process or runc" >&2; exit 2 ;;
+esac
 
 log() { echo "bench/run.sh: $*" >&2; }
 
@@ -47,13 +55,24 @@ fi
 # the resident code is what the image runs, without the pages of a dynamic libc and libm. Its
 # own target folder (`--target`) keeps the flag off the bench and the build scripts.
 host=$(rustc -vV | sed -n 's/^host: //p')
-if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
-  (cd "$root" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --quiet \
-    --target "$host" -p gpu-operator --bin gpu-operator "${features[@]}")
-  (cd "$root" && cargo build --release --quiet -p e2e --bin bench)
-fi
 release=$CARGO_TARGET_DIR/release
 operator=$CARGO_TARGET_DIR/$host/release/gpu-operator
+image=${OPERATOR_IMAGE:-$CARGO_TARGET_DIR/image/gpu-operator.oci.tar}
+if [[ $runtime == runc ]]; then
+  [[ -z "${BENCH_DHAT:-}" ]] || { log "BENCH_DHAT needs OPERATOR_RUNTIME=process"; exit 2; }
+  # The image's own build (the `image` profile, static): no separate operator build here.
+  if [[ -z "${BENCH_SKIP_BUILD:-}" && -z "${OPERATOR_IMAGE:-}" ]]; then
+    (cd "$root" && scripts/image.sh "$image" >/dev/null)
+  fi
+  [[ -f $image ]] || { log "no image archive at $image (make image, or OPERATOR_IMAGE=...)"; exit 2; }
+  "$cluster/container-tools.sh" >/dev/null
+elif [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
+  (cd "$root" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --quiet \
+    --target "$host" -p gpu-operator --bin gpu-operator "${features[@]}")
+fi
+if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
+  (cd "$root" && cargo build --release --quiet -p e2e --bin bench)
+fi
 
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
 "$cluster/up.sh" >/dev/null
@@ -68,8 +87,13 @@ trap 'keep; "$cluster/down.sh"' EXIT
 # shellcheck source=/dev/null
 source "$HARNESS_DIR/env"
 
-args=(run --nodes "$n" --gpu-operator "$operator" --out "$out"
+args=(run --nodes "$n" --out "$out"
   --changes "${BENCH_CHANGES:-25}" --steady-seconds "${BENCH_STEADY_SECONDS:-60}")
+if [[ $runtime == runc ]]; then
+  args+=(--image "$image" --chart "$root/charts/gpu-operator")
+else
+  args+=(--gpu-operator "$operator")
+fi
 if [[ -n "${OPERATOR_CMD:-}" ]]; then
   args+=(--operator-name "${OPERATOR_NAME:-other}" --operator-cmd "$OPERATOR_CMD")
 fi

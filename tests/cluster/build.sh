@@ -7,7 +7,7 @@
 # Prints the folder holding all binaries (symlinks) as its last line.
 #
 # usage: tests/cluster/build.sh [TOOL...]
-#   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras
+#   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras seccomp
 # With tools named, builds only those and prints a folder holding only their binaries: the OLM
 # bundle needs helm alone (`make chart`, `make bundle`), `make release` helm and oras.
 # Without tools named it builds those every harness runs; the registry and oras, which only the
@@ -27,6 +27,8 @@ go_version=$(go env GOVERSION)
 log() { echo "build.sh: $*" >&2; }
 
 tools=(kubernetes etcd kwok helm nfd olm netns-run krew registry oras)
+# The container runner's seccomp profile (block at the end); built when named.
+tools+=(seccomp)
 for tool in "$@"; do
   if [[ " ${tools[*]} " != *" $tool "* ]]; then
     log "unknown tool $tool (one of: ${tools[*]})"
@@ -139,6 +141,9 @@ fi
 if named oras; then
   dirs+=("$(build oras "$ORAS_VERSION" "-s -w -X oras.land/oras/internal/version.BuildMetadata=" oras.land/oras/cmd/oras)")
 fi
+# Ours, for the operator image run under runc (e2e::container, tests/cluster/container-tools.sh):
+# prints containerd's RuntimeDefault seccomp profile (its contrib/seccomp, pinned in go.mod).
+if named seccomp; then dirs+=("$(build seccomp local "-s -w" .)"); fi
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"

@@ -24,4 +24,14 @@ if [[ -f "$pid_file" ]]; then
   fi
   rm -f "$pid_file"
 fi
+# A container run-pod left behind (it was killed before it could stop it): deleted through runc.
+if command -v runc >/dev/null 2>&1; then
+  for state in "$HARNESS_DIR"/containers/*/state; do
+    [[ -d $state ]] || continue
+    for id in $(runc --root "$state" list -q 2>/dev/null); do
+      runc --root "$state" delete --force "$id" 2>/dev/null || true
+      echo "demo-down: deleted container $id" >&2
+    done
+  done
+fi
 "$root/tests/cluster/down.sh"

@@ -6,8 +6,16 @@
 # applies a time-slicing config through chart values and shows the device plugin rolling.
 # Everything stays up for exploring; `make demo-down` stops it.
 #
-# Settings (environment): DEMO_PORT_BASE (19400; the harness uses base..base+5, the operator's
-# metrics base+10), so the demo sits beside a test run (16400).
+# With DEMO_RUNTIME=runc (the default where this is root) the operator a user would deploy runs:
+# `make release` publishes the image and the chart to an OCI registry on 127.0.0.1, the chart is
+# installed from it with no image flags, and the Deployment's pod runs from the published image
+# under runc as a kubelet would run it (run-pod, tests/e2e/src/container.rs: the chart's
+# securityContext, limits and ServiceAccount token; its probes polled). DEMO_RUNTIME=process runs
+# the binary as a host process with the pod's ServiceAccount token instead (no root needed; a
+# first runc run builds the image's release binary, several minutes more).
+#
+# Settings (environment): DEMO_PORT_BASE (19400; the harness uses base..base+6, the operator's
+# metrics base+10), so the demo sits beside a test run (16400); DEMO_RUNTIME (runc or process).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -22,9 +30,16 @@ METRICS_ADDR=127.0.0.1:$((HARNESS_PORT_BASE + 10))
 SCENARIO_1=(--set driver.enabled=true --set toolkit.enabled=true --set devicePlugin.enabled=true
             --set dcgmExporter.enabled=true --set migManager.enabled=true)
 TIME_SLICING=$root/charts/gpu-operator/ci/time-slicing-values.yaml
-# The chart refuses to install without an operator image (docs/install.md). The Deployment's pod
-# lands on a fake node where nothing is pulled; the binary runs here instead (below).
+runtime=${DEMO_RUNTIME:-$([[ $(id -u) == 0 ]] && echo runc || echo process)}
+case $runtime in
+  runc | process) ;;
+  *) echo "demo: DEMO_RUNTIME=$runtime: runc or process" >&2; exit 2 ;;
+esac
+# The chart refuses to install without an operator image (docs/install.md). With runc the chart
+# comes from the registry `make release` published it to, naming the image; as a process the
+# Deployment's pod lands on a fake node where nothing is pulled, and the binary runs here instead.
 OPERATOR_IMAGE=(--set operator.repository=registry.example.com/gpu-operator)
+CHART=$root/charts/gpu-operator
 
 started=$SECONDS
 step() { printf '\n\033[1m==> %s\033[0m  (%ss)\n' "$*" "$((SECONDS - started))"; }
@@ -41,6 +56,13 @@ fi
 step "Building the operator and the fake-node tool (cargo)"
 (cd "$root" && cargo build --quiet -p gpu-operator && cargo build --quiet -p e2e --bin fake-nodes)
 operator_bin=$CARGO_TARGET_DIR/debug/gpu-operator
+if [[ $runtime == runc ]]; then
+  step "Building run-pod, the OCI registry, oras and runc's tools (runc from Debian when missing)"
+  (cd "$root" && cargo build --quiet -p e2e --bin run-pod)
+  run_pod=$CARGO_TARGET_DIR/debug/run-pod
+  oras=$("$root/tests/cluster/build.sh" registry oras helm | tail -1)/oras
+  "$root/tests/cluster/container-tools.sh" >/dev/null
+fi
 
 step "Starting the control plane on 127.0.0.1:$((HARNESS_PORT_BASE + 2)) (a first run builds kube-apiserver, etcd, kwok and helm from their Go modules: tens of minutes)"
 "$root/tests/cluster/up.sh" >/dev/null
@@ -52,10 +74,36 @@ step "Creating fake nodes: a T4, an A100-40GB and an H100 GPU node, and a CPU no
 "$root/tests/cluster/nodes.sh" 3 --prefix demo
 kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count
 
-step "helm install $RELEASE charts/gpu-operator -n $NAMESPACE --create-namespace ${OPERATOR_IMAGE[*]} ${SCENARIO_1[*]} --wait"
-helm install "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" --create-namespace \
+if [[ $runtime == runc ]]; then
+  registry=$("$root/tests/cluster/registry.sh" | tail -1)
+  version=$(sed -n 's/^version: *//p' "$root/charts/gpu-operator/Chart.yaml" | tr -d '"')
+  step "make release REGISTRY=$registry/gpu-operator (the image's release build takes minutes the first time)"
+  OUT=$HARNESS_DIR/release "$root/scripts/release.sh" "$registry/gpu-operator" "$version" 2>&1 | tail -4
+  CHART=oci://$registry/gpu-operator/charts/gpu-operator
+  # The published chart names its image; --plain-http only because this registry is plain HTTP.
+  OPERATOR_IMAGE=(--plain-http)
+fi
+
+step "helm install $RELEASE ${CHART#"$root/"} -n $NAMESPACE --create-namespace ${OPERATOR_IMAGE[*]} ${SCENARIO_1[*]} --wait"
+helm install "$RELEASE" "$CHART" -n "$NAMESPACE" --create-namespace \
   "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" --wait --timeout 3m | sed -n '1,/^NOTES:/p' | sed '$d'
 
+if [[ $runtime == runc ]]; then
+  image=$(kubectl get deployment -n "$NAMESPACE" gpu-operator -o jsonpath='{.spec.template.spec.containers[0].image}')
+  step "Running the Deployment's pod from $image under runc (the chart's securityContext, limits and ServiceAccount)"
+  nohup "$run_pod" --namespace "$NAMESPACE" --deployment gpu-operator --image "$image" --oras "$oras" \
+    >"$HARNESS_DIR/run-pod.log" 2>&1 </dev/null &
+  operator_pid=$!
+  echo "$operator_pid $(readlink -f "$run_pod")" >"$HARNESS_DIR/operator.pid"
+  deadline=$((SECONDS + 120))
+  until grep -q 'probes: ready=true' "$HARNESS_DIR/run-pod.log"; do
+    kill -0 "$operator_pid" 2>/dev/null || { cat "$HARNESS_DIR/run-pod.log"; die "run-pod exited"; }
+    ((SECONDS < deadline)) || { cat "$HARNESS_DIR/run-pod.log"; die "the operator container was not ready after 120s"; }
+    sleep 0.5
+  done
+  grep '^run-pod:' "$HARNESS_DIR/run-pod.log"
+  operator_log=$(sed -n 's/^run-pod: .* log \([^;]*\);.*/\1/p' "$HARNESS_DIR/run-pod.log" | head -1)
+else
 step "Running the operator as ServiceAccount $NAMESPACE/gpu-operator (only the chart's RBAC)"
 # The operator pod of the Deployment sits on a fake node, where no container runs; the binary
 # runs here instead, with the same identity the pod would have.
@@ -86,6 +134,8 @@ KUBECONFIG=$operator_kubeconfig OPERATOR_NAMESPACE=$NAMESPACE POD_NAME=gpu-opera
 operator_pid=$!
 echo "$operator_pid $(readlink -f "$operator_bin")" >"$HARNESS_DIR/operator.pid"
 echo "operator pid $operator_pid, log $HARNESS_DIR/operator.log, metrics http://$METRICS_ADDR/metrics"
+operator_log=$HARNESS_DIR/operator.log
+fi
 
 # policy_field JSONPATH
 policy_field() { kubectl get clusterpolicy cluster-policy -o jsonpath="$1" 2>/dev/null || true; }
@@ -98,8 +148,8 @@ await_ready() {
     generation=$(policy_field '{.metadata.generation}')
     observed=$(policy_field '{.status.conditions[?(@.type=="Ready")].observedGeneration}')
     [[ "$state" == ready && "$observed" == "$generation" ]] && return 0
-    kill -0 "$operator_pid" 2>/dev/null || { tail -20 "$HARNESS_DIR/operator.log"; die "the operator exited"; }
-    ((SECONDS < deadline)) || { tail -20 "$HARNESS_DIR/operator.log"; die "policy not ready after 180s (state ${state:-none})"; }
+    kill -0 "$operator_pid" 2>/dev/null || { tail -20 "$operator_log"; die "the operator exited"; }
+    ((SECONDS < deadline)) || { tail -20 "$operator_log"; die "policy not ready after 180s (state ${state:-none})"; }
     sleep 0.5
   done
 }
@@ -129,7 +179,7 @@ step "Before time-slicing: the config consumers"
 step "helm upgrade $RELEASE ... -f charts/gpu-operator/ci/time-slicing-values.yaml (every GPU shared 4 ways)"
 sed -n '/^devicePlugin:/,/^node-feature-discovery:/p' "$TIME_SLICING" | sed '$d'
 before=$(kubectl get ds -n "$NAMESPACE" "$plugin" -o jsonpath='{.metadata.generation}')
-helm upgrade "$RELEASE" "$root/charts/gpu-operator" -n "$NAMESPACE" "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" \
+helm upgrade "$RELEASE" "$CHART" -n "$NAMESPACE" "${OPERATOR_IMAGE[@]}" "${SCENARIO_1[@]}" \
   -f "$TIME_SLICING" --wait --timeout 3m >/dev/null
 echo "ClusterPolicy spec.devicePlugin.config: $(policy_field '{.spec.devicePlugin.config}')"
 
@@ -167,8 +217,14 @@ cat <<EOF
   kubectl edit configmap -n $NAMESPACE device-plugin-config   # replicas 4 -> 8 rolls the plugins again
   kubectl patch clusterpolicy cluster-policy --type merge -p '{"spec":{"dcgmExporter":{"enabled":false}}}'
   helm get values $RELEASE -n $NAMESPACE
-  tail -f $HARNESS_DIR/operator.log
-  curl -s http://$METRICS_ADDR/metrics | grep ^gpu_operator
+  tail -f $operator_log
+EOF
+if [[ $runtime == process ]]; then
+  echo "  curl -s http://$METRICS_ADDR/metrics | grep ^gpu_operator"
+else
+  echo "  grep ^run-pod: $HARNESS_DIR/run-pod.log   # the operator container: probes, limits"
+fi
+cat <<EOF
 
 Stop everything with: make demo-down
 EOF

@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod chaos;
 pub mod cluster;
+pub mod container;
 pub mod contract;
 pub mod crd;
 pub mod dra;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -320,9 +320,12 @@ pub fn container_args(container: &k8s_openapi::api::core::v1::Container) -> Resu
     Ok(out)
 }
 
-/// A running operator process; killed when dropped.
+/// A running operator process (or container); killed when dropped.
 pub struct Operator {
     child: Option<Child>,
+    /// Set when it runs from its image under runc ([`Operator::start_in_container`]); `child`
+    /// is then unset.
+    pub container: Option<crate::container::RunningContainer>,
     pub log: PathBuf,
     pub metrics_port: u16,
     /// Where `/healthz` and `/readyz` answer (where the launcher said; else `metrics_port`).
@@ -337,6 +340,49 @@ pub fn free_port() -> Result<u16> {
 }
 
 impl Operator {
+    /// Runs container `container` of `pod` from `image` under runc, as a kubelet would
+    /// (e2e::container): the pod's command, args, env, security context, limits, volumes and
+    /// the ServiceAccount token, in a network namespace of its own; fails unless its readiness
+    /// probe passes within `ready_timeout`. Its endpoints are inside that namespace, so
+    /// `metrics_port` and `health_port` are 0 (the probes report health instead).
+    pub async fn start_in_container(
+        admin: &Client,
+        tools: &crate::container::Tools,
+        image: &crate::container::Image,
+        pod: &crate::container::PodContext,
+        container: &str,
+        ready_timeout: Duration,
+    ) -> Result<Self> {
+        let spec = pod
+            .spec
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .with_context(|| format!("pod {} has no container {container}", pod.name))?;
+        let log =
+            std::env::temp_dir().join(format!("{}-{}.log", pod.namespace, unique_name("op-runc")));
+        let running =
+            crate::container::RunningContainer::start(admin, tools, image, pod, spec, log.clone())
+                .await?;
+        let mut operator = Operator {
+            child: None,
+            container: Some(running),
+            log,
+            metrics_port: 0,
+            health_port: 0,
+        };
+        if let Some(c) = operator.container.as_mut() {
+            let report = c.await_ready(ready_timeout).await.with_context(|| {
+                format!("operator container of pod {}/{}", pod.namespace, pod.name)
+            });
+            match report {
+                Ok(report) => crate::container::report(&format!("{} ready: {report}", pod.name)),
+                Err(e) => bail!("{e:#}\ncontainer log:\n{}", operator.log_text()),
+            }
+        }
+        Ok(operator)
+    }
+
     /// Starts `gpu-operator run` for `identity` with extra arguments.
     pub fn start(identity: &OperatorIdentity, extra: &[&str]) -> Result<Self> {
         let mut args = vec!["--namespace", identity.namespace.as_str()];
@@ -445,26 +491,37 @@ impl Operator {
             .with_context(|| format!("starting {:?}", command.get_program()))?;
         Ok(Operator {
             child: Some(child),
+            container: None,
             log,
             metrics_port,
             health_port: metrics_port,
         })
     }
 
+    /// The operator's process: the container's init process for a container.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        match &self.container {
+            Some(c) => Some(c.pid),
+            None => self.child.as_ref().map(Child::id),
+        }
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub fn terminate(&mut self, timeout: Duration) -> Result<Option<i32>> {
+        if let Some(container) = self.container.as_mut() {
+            return container.terminate(timeout);
+        }
         if let Some(pid) = self.pid() {
             signal(pid, Signal::Term)?;
         }
         self.wait(timeout)
     }
 
-    /// Sends SIGKILL and reaps the process.
+    /// Sends SIGKILL and reaps the process (a container is deleted too).
     pub fn kill(&mut self) -> Result<()> {
+        if let Some(container) = self.container.as_mut() {
+            container.kill();
+        }
         if let Some(mut child) = self.child.take() {
             child.kill()?;
             child.wait()?;
@@ -492,6 +549,9 @@ impl Operator {
 
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
+        if let Some(container) = self.container.as_mut() {
+            return container.is_running();
+        }
         self.child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))

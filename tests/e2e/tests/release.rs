@@ -7,11 +7,13 @@
 //! other flag rolling the plugins. The chart of the checkout still refuses to install without
 //! an image, naming the value.
 //!
-//! The operator runs as a host process with the chart's ServiceAccount and the args and env of
-//! the released Deployment's container, as the other Helm tests run it: kwok's nodes run no
-//! containers. Running the published image itself (pulled from the registry, under runc, with
-//! the Deployment's securityContext and limits) is a later piece of work and not proven here.
-//! `--plain-http` is on the helm commands only because the harness registry serves plain HTTP.
+//! The operator runs from the published image, pulled back from the registry, under runc as a
+//! kubelet would run the Deployment's pod (e2e::container): its command and args, env with the
+//! downward API, the chart's securityContext (non-root user, read-only root, no capabilities,
+//! no_new_privs, RuntimeDefault seccomp), memory and CPU limits as cgroup limits, the chart's
+//! ServiceAccount token; ready when its readiness probe passes. The test reads back from
+//! /proc and the cgroup that each of those is in force. `--plain-http` is on the helm commands
+//! only because the harness registry serves plain HTTP.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -19,8 +21,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::container;
 use e2e::helm::{RELEASE, helm, helm_ok, release_namespace, strings};
-use e2e::operator::{Operator, OperatorIdentity};
+use e2e::operator::Operator;
 use e2e::tools::repo_root;
 use e2e::{session, wait};
 use gpu_operator::api::State;
@@ -98,6 +101,81 @@ fn rolled_out(ds: &DaemonSet) -> bool {
     status.observed_generation == ds.metadata.generation
         && status.updated_number_scheduled == Some(status.desired_number_scheduled)
         && status.number_available == Some(status.desired_number_scheduled)
+}
+
+/// Fields of /proc/PID/status.
+fn proc_status(pid: u32) -> BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// What the kernel says about the operator's process: the chart's securityContext and limits
+/// are in force (user 65532, no capabilities, no_new_privs, seccomp filter, read-only root,
+/// 350Mi and 500m), and the downward API gave it its pod's name.
+fn assert_runs_as_the_chart_says(operator: &Operator, pod_name: &str) {
+    let running = operator.container.as_ref().unwrap();
+    let pid = running.pid;
+    let status = proc_status(pid);
+    assert_eq!(
+        status["Uid"].split_whitespace().next(),
+        Some("65532"),
+        "{status:?}"
+    );
+    assert_eq!(
+        status["Gid"].split_whitespace().next(),
+        Some("65532"),
+        "{status:?}"
+    );
+    assert_eq!(status["CapEff"], "0000000000000000", "{status:?}");
+    assert_eq!(status["CapBnd"], "0000000000000000", "{status:?}");
+    assert_eq!(status["NoNewPrivs"], "1", "{status:?}");
+    assert_eq!(status["Seccomp"], "2", "no seccomp filter: {status:?}");
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap_or_else(|| panic!("no root mount:\n{mountinfo}"));
+    assert!(
+        root.split_whitespace()
+            .nth(5)
+            .is_some_and(|o| o.split(',').any(|o| o == "ro")),
+        "the root file system is writable: {root}"
+    );
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ
+            .split('\0')
+            .any(|e| e == format!("POD_NAME={pod_name}")),
+        "POD_NAME: {environ}"
+    );
+    let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = String::from_utf8_lossy(&args)
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("gpu-operator"),
+        "{args:?}"
+    );
+    assert_eq!(args.get(1).map(String::as_str), Some("run"), "{args:?}");
+    let stats = running.cgroup_stats().unwrap();
+    assert_eq!(
+        stats.memory_limit_bytes,
+        Some(350 * 1024 * 1024),
+        "{stats:?}"
+    );
+    assert_eq!(
+        (stats.cpu_quota_us, stats.cpu_period_us),
+        (Some(50_000), Some(100_000)),
+        "{stats:?}"
+    );
 }
 
 /// Waits until the policy is `ready` for its current generation.
@@ -270,9 +348,9 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
         .get("gpu-operator")
         .await
         .unwrap();
-    let container = operator_container(&deployment);
+    let deployed = operator_container(&deployment);
     assert_eq!(
-        container.image.as_deref(),
+        deployed.image.as_deref(),
         Some(tagged.as_str()),
         "the Deployment does not name the released image"
     );
@@ -285,12 +363,53 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
         "operator Deployment not available after helm install --wait"
     );
 
-    // The operator as the released Deployment's container runs it, with the chart's account.
-    let identity = OperatorIdentity::existing(&admin, &namespace, OPERATOR_ACCOUNT)
+    // The Deployment's pod, run from the image the registry serves, under runc.
+    let Some(tools) = e2e::cluster::prerequisite(
+        "runc, netns-run or seccomp-default (tests/cluster/container-tools.sh) is missing",
+        container::Tools::find(),
+    ) else {
+        return;
+    };
+    let image = container::Image::pull(
+        &container::ImageSource::Registry {
+            reference: tagged.clone(),
+            oras: oras.clone(),
+        },
+        &out_dir.join("pulled"),
+    )
+    .unwrap();
+    assert_eq!(
+        image.digest, digest,
+        "the pulled image is not the published one"
+    );
+    let pod = container::deployment_pod(&admin, &namespace, "gpu-operator", TIMEOUT)
         .await
         .unwrap();
-    let mut operator =
-        Operator::start_as_container(&identity, &container, &format!("{RELEASE}-release")).unwrap();
+    let pod = container::PodContext::live(&pod).unwrap();
+    assert_eq!(
+        pod.spec.service_account_name.as_deref(),
+        Some(OPERATOR_ACCOUNT)
+    );
+    let started = Instant::now();
+    let mut operator = Operator::start_in_container(
+        &admin,
+        &tools,
+        &image,
+        &pod,
+        "gpu-operator",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the released image did not run as its Deployment says: {e:#}"));
+    println!(
+        "operator container ready {:?} after its start",
+        started.elapsed()
+    );
+    assert_runs_as_the_chart_says(&operator, &pod.name);
+    operator
+        .await_log("caches ready", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     let started = Instant::now();
     await_ready(
         &admin,
@@ -371,6 +490,23 @@ async fn a_release_published_to_a_registry_installs_and_upgrades_with_no_flags()
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
     }
     await_ready(&admin, &operator, "policy ready after helm upgrade").await;
+    let running = operator.container.as_ref().unwrap();
+    let report = running.probe_report();
+    assert!(
+        report.restart_due.is_none() && report.ready,
+        "probes after the upgrade: {report}"
+    );
+    assert!(
+        report.counts.get("liveness").is_some_and(|(ok, _)| *ok > 0),
+        "the liveness probe never passed: {report}"
+    );
+    let stats = running.cgroup_stats().unwrap();
+    assert_eq!(stats.oom_kills, Some(0), "{stats:?}");
+    println!(
+        "probes: {report}; memory peak {:.1} MiB of {:?} bytes",
+        stats.memory_peak_mib().unwrap_or_default(),
+        stats.memory_limit_bytes
+    );
 
     // --- The chart of the checkout is unchanged by the release: it still names the value.
     let out = helm(&strings(&[

@@ -70,12 +70,19 @@ struct Options {
     /// A JSON merge patch (RFC 7386) over the bench's policy, e.g. to measure with
     /// `{"spec":{"daemonsets":{"updateStrategy":"OnDelete"}}}`.
     policy_merge: Option<Value>,
+    /// `--image ARCHIVE`: our operator runs from this OCI archive (`make image`) under runc, as
+    /// the chart's Deployment (`helm template` of `--chart`) says: its securityContext and
+    /// limits. Pulled in `run`.
+    image: Option<PathBuf>,
+    chart: PathBuf,
+    pulled: Option<e2e::container::Image>,
 }
 
 fn usage() -> &'static str {
     "usage: bench run --nodes N [--gpu-operator PATH] [--operator-cmd CMD [--operator-name NAME]] \
      [--changes 25] [--steady-seconds 60] [--pause-ms 1000] [--out DIR] [--cluster-admin] \
-     [--ready-timeout-seconds 1800] [--policy-merge JSON] | bench summary FILE.json..."
+     [--ready-timeout-seconds 1800] [--policy-merge JSON] [--image OCI-ARCHIVE [--chart DIR]] \
+     | bench summary FILE.json..."
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
@@ -90,6 +97,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
         cluster_admin: false,
         ready_timeout: Duration::from_secs(1800),
         policy_merge: None,
+        image: None,
+        chart: e2e::tools::repo_root().join("charts/gpu-operator"),
+        pulled: None,
     };
     let mut gpu_operator = None;
     let mut next_name = None;
@@ -113,6 +123,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
             "--pause-ms" => o.pause = Duration::from_millis(value()?.parse()?),
             "--out" => o.out = PathBuf::from(value()?),
             "--cluster-admin" => o.cluster_admin = true,
+            "--image" => o.image = Some(PathBuf::from(value()?)),
+            "--chart" => o.chart = PathBuf::from(value()?),
             "--ready-timeout-seconds" => o.ready_timeout = Duration::from_secs(value()?.parse()?),
             "--policy-merge" => {
                 let text = value()?;
@@ -130,6 +142,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
     anyhow::ensure!(o.changes >= 1, "--changes must be at least 1");
     o.gpu_operator = match gpu_operator {
         Some(p) => p,
+        // The image's own binary renders and prints the RBAC.
+        None if o.image.is_some() => PathBuf::new(),
         // Built next to this binary (`cargo build --release -p gpu-operator -p e2e --bins`).
         None => std::env::current_exe()?
             .parent()
@@ -156,7 +170,26 @@ async fn main() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // The run
 
-async fn run(o: Options) -> Result<()> {
+async fn run(mut o: Options) -> Result<()> {
+    if let Some(archive) = &o.image {
+        let dir = e2e::cluster::harness_dir()?.join("bench-image");
+        let image = e2e::container::Image::pull(
+            &e2e::container::ImageSource::Archive(archive.clone()),
+            &dir,
+        )?;
+        if o.gpu_operator.as_os_str().is_empty() {
+            let rootfs = dir.join("rootfs");
+            let _ = std::fs::remove_dir_all(&rootfs);
+            image.unpack(&rootfs)?;
+            o.gpu_operator = rootfs.join("usr/local/bin/gpu-operator");
+        }
+        eprintln!(
+            "bench: image {} ({}), run under runc",
+            archive.display(),
+            image.digest
+        );
+        o.pulled = Some(image);
+    }
     let admin = e2e::client().await?;
     let started_wall = SystemTime::now();
     let mut report = Report {
@@ -467,6 +500,90 @@ fn start_operator(
     })
 }
 
+/// Our operator run from `image` under runc as the chart's Deployment (`helm template`) says,
+/// in the identity's namespace with its ServiceAccount; waits for its readiness probe.
+async fn start_container(
+    o: &Options,
+    admin: &Client,
+    image: &e2e::container::Image,
+    identity: &OperatorIdentity,
+    r: &mut OperatorReport,
+) -> Result<Process> {
+    let tools = e2e::container::Tools::find()?;
+    let out = Command::new("helm")
+        .args(["template", "gpu-operator"])
+        .arg(&o.chart)
+        .args(["-n", &identity.namespace])
+        .args(["--set", "operator.repository=bench.local/gpu-operator"])
+        .output()
+        .context("running helm template (is the harness env sourced?)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut deployment = None;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc)?;
+        if v["kind"] == "Deployment" {
+            deployment = Some(v);
+        }
+    }
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_json::from_value(deployment.context("the chart rendered no Deployment")?)?;
+    let spec = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("the Deployment has no pod spec")?;
+    anyhow::ensure!(
+        spec.service_account_name.as_deref() == Some(identity.service_account.as_str()),
+        "the chart's pod runs as {:?}, the bench's identity is {}",
+        spec.service_account_name,
+        identity.service_account
+    );
+    let limits = spec
+        .containers
+        .first()
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    let pod = e2e::container::PodContext::rendered(&identity.namespace, "gpu-operator-bench", spec);
+    let operator = Operator::start_in_container(
+        admin,
+        &tools,
+        image,
+        &pod,
+        "gpu-operator",
+        Duration::from_secs(300),
+    )
+    .await?;
+    r.command = format!(
+        "runc: the chart's Deployment, image {}",
+        image.layout.display()
+    );
+    r.container = Some(ContainerReport {
+        image: o
+            .image
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        image_digest: image.digest.clone(),
+        memory_limit_mib: limits
+            .get("memory")
+            .and_then(|q| e2e::container::parse_bytes(&q.0).ok())
+            .map(|b| b as f64 / 1024.0 / 1024.0),
+        cpu_limit_millicores: limits
+            .get("cpu")
+            .and_then(|q| e2e::container::parse_millicpu(&q.0).ok()),
+        ..ContainerReport::default()
+    });
+    Ok(Process {
+        operator,
+        metrics_port: None,
+    })
+}
+
 /// Applies the ClusterRole `gpu-operator rbac` prints (the chart's) and returns its name.
 async fn generated_cluster_role(admin: &Client, binary: &Path) -> Result<String> {
     let out = Command::new(binary)
@@ -593,13 +710,10 @@ async fn measure_inner(
     // Start the operator and let it fill its caches.
     let log_dir = e2e::cluster::harness_dir().unwrap_or_else(|_| std::env::temp_dir());
     let started = Instant::now();
-    *process_out = Some(start_operator(
-        &o.gpu_operator,
-        identity,
-        cmd,
-        &log_dir,
-        &r.name,
-    )?);
+    *process_out = Some(match (&o.pulled, cmd) {
+        (Some(image), None) => start_container(o, admin, image, identity, r).await?,
+        _ => start_operator(&o.gpu_operator, identity, cmd, &log_dir, &r.name)?,
+    });
     let process = process_out.as_mut().context("process")?;
     let pid = process.pid();
     if cmd.is_none() {
@@ -840,6 +954,25 @@ async fn measure_inner(
     fill_server(&mut r.configmap_edit, server(&cm_received));
     let _ = policy_triggers;
 
+    if let (Some(k), Some(c)) = (r.container.as_mut(), process.operator.container.as_ref()) {
+        // Read while the container still runs: its cgroup goes with it.
+        let stats = c.cgroup_stats()?;
+        k.cgroup_version = stats.version.clone();
+        k.cgroup_memory_peak_mib = stats.memory_peak_mib().map(round1);
+        k.oom_kills = stats.oom_kills;
+        k.memory_limit_hits = stats.memory_limit_hits;
+        k.cpu_throttled_periods = stats.cpu_throttled_periods;
+        k.cpu_throttled_s = stats.cpu_throttled_ns.map(|ns| round1(ns as f64 / 1e9));
+        k.probes = c.probe_report().to_string();
+        eprintln!(
+            "bench: container cgroup at the end: {stats:?}; probes {}",
+            k.probes
+        );
+        anyhow::ensure!(
+            stats.oom_kills == Some(0),
+            "the operator's container saw OOM kills: {stats:?}"
+        );
+    }
     let s_end = stat(pid, ticks);
     r.cpu.rollouts_s = s_end.cpu_seconds - s_steady.cpu_seconds;
     r.cpu.total_s = s_end.cpu_seconds;

@@ -93,6 +93,31 @@ pub(crate) struct OperatorReport {
     pub cpu: Cpu,
     pub load: BTreeMap<String, String>,
     pub error: Option<String>,
+    /// Set when the operator ran from its image under runc (`--image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerReport>,
+}
+
+/// The operator's container under runc: the image, and what its cgroup said at the end of the
+/// run (while it still ran).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ContainerReport {
+    pub image: String,
+    pub image_digest: String,
+    /// The chart's limits as rendered (`helm template`).
+    pub memory_limit_mib: Option<f64>,
+    pub cpu_limit_millicores: Option<u64>,
+    pub cgroup_version: String,
+    /// memory.max_usage_in_bytes (v1) or memory.peak (v2): page cache and kernel memory
+    /// charged to the container included, so above the process's VmHWM.
+    pub cgroup_memory_peak_mib: Option<f64>,
+    pub oom_kills: Option<u64>,
+    /// How often usage reached the limit (v1 memory.failcnt, v2 `max` events).
+    pub memory_limit_hits: Option<u64>,
+    pub cpu_throttled_periods: Option<u64>,
+    pub cpu_throttled_s: Option<f64>,
+    /// The probes' report at the end.
+    pub probes: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -291,6 +316,21 @@ pub(crate) fn rows(r: &OperatorReport) -> Vec<(String, String)> {
         (
             "convergence: writes (Lease aside)".into(),
             c.writes.to_string(),
+        ),
+        (
+            "runc container: cgroup memory peak / limit (MiB), OOM kills, CPU throttled (s)".into(),
+            r.container.as_ref().map_or_else(
+                || "host process".to_string(),
+                |k| {
+                    format!(
+                        "{} / {} MiB, {} OOM kills, {} s",
+                        opt(k.cgroup_memory_peak_mib, 1),
+                        opt(k.memory_limit_mib, 0),
+                        k.oom_kills.map_or_else(|| "-".to_string(), |n| n.to_string()),
+                        opt(k.cpu_throttled_s, 1)
+                    )
+                },
+            ),
         ),
     ]
 }
