@@ -250,7 +250,7 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
         .await
         .unwrap();
     let olm_operator = Olm::start(&admin).await.unwrap();
-    let catalog_operator = Olm::start_catalog_operator(&admin, &[&server.address])
+    let catalog_operator = Olm::start_catalog_operator(&admin, &[server.address.as_str()])
         .await
         .unwrap();
     let unpacker = BundleUnpacker::start(&admin, &tools, OLM_NAMESPACE);
@@ -352,7 +352,7 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
     let second = olm_catalog::publish(
         &registry,
         &work.join("v2"),
-        &[&first.bundles[0], second_dir.to_str().unwrap()],
+        &[first.bundles[0].as_str(), second_dir.to_str().unwrap()],
     )
     .unwrap();
     let second_csv = format!("gpu-operator.v{UPGRADE_VERSION}");
