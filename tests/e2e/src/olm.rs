@@ -157,7 +157,10 @@ impl Olm {
     /// `catalog_addresses` (`127.0.0.1:PORT`, the CatalogSources' `spec.address`). It resolves
     /// Subscriptions into InstallPlans and executes them; for a bundle it has to unpack it runs
     /// a Job whose pod kwok does not run ([`crate::olm_catalog::BundleUnpacker`]).
-    pub async fn start_catalog_operator(admin: &Client, catalog_addresses: &[&str]) -> Result<Self> {
+    pub async fn start_catalog_operator(
+        admin: &Client,
+        catalog_addresses: &[&str],
+    ) -> Result<Self> {
         install_crds(admin).await?;
         ensure_olm_namespace(admin).await?;
         Self::spawn(
@@ -316,9 +319,10 @@ pub async fn run_deployment_container(
     deployment: &str,
     pod_name: &str,
 ) -> Result<(OperatorIdentity, Operator)> {
-    let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), namespace)
-        .get(deployment)
-        .await?;
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), namespace)
+            .get(deployment)
+            .await?;
     let pod = deployment
         .spec
         .and_then(|s| s.template.spec)

@@ -43,7 +43,12 @@ pub fn tools() -> Option<Tools> {
     crate::cluster::prerequisite(
         "opm and oras (tests/cluster/build.sh opm oras) could not be built",
         run_script("tests/cluster/build.sh", &["opm", "oras"]).and_then(|out| {
-            let bin = PathBuf::from(out.lines().last().context("build.sh printed nothing")?.trim());
+            let bin = PathBuf::from(
+                out.lines()
+                    .last()
+                    .context("build.sh printed nothing")?
+                    .trim(),
+            );
             Ok(Tools {
                 opm: bin.join("opm"),
                 oras: bin.join("oras"),
@@ -101,7 +106,11 @@ pub fn publish(registry: &str, out: &Path, bundles: &[&str]) -> Result<Published
         catalog: field("catalog")
             .pop()
             .context("olm-catalog.sh printed no catalog")?,
-        fbc: PathBuf::from(field("fbc").pop().context("olm-catalog.sh printed no fbc")?),
+        fbc: PathBuf::from(
+            field("fbc")
+                .pop()
+                .context("olm-catalog.sh printed no fbc")?,
+        ),
     })
 }
 
@@ -136,7 +145,13 @@ pub fn pull_image(tools: &Tools, reference: &str, root: &Path) -> Result<Value> 
     let blob = |digest: &str| -> Result<Vec<u8>> {
         oras(
             tools,
-            &["blob", "fetch", "--output", "-", &format!("{repository}@{digest}")],
+            &[
+                "blob",
+                "fetch",
+                "--output",
+                "-",
+                &format!("{repository}@{digest}"),
+            ],
         )
     };
     let config_digest = manifest["config"]["digest"]
@@ -181,7 +196,11 @@ impl CatalogServer {
             .into_iter()
             .flatten()
             .chain(config["Cmd"].as_array().into_iter().flatten())
-            .map(|v| v.as_str().map(str::to_owned).context("a non-string argument"))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .context("a non-string argument")
+            })
             .collect::<Result<_>>()?;
         anyhow::ensure!(!argv.is_empty(), "{image} has no entrypoint or cmd");
         // The container's paths are the image's files here.
@@ -370,7 +389,13 @@ async fn unpack(admin: &Client, tools: &Tools, namespace: &str, job: &Job) -> Re
     let bundle = format!("{}/", root.display());
     let args: Vec<String> = command[1..]
         .iter()
-        .map(|a| if a == "/bundle/" { bundle.clone() } else { a.clone() })
+        .map(|a| {
+            if a == "/bundle/" {
+                bundle.clone()
+            } else {
+                a.clone()
+            }
+        })
         .collect();
     anyhow::ensure!(
         args.contains(&bundle),

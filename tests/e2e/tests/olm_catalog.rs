@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use e2e::crd::TemporaryCrd;
 use e2e::olm::{self, OLM_NAMESPACE, Olm};
 use e2e::olm_catalog::{self, BundleUnpacker, CatalogServer};
 use e2e::session::{self, TIMEOUT};
@@ -64,7 +65,11 @@ fn csvs(admin: &Client, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
         admin.clone(),
         namespace,
-        &olm_resource("v1alpha1", "ClusterServiceVersion", "clusterserviceversions"),
+        &olm_resource(
+            "v1alpha1",
+            "ClusterServiceVersion",
+            "clusterserviceversions",
+        ),
     )
 }
 
@@ -140,6 +145,12 @@ async fn await_installed(
         let (subs, csv_api) = (subs.clone(), csv_api.clone());
         async move {
             let sub = subs.get(subscription).await?;
+            let conditions = sub.data["status"]["conditions"].as_array().cloned();
+            if let Some(failed) = conditions.into_iter().flatten().find(|c| {
+                c["type"] == "InstallPlanFailed" && c["status"] == "True"
+            }) {
+                anyhow::bail!("the InstallPlan failed: {}", failed["message"]);
+            }
             let installed = sub.data["status"]["installedCSV"].as_str().unwrap_or("");
             let phase = match csv_api.get_opt(csv).await? {
                 Some(c) => c.data["status"]["phase"].as_str().unwrap_or("").to_owned(),
@@ -220,8 +231,32 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
     let Some(tools) = olm_catalog::tools() else {
         return;
     };
-    session::remove_leftovers(&admin).await;
+    // The InstallPlan creates the CRDs on a fresh harness; earlier tests may have left them.
+    if Api::<CustomResourceDefinition>::all(admin.clone())
+        .get_opt("clusterpolicies.nvidia.com")
+        .await
+        .unwrap()
+        .is_some()
+    {
+        session::remove_leftovers(&admin).await;
+    }
     forget_applied_crd_hashes(&admin).await;
+    // OpenShift serves the Prometheus Operator's API, which the bundle's ServiceMonitor and
+    // PrometheusRule need: OLM fails an InstallPlan whose objects' API is not served.
+    let Some(monitoring) = e2e::tools::checker("tests/monitoring/crds.sh") else {
+        return;
+    };
+    let _monitoring_crds = [
+        (
+            "monitoring.coreos.com_servicemonitors.yaml",
+            "servicemonitors.monitoring.coreos.com",
+        ),
+        (
+            "monitoring.coreos.com_prometheusrules.yaml",
+            "prometheusrules.monitoring.coreos.com",
+        ),
+    ]
+    .map(|(file, name)| TemporaryCrd::apply(&monitoring.join(file), name).unwrap());
     let work = std::env::temp_dir().join(e2e::cluster::unique_name("olm-catalog"));
     std::fs::create_dir_all(&work).unwrap();
     // A repository path of this run's own, so a release test's tags never meet these.
@@ -294,25 +329,42 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
     .await
     .unwrap();
     let logs = [&olm_operator, &catalog_operator];
-    await_installed(&admin, &namespace, "gpu-operator", &first_csv, &unpacker, &logs).await;
+    await_installed(
+        &admin,
+        &namespace,
+        "gpu-operator",
+        &first_csv,
+        &unpacker,
+        &logs,
+    )
+    .await;
 
     // The catalog operator's InstallPlan did it: Automatic, Complete, creating the CSV, the CRDs
     // and the RBAC; and the bundle content came through an unpack Job.
-    let plans = install_plans(&admin, &namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let plan = plans
-        .iter()
-        .find(|p| {
-            p.data["spec"]["clusterServiceVersionNames"]
-                .as_array()
-                .is_some_and(|n| n.iter().any(|n| n == first_csv.as_str()))
-        })
-        .expect("no InstallPlan for the first CSV");
+    let plans = install_plans(&admin, &namespace);
+    let plan = wait::until(TIMEOUT, "the InstallPlan Complete", || {
+        let (plans, first_csv) = (plans.clone(), first_csv.clone());
+        async move {
+            let found = plans
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|p| {
+                    p.data["spec"]["clusterServiceVersionNames"]
+                        .as_array()
+                        .is_some_and(|n| n.iter().any(|n| n == first_csv.as_str()))
+                });
+            Ok(match found {
+                Some(p) if p.data["status"]["phase"] == "Complete" => Ok(p),
+                Some(p) => Err(format!("phase {}", p.data["status"]["phase"])),
+                None => Err("no InstallPlan for the first CSV".to_owned()),
+            })
+        }
+    })
+    .await
+    .unwrap();
     assert_eq!(plan.data["spec"]["approval"], "Automatic");
-    assert_eq!(plan.data["status"]["phase"], "Complete", "{}", plan.data["status"]);
     let kinds: Vec<&str> = plan.data["status"]["plan"]
         .as_array()
         .unwrap()
@@ -327,7 +379,10 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
         "ClusterRoleBinding",
         "ServiceAccount",
     ] {
-        assert!(kinds.contains(&kind), "the InstallPlan created no {kind}: {kinds:?}");
+        assert!(
+            kinds.contains(&kind),
+            "the InstallPlan created no {kind}: {kinds:?}"
+        );
     }
     assert!(
         !unpacker.unpacked().is_empty(),
@@ -342,12 +397,18 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
             .unwrap();
     let policy = OPERATORHUB_POLICY_NAME;
     session::create_policy(&admin, policy, json!({})).await;
-    session::await_policy_state(&admin, policy, State::Ready, "policy ready from the catalog")
-        .await
-        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
+    session::await_policy_state(
+        &admin,
+        policy,
+        State::Ready,
+        "policy ready from the catalog",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_text()));
 
     // --- Upgrade: version 2 replaces version 1 in a new catalog, served where the old was.
     let sampler = ReadySampler::start(&admin, policy);
+    let upgrade_started = std::time::Instant::now();
     let second_dir = bundle_version(&work, UPGRADE_VERSION, &first_csv);
     let second = olm_catalog::publish(
         &registry,
@@ -365,7 +426,15 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
     server = CatalogServer::start(&tools, &second.catalog, port)
         .await
         .unwrap();
-    await_installed(&admin, &namespace, "gpu-operator", &second_csv, &unpacker, &logs).await;
+    await_installed(
+        &admin,
+        &namespace,
+        "gpu-operator",
+        &second_csv,
+        &unpacker,
+        &logs,
+    )
+    .await;
     // The old CSV is replaced: OLM deletes it once the new one succeeded.
     let csv_api = csvs(&admin, &namespace);
     wait::until(TIMEOUT, "the replaced CSV deleted", || {
@@ -385,18 +454,16 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
         .await
         .unwrap();
     assert_eq!(sub.data["status"]["currentCSV"], second_csv.as_str());
-    let deployment_owner = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-        admin.clone(),
-        &namespace,
-    )
-    .get("gpu-operator")
-    .await
-    .unwrap()
-    .metadata
-    .labels
-    .unwrap_or_default()
-    .get("olm.owner")
-    .cloned();
+    let deployment_owner =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), &namespace)
+            .get("gpu-operator")
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("olm.owner")
+            .cloned();
     assert_eq!(deployment_owner.as_deref(), Some(second_csv.as_str()));
 
     // The new Deployment's container takes over as a rolling update would: started beside the
@@ -406,9 +473,14 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
             .await
             .unwrap();
     operator.terminate(Duration::from_secs(20)).unwrap();
-    session::await_policy_state(&admin, policy, State::Ready, "policy ready after the upgrade")
-        .await
-        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", upgraded.log_text()));
+    session::await_policy_state(
+        &admin,
+        policy,
+        State::Ready,
+        "policy ready after the upgrade",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", upgraded.log_text()));
     // The new operator acts on the policy: a change it has to roll out reaches ready again.
     session::policies(&admin)
         .patch(
@@ -419,26 +491,35 @@ async fn a_subscription_installs_from_the_catalog_and_upgrades_through_the_chann
         .await
         .unwrap();
     let daemon_sets: Api<DaemonSet> = Api::namespaced(admin.clone(), &namespace);
-    wait::until(TIMEOUT, "the DCGM exporter removed by the upgraded operator", || {
-        let daemon_sets = daemon_sets.clone();
-        async move {
-            let names: Vec<String> = daemon_sets
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter_map(|d| d.metadata.name)
-                .collect();
-            Ok(if names.iter().any(|n| n.contains("dcgm-exporter")) {
-                Err(format!("{names:?}"))
-            } else {
-                Ok(())
-            })
-        }
-    })
+    wait::until(
+        TIMEOUT,
+        "the DCGM exporter removed by the upgraded operator",
+        || {
+            let daemon_sets = daemon_sets.clone();
+            async move {
+                let names: Vec<String> = daemon_sets
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|d| d.metadata.name)
+                    .collect();
+                Ok(if names.iter().any(|n| n.contains("dcgm-exporter")) {
+                    Err(format!("{names:?}"))
+                } else {
+                    Ok(())
+                })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", upgraded.log_text()));
     let (samples, not_ready) = sampler.finish().await;
+    eprintln!(
+        "upgrade through the channel: {:.1} s, {samples} samples of the policy, {} not ready",
+        upgrade_started.elapsed().as_secs_f64(),
+        not_ready.len()
+    );
     assert!(samples > 10, "only {samples} samples of the policy");
     assert!(
         not_ready.is_empty(),
