@@ -31,7 +31,7 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness release-tools olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here)
+e2e: harness release-tools olm-validator monitoring-check olm-catalog-tools ## end-to-end tests on a fresh harness (started and stopped here)
 	tests/e2e.sh
 
 .PHONY: image
@@ -47,13 +47,17 @@ image-check: ## build the image twice (same digest) and check it: layout, config
 	scripts/image-check.sh
 
 .PHONY: harness
-harness: ## build (or reuse) the Kubernetes, etcd, kwok, helm and NFD binaries
+harness: ## build (or reuse) the Kubernetes, etcd, kwok, helm, NFD and OLM binaries
 	tests/cluster/build.sh >/dev/null
 
 .PHONY: release-tools
 release-tools: ## build (or reuse) the OCI registry and oras that `make release` and its end-to-end test use, and what runs the image under runc (Debian's runc installed when missing)
 	tests/cluster/build.sh registry oras helm >/dev/null
 	tests/cluster/container-tools.sh >/dev/null
+
+.PHONY: olm-catalog-tools
+olm-catalog-tools: ## build (or reuse) opm and oras, which publish and serve the OLM catalog (make release, the e2e olm_catalog)
+	tests/cluster/build.sh opm oras >/dev/null
 
 .PHONY: olm-validator
 olm-validator: ## build (or reuse) the operator-framework bundle validators the OLM tests run

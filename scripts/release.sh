@@ -11,9 +11,15 @@
 #                                          with no flags
 #   OUT/images.txt                         every image the release runs or deploys by default,
 #                                          one per line, for mirroring into an air-gapped registry
+#   REGISTRY/gpu-operator-bundle:vVERSION  the OLM bundle (bundle/), its CSV naming the image
+#                                          above by digest (scripts/olm-catalog.sh)
+#   REGISTRY/gpu-operator-catalog:vVERSION the file-based catalog for a CatalogSource: channel
+#                                          `stable` with this bundle, after the bundle images in
+#                                          OLM_PREVIOUS_BUNDLES (environment, space-separated,
+#                                          oldest first), each replaced by the next
 #
-# The OLM bundle and catalog images and the arm64 image are published by steps not written yet;
-# they go where "Not published here" stands below. The kubectl-gpu archive and its krew
+# The arm64 image is published by a step not written yet; it goes where "Not published here"
+# stands below. The kubectl-gpu archive and its krew
 # manifest are scripts/krew-plugin.sh's, which needs the URL the archive will be downloaded
 # from (a forge's release page, not an OCI registry).
 #
@@ -26,7 +32,7 @@
 #             and must equal it when given.
 #   OUT       (environment) where the files go; default $CARGO_TARGET_DIR/publish/VERSION.
 #
-# Tools: oras and helm, built from their Go modules by tests/cluster/build.sh (cached); the
+# Tools: oras, helm and opm, built from their Go modules by tests/cluster/build.sh (cached); the
 # image as scripts/image.sh needs it (Rust, Go, libc6-dev, ca-certificates); python3 with
 # PyYAML for the image list.
 set -euo pipefail
@@ -167,15 +173,35 @@ for tagged, ref in sorted(images.items()):
         print(ref)
 EOF
 
-# Not published here (later steps): the OLM bundle image and file-based catalog image, and
-# linux/arm64 images (this machine builds linux/amd64 only; scripts/image.sh builds for the
-# host). The krew plugin: scripts/krew-plugin.sh.
+# --- The OLM bundle, its operator image the one pushed above (the committed bundle names the
+# placeholder registry of scripts/bundle-values.yaml), and the catalog listing it.
+olm_bundle=$out/olm-bundle
+cp -r "$root/bundle" "$olm_bundle"
+python3 - "$olm_bundle/manifests/gpu-operator.clusterserviceversion.yaml" "$image@$digest" <<'EOF'
+import sys, yaml
+path, released = sys.argv[1:]
+text = open(path).read()
+placeholder = yaml.safe_load(text)["metadata"]["annotations"]["containerImage"]
+if text.count(placeholder) < 3:
+    sys.exit(f"{path}: the operator image {placeholder} is not in containerImage, the Deployment and relatedImages")
+open(path, "w").write(text.replace(placeholder, released))
+EOF
+read -r -a previous <<<"${OLM_PREVIOUS_BUNDLES:-}"
+olm=$("$root/scripts/olm-catalog.sh" "$registry" "$out/olm" "${previous[@]}" "$olm_bundle")
+olm_bundle_ref=$(sed -n 's/^bundle=//p' <<<"$olm" | tail -1)
+olm_catalog_ref=$(sed -n 's/^catalog=//p' <<<"$olm")
+[[ -n $olm_bundle_ref && -n $olm_catalog_ref ]] || die "scripts/olm-catalog.sh printed no bundle or catalog: $olm"
 
-log "published $image:$version@$digest, SBOM $sbom_ref, chart $chart/gpu-operator:$version; image list $out/images.txt"
+# Not published here (a later step): linux/arm64 images (this machine builds linux/amd64 only;
+# scripts/image.sh builds for the host). The krew plugin: scripts/krew-plugin.sh.
+
+log "published $image:$version@$digest, SBOM $sbom_ref, chart $chart/gpu-operator:$version, OLM bundle $olm_bundle_ref and catalog $olm_catalog_ref; image list $out/images.txt"
 cat <<EOF
 image=$image:$version@$digest
 sbom=$image@$sbom_ref
 chart=$chart/gpu-operator
 chart_version=$version
 images=$out/images.txt
+olm_bundle=$olm_bundle_ref
+olm_catalog=$olm_catalog_ref
 EOF

@@ -3,6 +3,7 @@
 //
 //	oci-image build -o OUT.oci.tar [--file DEST:MODE:SRC]... [--tree DIR]... --user U
 //	        --entrypoint PATH [--env K=V]... [--label K=V]... --created EPOCH --ref-name TAG
+//	        [--comment TEXT] (the layer's history comment; the operator image's by default)
 //	oci-image check ARCHIVE [--user U] [--entrypoint PATH] [--label K=V]... [--require-label K]...
 //	        [--absent PATH]... [--static PATH] [--extract PATH=FILE]... [--rootfs DIR]
 //
@@ -136,7 +137,7 @@ type entry struct {
 
 func build(args []string) error {
 	f, positional, err := parseFlags(args, "output", "file", "tree", "user", "entrypoint", "cmd",
-		"env", "label", "created", "ref-name", "platform", "workdir")
+		"env", "label", "created", "ref-name", "platform", "workdir", "comment")
 	if err != nil {
 		return err
 	}
@@ -211,7 +212,7 @@ func build(args []string) error {
 		History: v1.History{
 			Created:   v1.Time{Time: created},
 			CreatedBy: "oci-image build (make image)",
-			Comment:   "the gpu-operator binary, CA certificates, passwd/group, licence",
+			Comment:   orDefault(f.one("comment"), "the gpu-operator binary, CA certificates, passwd/group, licence"),
 		},
 	})
 	if err != nil {

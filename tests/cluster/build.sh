@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Builds the harness binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, kwok, helm, nfd-master, nfd-worker and the pod-sandbox they run in, OLM's olm-operator
-# with csv-rbac, netns-run, krew, the OCI registry and oras) from their Go modules into a cache
-# outside the clone, one folder per tool keyed by its version, the Go toolchain and its go.sum,
-# and reuses them when present.
+# and catalog operator with csv-rbac, netns-run, krew, the OCI registry and oras, opm) from their
+# Go modules into a cache outside the clone, one folder per tool keyed by its version, the Go
+# toolchain and its go.sum, and reuses them when present.
 # Prints the folder holding all binaries (symlinks) as its last line.
 #
 # usage: tests/cluster/build.sh [TOOL...]
-#   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras seccomp
+#   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras opm seccomp
 # With tools named, builds only those and prints a folder holding only their binaries: the OLM
 # bundle needs helm alone (`make chart`, `make bundle`), `make release` helm and oras.
 # Without tools named it builds those every harness runs; the registry and oras, which only the
-# release test and `make release` use, are built when named (they add a cold build of minutes).
+# release test and `make release` use, are built when named (they add a cold build of minutes);
+# so is opm, which builds and serves the OLM catalog (`make release`, the e2e olm_catalog).
 set -euo pipefail
 # A failed build inside $(build ...) must stop the script, not be cached as complete.
 shopt -s inherit_errexit
@@ -26,7 +27,7 @@ go_version=$(go env GOVERSION)
 
 log() { echo "build.sh: $*" >&2; }
 
-tools=(kubernetes etcd kwok helm nfd olm netns-run krew registry oras)
+tools=(kubernetes etcd kwok helm nfd olm netns-run krew registry oras opm)
 # The container runner's seccomp profile (block at the end); built when named.
 tools+=(seccomp)
 for tool in "$@"; do
@@ -49,11 +50,14 @@ key() {
     echo "$go_version"
     cat "$here/go/$tool/go.mod" "$here/go/$tool/go.sum"
     find "$here/go/$tool" -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 -r cat
+    # Only when set, so the folders of the tools built without tags keep their names.
+    if [[ -n ${tags:-} ]]; then echo "tags $tags"; fi
   } | sha256sum | cut -c1-12)
   echo "$tool-$version-$digest"
 }
 
-# build TOOL VERSION LDFLAGS PACKAGE... : builds the packages of wrapper module go/TOOL
+# build TOOL VERSION LDFLAGS PACKAGE... : builds the packages of wrapper module go/TOOL, with the
+# Go build tags in $tags when set (`tags=x build ...`)
 build() {
   local tool=$1 version=$2 ldflags=$3
   shift 3
@@ -69,7 +73,7 @@ build() {
   tmp=$(mktemp -d "$cache_root/.build-$tool.XXXXXX")
   (
     cd "$here/go/$tool"
-    CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly" go build -ldflags "$ldflags" -o "$tmp/" "$@"
+    CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly" go build ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/" "$@"
   ) >&2
   # go build names a /vN module's binary after the element before it: etcd's is "server".
   if [[ $tool == etcd ]]; then mv "$tmp/server" "$tmp/etcd"; fi
@@ -116,12 +120,14 @@ if wanted nfd; then
   dirs+=("$(build nfd "$NFD_VERSION" "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION -X sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix=/host-" \
     sigs.k8s.io/node-feature-discovery/cmd/nfd-master sigs.k8s.io/node-feature-discovery/cmd/nfd-worker ./pod-sandbox)")
 fi
-# Only OLM's olm-operator (cmd/olm): the catalog operator and package server need pods that run.
-# With it csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV (an InstallPlan's).
+# OLM's olm-operator (cmd/olm) and catalog operator (cmd/catalog, which resolves Subscriptions
+# against a CatalogSource into InstallPlans); not the package server, an aggregated API server.
+# With them csv-rbac (ours), which prints the RBAC OLM's resolver makes for a CSV.
 if wanted olm; then
   dirs+=("$(build olm "$OLM_VERSION" \
     "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}" \
-    github.com/operator-framework/operator-lifecycle-manager/cmd/olm ./csv-rbac)")
+    github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
+    github.com/operator-framework/operator-lifecycle-manager/cmd/catalog ./csv-rbac)")
 fi
 # Ours: runs a tool that binds every address (olm) in a network namespace of its own.
 if wanted netns-run; then dirs+=("$(build netns-run local "-s -w" .)"); fi
@@ -144,6 +150,16 @@ fi
 # Ours, for the operator image run under runc (e2e::container, tests/cluster/container-tools.sh):
 # prints containerd's RuntimeDefault seccomp profile (its contrib/seccomp, pinned in go.mod).
 if named seccomp; then dirs+=("$(build seccomp local "-s -w" .)"); fi
+# opm (operator-registry's cmd/opm, at the version OLM_VERSION's OLM requires): renders the bundle
+# image into the file-based catalog that `make release` publishes, and serves a catalog over gRPC
+# for OLM's catalog operator (tests/e2e/tests/olm_catalog.rs); with it grpc-health-probe, which
+# OLM's registry pod probes a catalog image with (the catalog image carries both).
+# containers_image_openpgp as upstream builds opm: the other signature backends need cgo.
+if named opm; then
+  dirs+=("$(tags=containers_image_openpgp build opm "$OPM_VERSION" \
+    "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.opmVersion=$OPM_VERSION" \
+    github.com/operator-framework/operator-registry/cmd/opm github.com/grpc-ecosystem/grpc-health-probe)")
+fi
 
 # One folder of symlinks for PATH, itself keyed by the tool folders it points into.
 bin="$cache_root/bin-$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)"

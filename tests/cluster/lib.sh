@@ -12,6 +12,9 @@ SCHEDULER_PORT=${SCHEDULER_PORT:-$((HARNESS_PORT_BASE + 4))}
 KWOK_PORT=${KWOK_PORT:-$((HARNESS_PORT_BASE + 5))}
 # The OCI registry, started only by what publishes to it (registry.sh).
 REGISTRY_PORT=${REGISTRY_PORT:-$((HARNESS_PORT_BASE + 6))}
+# The OLM catalog (`opm serve` of the catalog image) that the e2e olm_catalog starts and stops
+# itself (tests/e2e/src/olm_catalog.rs reads the same variables).
+OLM_CATALOG_PORT=${OLM_CATALOG_PORT:-$((HARNESS_PORT_BASE + 7))}
 HARNESS_DIR=${HARNESS_DIR:-${TMPDIR:-/tmp}/gpu-operator-harness-$APISERVER_PORT}
 
 # Rust builds go to a cache outside the clone; cargo's fingerprints include the compiler

@@ -14,6 +14,7 @@ pub mod helm;
 pub mod nfd;
 pub mod nodes;
 pub mod olm;
+pub mod olm_catalog;
 pub mod openshift;
 pub mod operator;
 pub mod procs;

@@ -1,12 +1,15 @@
-//! Real OLM on the harness: OLM's olm-operator (built by tests/cluster/build.sh from
-//! operator-lifecycle-manager at the pinned release) and OLM's CRDs, and the RBAC OLM's resolver
-//! makes for a ClusterServiceVersion (`csv-rbac`, what an InstallPlan of the catalog operator
-//! would create; the catalog operator is not run: unpacking bundles needs pods that really run).
+//! Real OLM on the harness: OLM's olm-operator and catalog operator (built by
+//! tests/cluster/build.sh from operator-lifecycle-manager at the pinned release) and OLM's CRDs,
+//! the RBAC OLM's resolver makes for a ClusterServiceVersion (`csv-rbac`, what an InstallPlan
+//! creates, for the test that applies a CSV directly), and the operator run as the container
+//! of the Deployment OLM made (IO).
 //!
-//! olm-operator serves metrics and health on :8080 of every address and has no flag to change
-//! that, so it runs under `netns-run`, in a network namespace of its own where only the API
-//! server's 127.0.0.1 port leads out. A failed step panics or errors: this is test support.
+//! Both OLM operators serve metrics and health on :8080 of every address and have no flag to
+//! change that, so each runs under `netns-run`, in a network namespace of its own where only
+//! the API server's 127.0.0.1 port (and the catalog operator's catalog address) leads out. A
+//! failed step panics or errors: this is test support.
 
+use crate::operator::{Operator, OperatorIdentity};
 use crate::tools::on_path;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -109,10 +112,24 @@ pub async fn install_crds(admin: &Client) -> Result<()> {
     Ok(())
 }
 
-/// A running olm-operator; killed (with its network namespace) when dropped.
+/// A running OLM operator (olm-operator or the catalog operator); killed (with its network
+/// namespace) when dropped.
 pub struct Olm {
     child: Option<Child>,
     pub log: PathBuf,
+}
+
+/// Creates OLM's namespace unless it exists.
+async fn ensure_olm_namespace(admin: &Client) -> Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    if namespaces.get_opt(OLM_NAMESPACE).await?.is_none() {
+        let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+        ns.metadata.name = Some(OLM_NAMESPACE.to_owned());
+        namespaces
+            .create(&kube::api::PostParams::default(), &ns)
+            .await?;
+    }
+    Ok(())
 }
 
 impl Olm {
@@ -120,29 +137,70 @@ impl Olm {
     /// (OLM runs with cluster-admin in a cluster too), watching every namespace.
     pub async fn start(admin: &Client) -> Result<Self> {
         install_crds(admin).await?;
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
-        if namespaces.get_opt(OLM_NAMESPACE).await?.is_none() {
-            let mut ns = k8s_openapi::api::core::v1::Namespace::default();
-            ns.metadata.name = Some(OLM_NAMESPACE.to_owned());
-            namespaces
-                .create(&kube::api::PostParams::default(), &ns)
-                .await?;
-        }
-        let log = std::env::temp_dir().join(format!("{}.log", unique_name("olm-operator")));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(on_path("netns-run")?)
-            .arg("--forward")
-            .arg(api_server_address()?)
-            .arg("--")
-            .arg(on_path("olm")?)
-            .args([
+        ensure_olm_namespace(admin).await?;
+        Self::spawn(
+            "olm",
+            &[
                 "--namespace",
                 OLM_NAMESPACE,
                 // No OpenShift ClusterOperator objects to write status to.
                 "--writeStatusName=",
                 "--writePackageServerStatusName=",
                 "--interval=30s",
-            ])
+            ],
+            &[],
+        )
+    }
+
+    /// Starts OLM's catalog operator as the harness admin, its global catalog namespace OLM's
+    /// (a CatalogSource there serves every namespace), able to reach the catalogs served at
+    /// `catalog_addresses` (`127.0.0.1:PORT`, the CatalogSources' `spec.address`). It resolves
+    /// Subscriptions into InstallPlans and executes them; for a bundle it has to unpack it runs
+    /// a Job whose pod kwok does not run ([`crate::olm_catalog::BundleUnpacker`]).
+    pub async fn start_catalog_operator(
+        admin: &Client,
+        catalog_addresses: &[&str],
+    ) -> Result<Self> {
+        install_crds(admin).await?;
+        ensure_olm_namespace(admin).await?;
+        Self::spawn(
+            "catalog",
+            &[
+                "--namespace",
+                OLM_NAMESPACE,
+                "--writeStatusName=",
+                // What the unpack Job's containers name: upstream's images at the releases the
+                // harness builds.
+                "--opmImage",
+                &format!(
+                    "quay.io/operator-framework/opm:{}",
+                    crate::cluster::pinned_version("OPM_VERSION")?
+                ),
+                "--util-image",
+                &format!(
+                    "quay.io/operator-framework/olm:{}",
+                    crate::cluster::pinned_version("OLM_VERSION")?
+                ),
+                "--interval=30s",
+            ],
+            catalog_addresses,
+        )
+    }
+
+    /// Runs harness binary `binary` with `args` under netns-run, forwarding the API server and
+    /// `extra_forwards`.
+    fn spawn(binary: &str, args: &[&str], extra_forwards: &[&str]) -> Result<Self> {
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name(binary)));
+        let file = std::fs::File::create(&log)?;
+        let mut command = Command::new(on_path("netns-run")?);
+        command.arg("--forward").arg(api_server_address()?);
+        for address in extra_forwards {
+            command.arg("--forward").arg(address);
+        }
+        let child = command
+            .arg("--")
+            .arg(on_path(binary)?)
+            .args(args)
             .env(
                 "KUBECONFIG",
                 std::env::var("KUBECONFIG").context("KUBECONFIG is not set")?,
@@ -151,7 +209,7 @@ impl Olm {
             .stderr(file)
             .stdin(Stdio::null())
             .spawn()
-            .context("starting netns-run olm")?;
+            .with_context(|| format!("starting netns-run {binary}"))?;
         Ok(Olm {
             child: Some(child),
             log,
@@ -250,4 +308,35 @@ pub async fn delete_cluster_scoped(admin: &Client, objects: &[DynamicObject]) ->
         }
     }
     Ok(())
+}
+
+/// The operator run as the `gpu-operator` container of the Deployment `deployment` OLM created
+/// in `namespace`: its args and env, with a token of its ServiceAccount, so the RBAC OLM
+/// generated is its only authority. `pod_name` fills the downward-API `metadata.name`.
+pub async fn run_deployment_container(
+    admin: &Client,
+    namespace: &str,
+    deployment: &str,
+    pod_name: &str,
+) -> Result<(OperatorIdentity, Operator)> {
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), namespace)
+            .get(deployment)
+            .await?;
+    let pod = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("the Deployment has no pod template")?;
+    let service_account = pod
+        .service_account_name
+        .clone()
+        .context("the pod template names no ServiceAccount")?;
+    let container = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "gpu-operator")
+        .context("the pod template has no gpu-operator container")?;
+    let identity = OperatorIdentity::existing(admin, namespace, &service_account).await?;
+    let operator = Operator::start_as_container(&identity, container, pod_name)?;
+    Ok((identity, operator))
 }

@@ -7,8 +7,9 @@
 //! ServiceAccount, so the RBAC OLM generated is its only authority: a policy converges to
 //! `ready`. With one permission taken out of the CSV, it fails naming the request denied.
 //!
-//! Not covered: bundle unpacking from an index image by the catalog operator (its pods would
-//! have to really run; docs/install.md says so).
+//! Installing from a catalog (CatalogSource, Subscription, the catalog operator's InstallPlan,
+//! an upgrade through the channel) is tests/e2e/tests/olm_catalog.rs; this test keeps the CSV
+//! and RBAC checks that need a CSV changed before OLM sees it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -177,20 +178,14 @@ impl Install {
 
     /// The operator run as that Deployment's container, with its ServiceAccount's token.
     async fn run_operator(&self) -> (OperatorIdentity, Operator) {
-        let deployment = self.deployment().await;
-        let pod = deployment.spec.unwrap().template.spec.unwrap();
-        let service_account = pod.service_account_name.clone().unwrap();
-        let container = pod
-            .containers
-            .iter()
-            .find(|c| c.name == "gpu-operator")
-            .unwrap();
-        let identity = OperatorIdentity::existing(&self.admin, &self.namespace, &service_account)
-            .await
-            .unwrap();
-        let operator =
-            Operator::start_as_container(&identity, container, "gpu-operator-olm-0").unwrap();
-        (identity, operator)
+        olm::run_deployment_container(
+            &self.admin,
+            &self.namespace,
+            "gpu-operator",
+            "gpu-operator-olm-0",
+        )
+        .await
+        .unwrap()
     }
 
     /// Deletes the policy (its operands collected while the operator still runs), then the
