@@ -539,7 +539,7 @@ mod tests {
         let hash = sent.metadata.annotations.as_ref().unwrap()[TEMPLATE_KEPT_ANNOTATION].clone();
         assert_eq!(hash, template_hash(&ours));
         assert_eq!(
-            plan(&[ours.clone()], &[nvidia.clone()])[0].outcome,
+            plan(std::slice::from_ref(&ours), std::slice::from_ref(&nvidia))[0].outcome,
             Outcome::Kept
         );
 
