@@ -532,14 +532,6 @@ async fn stop_operator(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let name = operator.name_any();
-    let api = Api::<Deployment>::namespaced(client.clone(), ns);
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 0}})),
-    )
-    .await
-    .with_context(|| format!("scaling Deployment {ns}/{name} to 0"))?;
     let selector = operator
         .spec
         .as_ref()
@@ -553,6 +545,14 @@ async fn stop_operator(
         !selector.is_empty(),
         "Deployment {ns}/{name} selects its pods by no label"
     );
+    let api = Api::<Deployment>::namespaced(client.clone(), ns);
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 0}})),
+    )
+    .await
+    .with_context(|| format!("scaling Deployment {ns}/{name} to 0"))?;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -626,18 +626,7 @@ async fn release_lease(client: &Client, ns: &str) -> anyhow::Result<bool> {
 
 /// Keeps the policy out of NVIDIA's `helm uninstall`, and hands it to our release or to nobody.
 async fn hand_over_policy(client: &Client, live: &Live, args: &MigrateArgs) -> anyhow::Result<()> {
-    let (release, release_ns, managed_by) = match &args.helm_release {
-        Some(r) => (json!(r), json!(args.namespace), json!("Helm")),
-        None => (Value::Null, Value::Null, Value::Null),
-    };
-    let patch = json!({"metadata": {
-        "annotations": {
-            HELM_KEEP: "keep",
-            HELM_RELEASE_NAME: release,
-            HELM_RELEASE_NAMESPACE: release_ns,
-        },
-        "labels": {MANAGED_BY: managed_by},
-    }});
+    let patch = helm_handover_patch(&live.policy, args.helm_release.as_deref(), &args.namespace);
     policy_api(client)
         .patch(
             &live.policy_name,
@@ -647,6 +636,28 @@ async fn hand_over_policy(client: &Client, live: &Live, args: &MigrateArgs) -> a
         .await
         .with_context(|| format!("handing ClusterPolicy {} over", live.policy_name))?;
     Ok(())
+}
+
+/// The merge patch that keeps `policy` out of NVIDIA's `helm uninstall` and hands it to our
+/// release `release`, or to nobody: Helm's release annotations go, and its `managed-by: Helm`
+/// label (a label another tool set stays).
+fn helm_handover_patch(policy: &Value, release: Option<&str>, namespace: &str) -> Value {
+    let live = &policy["metadata"]["labels"][MANAGED_BY];
+    let (release, release_ns, managed_by) = match release {
+        Some(r) => (json!(r), json!(namespace), json!("Helm")),
+        None if *live == "Helm" => (Value::Null, Value::Null, Value::Null),
+        None => (Value::Null, Value::Null, live.clone()),
+    };
+    let mut patch = json!({"metadata": {"annotations": {
+        HELM_KEEP: "keep",
+        HELM_RELEASE_NAME: release,
+        HELM_RELEASE_NAMESPACE: release_ns,
+    }}});
+    // A null removes Helm's label; an absent label is not written at all.
+    if !(managed_by.is_null() && live.is_null()) {
+        patch["metadata"]["labels"] = json!({MANAGED_BY: managed_by});
+    }
+    patch
 }
 
 /// Replaces NVIDIA's CRD with ours (crd_upgrade's replacement: its metadata, our spec).
@@ -757,5 +768,29 @@ mod tests {
             &deployment("mine", "registry.local/op:1"),
             Some("mine")
         ));
+    }
+
+    #[test]
+    fn the_policy_leaves_nvidias_release_and_keeps_a_managed_by_label_helm_did_not_set() {
+        let helm = json!({"metadata": {"labels": {MANAGED_BY: "Helm"}}});
+        let argo = json!({"metadata": {"labels": {MANAGED_BY: "argocd"}}});
+        let to_nobody = helm_handover_patch(&helm, None, "gpu-operator");
+        let labels = to_nobody["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(labels.get(MANAGED_BY), Some(&Value::Null));
+        assert_eq!(to_nobody["metadata"]["annotations"][HELM_KEEP], "keep");
+        assert_eq!(
+            to_nobody["metadata"]["annotations"][HELM_RELEASE_NAME],
+            Value::Null
+        );
+        let kept = helm_handover_patch(&argo, None, "gpu-operator");
+        assert_eq!(kept["metadata"]["labels"][MANAGED_BY], "argocd");
+        let unlabelled = helm_handover_patch(&json!({}), None, "gpu-operator");
+        assert!(unlabelled["metadata"].get("labels").is_none());
+        let ours = helm_handover_patch(&helm, Some("gpu-operator"), "gpu-operator");
+        assert_eq!(ours["metadata"]["labels"][MANAGED_BY], "Helm");
+        assert_eq!(
+            ours["metadata"]["annotations"][HELM_RELEASE_NAMESPACE],
+            "gpu-operator"
+        );
     }
 }
