@@ -65,6 +65,18 @@ pub enum Difference<'a> {
     },
 }
 
+impl Difference<'_> {
+    /// The JSON path of the field that differs.
+    pub fn path(&self) -> &str {
+        match self {
+            Difference::Missing { path, .. }
+            | Difference::Extra { path, .. }
+            | Difference::Length { path, .. }
+            | Difference::Changed { path, .. } => path,
+        }
+    }
+}
+
 /// Every difference between `wanted` and `found` under `rules`, in walk order.
 pub fn differences<'a>(
     path: &str,

@@ -128,15 +128,6 @@ fn selector(ds: &DaemonSet) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-fn path_of<'a>(d: &'a Difference<'_>) -> &'a str {
-    match d {
-        Difference::Missing { path, .. }
-        | Difference::Extra { path, .. }
-        | Difference::Length { path, .. }
-        | Difference::Changed { path, .. } => path,
-    }
-}
-
 /// Whether the volume mounted at `mount_path` in `template` is one the kubelet mounts
 /// read-only whatever the mount says (a ConfigMap, Secret, projected or downward API volume).
 fn read_only_volume(template: &Value, mount_path: &str) -> bool {
@@ -173,7 +164,7 @@ pub fn inert(
     selector: &BTreeMap<String, String>,
     nvidias_digest_of_ours: Option<&str>,
 ) -> Option<&'static str> {
-    let path = path_of(d);
+    let path = d.path();
     if let Some(key) = path.strip_prefix(".metadata.labels.") {
         return (!selector.contains_key(key)).then_some("a pod label outside the selector");
     }
@@ -255,7 +246,8 @@ fn nvidias_digest_of(ds: &DaemonSet) -> Option<String> {
 
 /// Whether `d` is the driver config digest's env var.
 fn is_digest(d: &Difference<'_>) -> bool {
-    path_of(d).ends_with(&format!("env[name={}].value", driver::CONFIG_DIGEST_ENV))
+    d.path()
+        .ends_with(&format!("env[name={}].value", driver::CONFIG_DIGEST_ENV))
 }
 
 /// Every difference between our template and the live one, each with [`inert`]'s reason.
@@ -299,19 +291,20 @@ pub fn template_hash(ds: &DaemonSet) -> String {
 /// applied by us (NVIDIA's) and every difference is [`inert`].
 pub fn keep_adopted_template(desired: &DaemonSet, live: &DaemonSet) -> Option<DaemonSet> {
     let annotations = live.metadata.annotations.as_ref();
-    let recorded = annotations.and_then(|a| a.get(TEMPLATE_KEPT_ANNOTATION));
-    let hash = template_hash(desired);
-    let keep = match recorded {
-        Some(recorded) => *recorded == hash,
+    let hash = match annotations.and_then(|a| a.get(TEMPLATE_KEPT_ANNOTATION)) {
+        Some(recorded) => Some(template_hash(desired)).filter(|h| h == recorded)?,
+        // Ours since we first applied it: the common case, decided without a comparison.
+        None if annotations.is_some_and(|a| a.contains_key(APPLIED_HASH_ANNOTATION)) => {
+            return None;
+        }
         None => {
-            let ours_before = annotations.is_some_and(|a| a.contains_key(APPLIED_HASH_ANNOTATION));
             let differences = template_differences(desired, live);
-            !ours_before && !differences.is_empty() && differences.iter().all(|(_, inert)| *inert)
+            if differences.is_empty() || !differences.iter().all(|(_, inert)| *inert) {
+                return None;
+            }
+            template_hash(desired)
         }
     };
-    if !keep {
-        return None;
-    }
     let template = live.spec.as_ref()?.template.clone();
     let mut sent = desired.clone();
     sent.spec.as_mut()?.template = template;

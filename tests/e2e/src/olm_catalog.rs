@@ -18,31 +18,19 @@ use serde_json::Value;
 
 use crate::cluster::unique_name;
 use crate::operator::write_token_kubeconfig;
-use crate::tools::{on_path, repo_root};
+use crate::tools::on_path;
 
 /// The label OLM's catalog operator puts on its bundle unpack Jobs.
 const BUNDLE_UNPACK_LABEL: &str = "operatorframework.io/bundle-unpack-ref";
 /// The port `opm serve` listens on inside its network namespace (a registry pod's).
 const OPM_SERVE_PORT: u16 = 50051;
 
-/// Runs `script` of the clone with `args` and returns its stdout (its log goes to stderr).
-fn run_script(script: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(repo_root().join(script))
-        .args(args)
-        .output()
-        .with_context(|| format!("running {script}"))?;
-    if !out.status.success() {
-        bail!("{script} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    }
-    String::from_utf8(out.stdout).with_context(|| format!("{script}'s output"))
-}
-
 /// opm and oras as `tests/cluster/build.sh opm oras` built them (cached after the first build),
 /// or `None` when they cannot be built here ([`crate::cluster::prerequisite`]).
 pub fn tools() -> Option<Tools> {
     crate::cluster::prerequisite(
         "opm and oras (tests/cluster/build.sh opm oras) could not be built",
-        run_script("tests/cluster/build.sh", &["opm", "oras"]).and_then(|out| {
+        crate::registry::run_script("tests/cluster/build.sh", &["opm", "oras"]).and_then(|out| {
             let bin = PathBuf::from(
                 out.lines()
                     .last()
@@ -94,7 +82,7 @@ pub fn publish(registry: &str, out: &Path, bundles: &[&str]) -> Result<Published
     let out_arg = out.to_str().context("a non-UTF-8 folder")?;
     let mut args = vec![registry, out_arg];
     args.extend_from_slice(bundles);
-    let stdout = run_script("scripts/olm-catalog.sh", &args)?;
+    let stdout = crate::registry::run_script("scripts/olm-catalog.sh", &args)?;
     let field = |key: &str| -> Vec<String> {
         stdout
             .lines()

@@ -27,8 +27,8 @@ pub fn oras() -> Option<PathBuf> {
     )
 }
 
-/// Runs `script` of the clone with `args` and returns the last line it printed.
-fn last_line(script: &str, args: &[&str]) -> Result<String> {
+/// Runs `script` of the clone with `args` and returns its stdout (its log goes to stderr).
+pub(crate) fn run_script(script: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(repo_root().join(script))
         .args(args)
         .output()
@@ -36,8 +36,12 @@ fn last_line(script: &str, args: &[&str]) -> Result<String> {
     if !out.status.success() {
         bail!("{script} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     }
-    let stdout = String::from_utf8(out.stdout).with_context(|| format!("{script}'s output"))?;
-    stdout
+    String::from_utf8(out.stdout).with_context(|| format!("{script}'s output"))
+}
+
+/// Runs `script` of the clone with `args` and returns the last line it printed.
+fn last_line(script: &str, args: &[&str]) -> Result<String> {
+    run_script(script, args)?
         .lines()
         .last()
         .map(|l| l.trim().to_owned())

@@ -520,21 +520,47 @@ fn record(name: &str, content: &str) {
     let _ = std::fs::write(dir.join(name), content);
 }
 
-async fn remove_fleet(admin: &Client, fleet: &NvidiaFleet) {
-    nodes::delete(admin, &fleet.nodes).await.unwrap();
+/// A session with NVIDIA's fleet in the operator identity's namespace, under NVIDIA's CRD
+/// (`preserve_unknown`: one that keeps unknown spec fields), the policy's spec with
+/// `spec_extra`; `None` where this run has no test cluster.
+async fn nvidia_fleet(
+    preserve_unknown: bool,
+    spec_extra: Value,
+    with_jobs: bool,
+) -> Option<(Client, OperatorIdentity, NvidiaFleet)> {
+    let admin = session::builder().prepare().await?.admin;
+    restore_our_crd(&admin).await;
+    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
+    install_nvidias_crd(&admin, preserve_unknown).await;
+    let fleet = create_nvidia_fleet(&admin, &identity.namespace, spec_extra, with_jobs).await;
+    Some((admin, identity, fleet))
+}
+
+/// The session's teardown (the policy deleted, its operands collected), then the fleet's nodes.
+async fn tear_down(
+    admin: Client,
+    identity: OperatorIdentity,
+    operator: Operator,
+    fleet: NvidiaFleet,
+) {
+    let nodes = fleet.nodes.clone();
+    Setup {
+        admin: admin.clone(),
+        identity,
+        operator,
+        policy: fleet.policy,
+    }
+    .teardown()
+    .await;
+    nodes::delete(&admin, &nodes).await.unwrap();
 }
 
 #[tokio::test]
 async fn a_fleet_nvidias_operator_runs_is_taken_over_with_nothing_restarted() {
-    let Some(prepared) = session::builder().prepare().await else {
+    let Some((admin, identity, fleet)) = nvidia_fleet(false, json!({}), true).await else {
         return;
     };
-    let admin = prepared.admin.clone();
-    restore_our_crd(&admin).await;
-    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let ns = identity.namespace.clone();
-    install_nvidias_crd(&admin, false).await;
-    let fleet = create_nvidia_fleet(&admin, &ns, json!({}), true).await;
     let ds_api = Api::<DaemonSet>::namespaced(admin.clone(), &ns);
     let generations: BTreeMap<String, Option<i64>> = ds_api
         .list(&ListParams::default())
@@ -622,7 +648,7 @@ async fn a_fleet_nvidias_operator_runs_is_taken_over_with_nothing_restarted() {
         .await
         .unwrap();
 
-    let mut operator = Operator::start(&identity, &[]).unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
     session::await_policy_state(
         &admin,
         &fleet.policy,
@@ -676,36 +702,16 @@ async fn a_fleet_nvidias_operator_runs_is_taken_over_with_nothing_restarted() {
         operator.log_text()
     );
 
-    operator.terminate(Duration::from_secs(5)).unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy: fleet.policy.clone(),
-    }
-    .teardown()
-    .await;
-    remove_fleet(&admin, &fleet).await;
+    tear_down(admin, identity, operator, fleet).await;
 }
 
 #[tokio::test]
 async fn a_takeover_that_would_lose_a_stored_field_is_refused_without_force() {
-    let Some(prepared) = session::builder().prepare().await else {
+    let spec = json!({"futureOperand": {"enabled": true}});
+    let Some((admin, identity, fleet)) = nvidia_fleet(true, spec, false).await else {
         return;
     };
-    let admin = prepared.admin.clone();
-    restore_our_crd(&admin).await;
-    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let ns = identity.namespace.clone();
-    install_nvidias_crd(&admin, true).await;
-    let fleet = create_nvidia_fleet(
-        &admin,
-        &ns,
-        json!({"futureOperand": {"enabled": true}}),
-        false,
-    )
-    .await;
 
     let dry = migrate(&ns, &[]);
     let (out, err) = (text(&dry.stdout), text(&dry.stderr));
@@ -743,7 +749,7 @@ async fn a_takeover_that_would_lose_a_stored_field_is_refused_without_force() {
     )
     .await
     .unwrap();
-    remove_fleet(&admin, &fleet).await;
+    nodes::delete(&admin, &fleet.nodes).await.unwrap();
     identity.delete().await.unwrap();
 }
 
@@ -775,16 +781,11 @@ async fn driver_image(pods: &Api<Pod>, node: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_driver_change_asked_for_during_a_takeover_is_rolled_out_by_the_upgrade_after_it() {
-    let Some(prepared) = session::builder().prepare().await else {
+    // No GPU job: the upgrade's pod deletion is the upgrade test's subject (upgrade.rs).
+    let Some((admin, identity, fleet)) = nvidia_fleet(false, json!({}), false).await else {
         return;
     };
-    let admin = prepared.admin.clone();
-    restore_our_crd(&admin).await;
-    let identity = OperatorIdentity::with_generated_role(&admin).await.unwrap();
     let ns = identity.namespace.clone();
-    install_nvidias_crd(&admin, false).await;
-    // No GPU job: the upgrade's pod deletion is the upgrade test's subject (upgrade.rs).
-    let fleet = create_nvidia_fleet(&admin, &ns, json!({}), false).await;
     let base = baseline(&admin, &ns, &fleet, true).await;
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn(sample(
@@ -810,7 +811,7 @@ async fn a_driver_change_asked_for_during_a_takeover_is_rolled_out_by_the_upgrad
         .patch(&fleet.policy, &PatchParams::default(), &Patch::Merge(bump))
         .await
         .unwrap();
-    let mut operator = Operator::start(&identity, &[]).unwrap();
+    let operator = Operator::start(&identity, &[]).unwrap();
 
     // The driver takes our template (the version changed), the others keep NVIDIA's.
     let ds_api = Api::<DaemonSet>::namespaced(admin.clone(), &ns);
@@ -889,15 +890,5 @@ async fn a_driver_change_asked_for_during_a_takeover_is_rolled_out_by_the_upgrad
         operator.log_text()
     );
 
-    operator.terminate(Duration::from_secs(5)).unwrap();
-    let operator = Operator::start(&identity, &[]).unwrap();
-    Setup {
-        admin: admin.clone(),
-        identity,
-        operator,
-        policy: fleet.policy.clone(),
-    }
-    .teardown()
-    .await;
-    remove_fleet(&admin, &fleet).await;
+    tear_down(admin, identity, operator, fleet).await;
 }
