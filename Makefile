@@ -22,7 +22,10 @@ demo-down: ## stop what `make demo` started
 	tests/demo/demo-down.sh
 
 .PHONY: test
-test: unit image-check e2e ## everything: unit tests, the image check, then the harness and the end-to-end tests
+test: unit image-check e2e ## what CI runs: unit tests, the image check, then the harness and the end-to-end tests (all but the long suites)
+
+.PHONY: test-long
+test-long: image-check e2e-long ## the long end-to-end suites: chaos, the published release under runc, OLM from a catalog, krew (their tools built first)
 
 .PHONY: unit
 unit: ## the generated-file check (`cargo xtask check`), unit tests and golden files (no cluster needed)
@@ -31,8 +34,13 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness release-tools olm-validator monitoring-check olm-catalog-tools ## end-to-end tests on a fresh harness (started and stopped here)
-	tests/e2e.sh
+e2e: harness olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here), all but the long suites
+	E2E_SUITE=core tests/e2e.sh
+
+.PHONY: e2e-long
+e2e-long: harness release-tools olm-catalog-tools ## the long end-to-end suites on a fresh harness: chaos, release, olm_catalog, krew
+	tests/cluster/build.sh krew >/dev/null
+	E2E_SUITE=long tests/e2e.sh
 
 .PHONY: image
 image: ## the operator's OCI image archive, reproducibly, without a container daemon (prints its digest; docs/install.md)

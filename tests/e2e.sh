@@ -12,6 +12,17 @@ source "$cluster/lib.sh"
 # skipping itself (tests/e2e/src/cluster.rs).
 export E2E_REQUIRE_CLUSTER=1
 
+# E2E_SUITE picks the test files: core (`make test`, what CI runs), long (`make test-long`: the
+# suites that run for minutes or need the release tools: a registry, oras, opm, OLM's catalog
+# operator, krew, runc), or all (the default).
+suite=${E2E_SUITE:-all}
+case $suite in core | long | all) ;; *) echo "e2e.sh: E2E_SUITE=$suite: one of core, long, all" >&2; exit 2 ;; esac
+long_suites=(chaos release olm_catalog krew)
+is_long() { [[ " ${long_suites[*]} " == *" $1 "* ]]; }
+for name in "${long_suites[@]}"; do
+  [[ -f $root/tests/e2e/tests/$name.rs ]] || { echo "e2e.sh: long suite $name: no tests/e2e/tests/$name.rs" >&2; exit 2; }
+done
+
 # A harness left behind by an interrupted run is stopped first.
 if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
 
@@ -41,7 +52,13 @@ export HARNESS_PORT_BASE
 "$cluster/nodes.sh" 3 --prefix gpu-tainted --taint --cpu-nodes 0
 
 cd "$root"
-# The chaos run restarts the API server and etcd: it goes last, so no other test meets a control
-# plane it left behind.
-cargo test -p e2e --tests -- --test-threads=1 --skip chaos_short_run "$@"
-cargo test -p e2e --test chaos -- --test-threads=1 "$@"
+# The test files of the suite asked for, in order; the chaos run restarts the API server and
+# etcd, so it goes last and no other test meets a control plane it left behind.
+targets=()
+for file in tests/e2e/tests/*.rs; do
+  name=$(basename "$file" .rs)
+  if is_long "$name"; then kind=long; else kind=core; fi
+  if [[ $suite == all || $suite == "$kind" ]] && [[ $name != chaos ]]; then targets+=(--test "$name"); fi
+done
+if ((${#targets[@]})); then cargo test -p e2e "${targets[@]}" -- --test-threads=1 "$@"; fi
+if [[ $suite != core ]]; then cargo test -p e2e --test chaos -- --test-threads=1 "$@"; fi

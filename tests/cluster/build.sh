@@ -10,9 +10,9 @@
 #   TOOL: kubernetes etcd kwok helm nfd olm netns-run krew registry oras opm seccomp
 # With tools named, builds only those and prints a folder holding only their binaries: the OLM
 # bundle needs helm alone (`make chart`, `make bundle`), `make release` helm and oras.
-# Without tools named it builds those every harness runs; the registry and oras, which only the
-# release test and `make release` use, are built when named (they add a cold build of minutes);
-# so is opm, which builds and serves the OLM catalog (`make release`, the e2e olm_catalog).
+# Without tools named it builds those every harness runs. The tools only `make release` and the
+# long end-to-end suites use (`make test-long`) are built when named, each a cold build of
+# minutes: the registry and oras, opm (builds and serves the OLM catalog), krew.
 set -euo pipefail
 # A failed build inside $(build ...) must stop the script, not be cached as complete.
 shopt -s inherit_errexit
@@ -133,7 +133,7 @@ fi
 if wanted netns-run; then dirs+=("$(build netns-run local "-s -w" .)"); fi
 # krew, which installs the kubectl-gpu plugin from the archive and manifest
 # scripts/krew-plugin.sh writes (tests/e2e/tests/krew.rs).
-if wanted krew; then
+if named krew; then
   dirs+=("$(build krew "$KREW_VERSION" "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION" \
     sigs.k8s.io/krew/cmd/krew)")
 fi
