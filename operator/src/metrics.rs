@@ -2,6 +2,7 @@
 //! durations, GPU nodes and ready operands; and NVIDIA's operator's metric names with their
 //! meanings, so dashboards and alerts written for it keep working (docs/metrics.md lists both).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,8 +152,20 @@ pub struct Metrics {
     duration: Histogram,
     gpu_nodes: Gauge,
     ready_operands: Gauge,
+    readiness_waiting: Family<StepLabels, Gauge>,
+    quarantined: Gauge,
+    quarantine_held: Gauge,
     nvidia: NvidiaCompatible,
 }
+
+/// The step a node waits on before its startup taint comes off.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: String,
+}
+
+/// The steps of [`StepLabels`], each always exported (0 when no node waits on it).
+const READINESS_STEPS: [&str; 3] = ["discovery", "validator", "device-plugin"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -187,6 +200,29 @@ impl Default for Metrics {
             "Operand workloads with every pod available",
             ready_operands.clone(),
         );
+        let readiness_waiting = Family::<StepLabels, Gauge>::default();
+        let quarantined = Gauge::default();
+        let quarantine_held = Gauge::default();
+        registry.register(
+            "gpu_readiness_waiting_nodes",
+            "Nodes keeping their gpuReadiness startup taint, by the step they wait on",
+            readiness_waiting.clone(),
+        );
+        registry.register(
+            "gpu_quarantined_nodes",
+            "Nodes quarantined by gpuReadiness for missing GPUs or a failing validator",
+            quarantined.clone(),
+        );
+        registry.register(
+            "gpu_quarantine_breaker_held",
+            "1 while more nodes are unhealthy at once than gpuReadiness may quarantine",
+            quarantine_held.clone(),
+        );
+        for step in READINESS_STEPS {
+            let _ = readiness_waiting.get_or_create(&StepLabels {
+                step: step.to_owned(),
+            });
+        }
         let nvidia = NvidiaCompatible::default();
         nvidia.register(&mut registry);
         Metrics {
@@ -196,6 +232,9 @@ impl Default for Metrics {
             duration,
             gpu_nodes,
             ready_operands,
+            readiness_waiting,
+            quarantined,
+            quarantine_held,
             nvidia,
         }
     }
@@ -264,6 +303,30 @@ impl Metrics {
         for (gauge, value) in self.nvidia.upgrades.iter().zip(values) {
             gauge.set(count(value));
         }
+    }
+
+    /// GPU readiness: nodes waiting per step (by the step names of
+    /// crate::gpu_readiness::Wait::step), quarantined nodes, and whether the breaker holds.
+    pub fn observe_readiness<'a>(
+        &self,
+        waiting: impl IntoIterator<Item = &'a str>,
+        quarantined: usize,
+        held: bool,
+    ) {
+        let mut counts: BTreeMap<&str, i64> = READINESS_STEPS.iter().map(|s| (*s, 0)).collect();
+        for step in waiting {
+            *counts.entry(step).or_default() += 1;
+        }
+        for (step, n) in counts {
+            self.readiness_waiting
+                .get_or_create(&StepLabels {
+                    step: step.to_owned(),
+                })
+                .set(n);
+        }
+        self.quarantined
+            .set(i64::try_from(quarantined).unwrap_or(i64::MAX));
+        self.quarantine_held.set(i64::from(held));
     }
 
     /// The text exposition format.

@@ -22,6 +22,7 @@ mod driver;
 mod example_tests;
 mod gpu_cluster;
 pub mod gpu_cluster_crd;
+mod gpu_readiness;
 pub mod image;
 mod nfd;
 mod node_pools;
@@ -52,6 +53,10 @@ pub use gpu_cluster::{
     AttributeDeviceClass, DraComputeDomainsSpec, DraControllerSpec, DraDeviceType, DraDriverSpec,
     DraGpusSpec, DraHealthcheckSpec, DraKubeletPluginSpec, GPU_CLUSTER_NAME, GPUCluster,
     GpuClusterHostPaths, GpuClusterSpec, GpuClusterState, GpuClusterStatus,
+};
+pub use gpu_readiness::{
+    DEFAULT_MAX_UNHEALTHY_PERCENT, DEFAULT_QUARANTINE_GRACE_SECONDS, GpuReadinessSpec,
+    QuarantineSpec, StartupTaintSpec,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
@@ -234,6 +239,11 @@ pub struct ClusterPolicySpec {
     /// unless enabled is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_resource: Option<GpuMemoryResourceSpec>,
+    /// GPU readiness (an addition to NVIDIA's API): a startup taint lifted once a node's GPUs
+    /// are usable, and a quarantine of nodes whose GPUs go missing that lifts itself. Off unless
+    /// set; operands tolerate both taints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_readiness: Option<GpuReadinessSpec>,
 }
 
 impl ClusterPolicySpec {

@@ -11,7 +11,7 @@ use super::common::{enabled_or, label_map};
 
 /// Schema of a label key the operator writes (`gpu-type`, `example.com/gpu-memory`): a
 /// qualified name with an optional DNS prefix, as Kubernetes takes it.
-fn label_key(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn label_key(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
         "maxLength": 316,

@@ -17,6 +17,7 @@
 pub use gpu_operator_api as api;
 
 pub mod facts;
+pub mod gpu_readiness;
 pub mod json_diff;
 pub mod model;
 pub mod node_pools;

@@ -25,6 +25,10 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
 /// GFD: memory of one GPU in MiB.
 pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+/// GFD's label: replicas per GPU under time-slicing or MPS (absent or `1` without sharing).
+pub const GPU_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// GFD's label: the MIG strategy the node's GPUs are advertised with.
+pub const MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
 pub const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
 pub const OS_VERSION_ID: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
 /// NFD's label of the running kernel: precompiled driver pools select on it.
@@ -127,6 +131,64 @@ pub struct NodeView {
     /// The driver upgrade's annotations on the node
     /// ([`crate::upgrade::machine::NODE_ANNOTATIONS`]).
     pub upgrade_annotations: BTreeMap<String, String>,
+    /// What GPU readiness reads beyond labels ([`crate::gpu_readiness`]).
+    pub readiness: ReadinessFacts,
+}
+
+/// What the GPU readiness stage reads of a node besides its labels: from the node's spec and
+/// status, so the node cache watches whole nodes and keeps only this.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadinessFacts {
+    /// The node's taints as key and effect (their values are not read).
+    pub taints: Vec<(String, String)>,
+    /// GPUs the device plugin advertises: allocatable `nvidia.com/gpu` plus
+    /// `nvidia.com/gpu.shared` (time-slicing with `renameByDefault`); `None` when neither is
+    /// there.
+    pub gpus_advertised: Option<u64>,
+    /// The operator's quarantine record on the node
+    /// ([`crate::gpu_readiness::QUARANTINE_ANNOTATION`]).
+    pub quarantine: Option<String>,
+}
+
+impl ReadinessFacts {
+    /// What `node` (read in full) shows.
+    pub fn of(node: &k8s_openapi::api::core::v1::Node) -> Self {
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| (t.key.clone(), t.effect.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        let count = |name: &str| {
+            allocatable
+                .and_then(|a| a.get(name))
+                .and_then(|q| q.0.parse::<u64>().ok())
+        };
+        let gpus_advertised = match (count("nvidia.com/gpu"), count("nvidia.com/gpu.shared")) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        ReadinessFacts {
+            taints,
+            gpus_advertised,
+            quarantine: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::gpu_readiness::QUARANTINE_ANNOTATION))
+                .cloned(),
+        }
+    }
+
+    /// Whether the node carries a taint with `key` and `effect`.
+    pub fn has_taint(&self, key: &str, effect: &str) -> bool {
+        self.taints.iter().any(|(k, e)| k == key && e == effect)
+    }
 }
 
 /// Prefix of the annotations an NFD master writes on the nodes it labels (for example
@@ -150,6 +212,8 @@ pub fn is_read_label(key: &str) -> bool {
             GPU_PRODUCT,
             GPU_COUNT,
             GPU_MEMORY,
+            GPU_REPLICAS,
+            MIG_STRATEGY,
             OS_ID,
             OS_VERSION_ID,
             KERNEL_VERSION,
@@ -183,6 +247,7 @@ impl NodeView {
             nfd_annotated: false,
             pool_record: None,
             upgrade_annotations: BTreeMap::new(),
+            readiness: ReadinessFacts::default(),
         }
     }
 

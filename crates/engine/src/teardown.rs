@@ -132,9 +132,15 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let (removed, kept): (Vec<Taint>, Vec<Taint>) = taints
-        .into_iter()
-        .partition(|t| record.taints.iter().any(|ours| is_our_pool_taint(t, ours)));
+    // Our quarantine taint goes with our record beside it (crate::gpu_readiness); a taint of
+    // that key without the record is someone else's.
+    let quarantined = annotations.contains_key(crate::gpu_readiness::QUARANTINE_ANNOTATION);
+    let (removed, kept): (Vec<Taint>, Vec<Taint>) = taints.into_iter().partition(|t| {
+        record.taints.iter().any(|ours| is_our_pool_taint(t, ours))
+            || (quarantined
+                && t.key == crate::gpu_readiness::QUARANTINE_TAINT
+                && t.effect == crate::gpu_readiness::QUARANTINE_EFFECT)
+    });
     if !removed.is_empty() {
         out.taints = removed.iter().map(describe_taint).collect();
         out.remaining_taints = Some(kept);
@@ -159,7 +165,10 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
 
     out.annotations = NODE_ANNOTATIONS
         .iter()
-        .chain([&RECORD_ANNOTATION])
+        .chain([
+            &RECORD_ANNOTATION,
+            &crate::gpu_readiness::QUARANTINE_ANNOTATION,
+        ])
         .filter(|k| annotations.contains_key(**k))
         .map(|k| (*k).to_owned())
         .collect();
@@ -332,6 +341,39 @@ mod tests {
                 ..NodeStatus::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_teardown_removes_our_quarantine_taint_and_record_but_not_a_foreign_taint_of_that_key() {
+        use crate::gpu_readiness::{QUARANTINE_ANNOTATION, QUARANTINE_TAINT};
+        let ours = node(
+            &[],
+            &[(QUARANTINE_ANNOTATION, "{}")],
+            vec![
+                taint(QUARANTINE_TAINT, "gpus-missing", "NoSchedule"),
+                taint("other", "x", "NoSchedule"),
+            ],
+        );
+        let cleanup = plan(&ours, Options::default());
+        assert_eq!(
+            cleanup.taints,
+            [format!("{QUARANTINE_TAINT}=gpus-missing:NoSchedule")]
+        );
+        assert_eq!(
+            cleanup.remaining_taints,
+            Some(vec![taint("other", "x", "NoSchedule")])
+        );
+        assert!(
+            cleanup
+                .annotations
+                .contains(&QUARANTINE_ANNOTATION.to_owned())
+        );
+        let foreign = node(
+            &[],
+            &[],
+            vec![taint(QUARANTINE_TAINT, "set-by-hand", "NoSchedule")],
+        );
+        assert!(plan(&foreign, Options::default()).taints.is_empty());
     }
 
     #[test]

@@ -110,6 +110,8 @@ pub const UNSCHEDULABLE: &str = "unschedulable";
 pub const READ_ONLY_IMAGE: &str = "read-only-image";
 pub const RUNTIME_HANDLER_MISSING: &str = "runtime-handler-missing";
 pub const TOOLKIT_CANNOT_WRITE_V3: &str = "toolkit-cannot-write-config-v3";
+pub const GPU_QUARANTINED: &str = "gpu-quarantined";
+pub const GPU_NOT_READY_YET: &str = "gpu-not-ready-yet";
 
 /// The first container toolkit release that writes containerd's config version 3, which
 /// containerd 2 reads (docs/operand-facts.md §6.1).
@@ -174,6 +176,65 @@ fn view(node: &Node) -> NodeView {
         None,
         &node.metadata.labels.clone().unwrap_or_default(),
     )
+}
+
+/// Whether `taint` is one of `gpuReadiness`'s (the quarantine's, or the policy's startup taint):
+/// a pod must not be told to tolerate those, they say the node's GPUs are not usable.
+fn is_readiness_taint(snapshot: &Snapshot, taint: &Taint) -> bool {
+    let startup = snapshot
+        .policy
+        .as_ref()
+        .and_then(|p| p.spec.gpu_readiness.as_ref())
+        .and_then(|r| r.startup_taint.as_ref());
+    taint.key == crate::gpu_readiness::QUARANTINE_TAINT
+        || startup.is_some_and(|s| s.key == taint.key && s.effect().as_str() == taint.effect)
+}
+
+/// The node's `gpuReadiness` state: quarantined (with the operator's record), or still carrying
+/// the policy's startup taint.
+fn readiness_finding(snapshot: &Snapshot, node: &Node) -> Option<Finding> {
+    let name = node.name_any();
+    let k = snapshot.kubectl();
+    let record = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::gpu_readiness::QUARANTINE_ANNOTATION));
+    let quarantined = taints(node)
+        .iter()
+        .any(|t| t.key == crate::gpu_readiness::QUARANTINE_TAINT);
+    if let (true, Some(raw)) = (quarantined, record) {
+        let record: crate::gpu_readiness::Record = serde_json::from_str(raw).unwrap_or_default();
+        return Some(Finding {
+            check: GPU_QUARANTINED,
+            problem: format!(
+                "node {name} is quarantined by gpuReadiness: {} (device plugin restarted {} time(s)); new pods stay off it until every GPU is advertised again",
+                if record.message.is_empty() {
+                    "unknown cause"
+                } else {
+                    record.message.as_str()
+                },
+                record.restarts
+            ),
+            fix: format!(
+                "{k} describe node {name}; {k} logs -l app=nvidia-device-plugin-daemonset --field-selector spec.nodeName={name} --all-containers  (look for XID errors; the operator lifts the quarantine itself, `{k} taint node {name} {}-` ends it by hand)",
+                crate::gpu_readiness::QUARANTINE_TAINT
+            ),
+        });
+    }
+    let startup = taints(node).into_iter().find(|t| {
+        t.key != crate::gpu_readiness::QUARANTINE_TAINT && is_readiness_taint(snapshot, t)
+    })?;
+    Some(Finding {
+        check: GPU_NOT_READY_YET,
+        problem: format!(
+            "node {name} still carries the startup taint {}: the operator removes it once the node's validator is ready and its device plugin advertises every GPU",
+            taint_text(&startup)
+        ),
+        fix: format!(
+            "{k} get clusterpolicy -o jsonpath='{{.items[*].status.conditions[?(@.type==\"Ready\")].message}}'  (names the step the node waits on)"
+        ),
+    })
 }
 
 /// A GPU node: marked by the operator, or reported by NFD.
@@ -910,6 +971,7 @@ pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
     for node in &nodes {
         out.extend(runtime_findings(snapshot, node));
         out.extend(operand_findings(snapshot, node));
+        out.extend(readiness_finding(snapshot, node));
         out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
     }
     out.extend(runtime_class_finding(
@@ -980,7 +1042,18 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
         .filter(|(_, t)| !t.is_empty())
         .collect();
     if !candidates.is_empty() && blocked.len() == candidates.len() {
-        let mut taints: Vec<Taint> = blocked.iter().flat_map(|(_, t)| t.clone()).collect();
+        // Nodes kept off by gpuReadiness: the pod must wait, not tolerate.
+        out.extend(
+            blocked
+                .iter()
+                .filter(|(_, t)| t.iter().any(|t| is_readiness_taint(snapshot, t)))
+                .filter_map(|(n, _)| readiness_finding(snapshot, n)),
+        );
+        let mut taints: Vec<Taint> = blocked
+            .iter()
+            .flat_map(|(_, t)| t.clone())
+            .filter(|t| !is_readiness_taint(snapshot, t))
+            .collect();
         taints.sort_by_key(taint_text);
         taints.dedup_by_key(|t| taint_text(t));
         let texts: Vec<String> = taints.iter().map(taint_text).collect();
@@ -988,17 +1061,19 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
             .iter()
             .map(|t| format!("{{key: {}, operator: Exists, effect: {}}}", t.key, t.effect))
             .collect();
-        out.push(Finding {
-            check: MISSING_TOLERATION,
-            problem: format!(
-                "pod {pod_name} does not tolerate the GPU nodes' taints {}",
-                texts.join(", ")
-            ),
-            fix: format!(
-                "add to the pod spec: tolerations: [{}]",
-                tolerations.join(", ")
-            ),
-        });
+        if !taints.is_empty() {
+            out.push(Finding {
+                check: MISSING_TOLERATION,
+                problem: format!(
+                    "pod {pod_name} does not tolerate the GPU nodes' taints {}",
+                    texts.join(", ")
+                ),
+                fix: format!(
+                    "add to the pod spec: tolerations: [{}]",
+                    tolerations.join(", ")
+                ),
+            });
+        }
     }
     let schedulable: Vec<&Node> = candidates
         .iter()

@@ -243,6 +243,63 @@ fn a_pod_without_the_toleration_is_told_which_to_add() {
 }
 
 #[test]
+fn a_quarantined_or_not_yet_ready_node_is_named_and_pods_are_not_told_to_tolerate_it() {
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy(json!({
+        "gpuReadiness": {"startupTaint": {"key": "example.com/gpu-not-ready"}}
+    })));
+    let record = crate::gpu_readiness::Record {
+        reason: "gpus-missing".into(),
+        message: "its device plugin advertises 7 of 8 GPUs".into(),
+        since: 1,
+        restarts: 2,
+        last_restart: Some(2),
+    };
+    let a100 = &mut snapshot.nodes[0];
+    a100.metadata.annotations = Some(
+        [(
+            crate::gpu_readiness::QUARANTINE_ANNOTATION.to_string(),
+            serde_json::to_string(&record).unwrap(),
+        )]
+        .into(),
+    );
+    a100.spec.as_mut().unwrap().taints = Some(vec![Taint {
+        key: crate::gpu_readiness::QUARANTINE_TAINT.into(),
+        value: Some("gpus-missing".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }]);
+    snapshot.nodes[1]
+        .spec
+        .as_mut()
+        .unwrap()
+        .taints
+        .get_or_insert_default()
+        .push(Taint {
+            key: "example.com/gpu-not-ready".into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [GPU_QUARANTINED, GPU_NOT_READY_YET]);
+    assert!(
+        findings[0]
+            .problem
+            .contains("node gpu-a100-0 is quarantined by gpuReadiness: its device plugin advertises 7 of 8 GPUs (device plugin restarted 2 time(s))"),
+        "{}",
+        findings[0].problem
+    );
+    assert!(findings[1].problem.contains(
+        "node gpu-t4-0 still carries the startup taint example.com/gpu-not-ready=true:NoSchedule"
+    ));
+    // A pod blocked only by these is told why, not to tolerate them.
+    let findings = pod_findings(&snapshot, &gpu_pod(json!({})));
+    assert_eq!(checks(&findings), [GPU_QUARANTINED, GPU_NOT_READY_YET]);
+    assert!(!findings.iter().any(|f| f.fix.contains("tolerations")));
+}
+
+#[test]
 fn allocatable_zero_points_at_the_device_plugin() {
     let mut snapshot = healthy();
     snapshot.nodes[1].status.as_mut().unwrap().allocatable = Some(Default::default());

@@ -4,8 +4,9 @@
 //! - operand objects by `app.kubernetes.io/managed-by=gpu-operator`, one store per kind;
 //! - the operator's own ConfigMaps whole, by label; users' ConfigMaps as names and versions,
 //!   with the data of only those a policy names ([`super::config_maps`]);
-//! - Nodes as metadata, reduced to the labels the operator reads ([`NodeView`]), waking the
-//!   reconcile only when those change;
+//! - Nodes, reduced as they arrive to the labels, annotations, taints and advertised GPUs the
+//!   operator reads ([`NodeView`]), waking the reconcile only when those change (a kubelet's
+//!   heartbeat does not);
 //! - driver and validator pods by label, reduced to what the driver upgrade reads
 //!   ([`UpgradePod`]); never all Pods.
 
@@ -63,18 +64,20 @@ impl View for NodeView {
             || old.nfd_annotated != self.nfd_annotated
             || old.pool_record != self.pool_record
             || old.upgrade_annotations != self.upgrade_annotations
+            || old.readiness != self.readiness
     }
 }
 
-/// A driver or validator pod: its changes wake no pass (the upgrade stage looks again every
-/// second while a node is between states).
+/// A driver or validator pod: a driver pod's changes wake no pass (the upgrade stage looks again
+/// every second while a node is between states); a validator pod turning ready or failing does,
+/// since a node's startup taint waits on it (GPU readiness).
 impl View for UpgradePod {
     fn key(&self) -> &str {
         &self.name
     }
 
-    fn wakes(&self, _old: &Self) -> bool {
-        false
+    fn wakes(&self, old: &Self) -> bool {
+        self.validator && (old.ready != self.ready || old.failing != self.failing)
     }
 }
 
@@ -289,8 +292,9 @@ impl<V: View> ViewCache<V> {
     }
 }
 
-/// A node's metadata reduced to what the operator reads.
-fn node_view(n: &PartialObjectMeta<Node>) -> NodeView {
+/// A node reduced to what the operator reads: labels and annotations, and the taints and
+/// advertised GPUs GPU readiness reads.
+fn node_view(n: &Node) -> NodeView {
     let name = n.metadata.name.as_deref().unwrap_or_default();
     let none = BTreeMap::new();
     let labels = n.metadata.labels.as_ref().unwrap_or(&none);
@@ -300,6 +304,7 @@ fn node_view(n: &PartialObjectMeta<Node>) -> NodeView {
         upgrade_annotations: super::upgrade::machine::node_annotations(
             n.metadata.annotations.as_ref(),
         ),
+        readiness: crate::nodes::ReadinessFacts::of(n),
         ..NodeView::from_labels(name, n.metadata.resource_version.clone(), labels)
     }
 }
@@ -624,16 +629,17 @@ impl Stores {
             managed(Api::<ClusterRoleBinding>::all(client.clone()));
         let (runtime_classes, rc_changes) = managed(Api::<RuntimeClass>::all(client.clone()));
 
-        // Metadata only, reduced to a NodeView as it arrives; small list pages, so the start-up
-        // list never holds hundreds of nodes' full metadata (managedFields included) at once.
+        // Whole nodes (GPU readiness reads taints and allocatable GPUs), reduced to a NodeView
+        // as each arrives; small list pages, so the start-up list never holds hundreds of whole
+        // nodes at once.
         let nodes = NodeCache::default();
         let node_changes = nodes.watch(
-            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            Api::<Node>::all(client.clone()),
             watcher::Config::default().page_size(NODE_PAGE_SIZE),
             node_view,
         );
-        // The driver upgrade's pods, reduced as they arrive; their changes wake no pass (the
-        // upgrade stage looks again every second while a node is between states).
+        // The driver upgrade's pods, reduced as they arrive; only a validator pod turning ready
+        // or failing wakes a pass (UpgradePod's View).
         let upgrade_pods = ViewCache::default();
         let upgrade_pod_watches = UPGRADE_POD_SELECTORS.map(|selector| {
             upgrade_pods
@@ -644,7 +650,6 @@ impl Stores {
                         .page_size(NODE_PAGE_SIZE),
                     UpgradePod::of,
                 )
-                .filter_map(|_| async { None })
                 .boxed()
         });
 

@@ -511,3 +511,22 @@ pub async fn set_label(client: &Client, name: &str, key: &str, value: Option<&st
         .await?;
     Ok(())
 }
+
+/// Sets `nvidia.com/gpu` in node `name`'s capacity and allocatable to `gpus`, or removes it
+/// (`None`), as a device plugin advertising (or losing) GPUs would: kwok runs no plugin.
+pub async fn advertise_gpus(client: &Client, name: &str, gpus: Option<u64>) -> Result<()> {
+    let value = gpus.map(|n| n.to_string());
+    let patch = serde_json::json!({"status": {
+        "capacity": {"nvidia.com/gpu": value},
+        "allocatable": {"nvidia.com/gpu": value}
+    }});
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .with_context(|| format!("advertising {gpus:?} GPUs on node {name}"))?;
+    Ok(())
+}

@@ -209,8 +209,8 @@ fn tolerations(user: Option<&Vec<Toleration>>, default: Vec<Toleration>) -> Vec<
     user.filter(|t| !t.is_empty()).cloned().unwrap_or(default)
 }
 
-/// The worker's tolerations, plus one for each `nodePools` taint not tolerated yet: NFD must
-/// keep running on tainted GPU nodes.
+/// The worker's tolerations, plus one for each `nodePools` and `gpuReadiness` taint not tolerated
+/// yet: NFD must keep running on tainted GPU nodes.
 fn worker_tolerations(
     spec: &crate::api::ClusterPolicySpec,
     user: Option<&Vec<Toleration>>,
@@ -221,6 +221,9 @@ fn worker_tolerations(
     );
     let pools = crate::node_pools::operand_tolerations(spec, &out);
     out.extend(pools);
+    // A node joining with the startup taint is discovered by NFD before anything else runs.
+    let readiness = crate::gpu_readiness::operand_tolerations(spec, &out);
+    out.extend(readiness);
     out
 }
 

@@ -1,7 +1,7 @@
 //! The ClusterPolicy pass (IO): its stages, in order, for the policy in force.
 //!
-//! resolve -> validate -> render -> apply, the label stage beside them, then upgrade -> status ->
-//! requeue.
+//! resolve -> validate -> render -> apply, the label stage beside them, then upgrade -> GPU
+//! readiness -> status -> requeue.
 //!
 //! Guarantees and caveats:
 //! - One policy is in force: the oldest decodable one, name breaking ties. Every other policy is a
@@ -25,6 +25,7 @@ mod label;
 mod labeller;
 pub(crate) mod namespace;
 mod node_pools;
+mod readiness;
 mod status;
 pub(crate) mod upgrade;
 
@@ -60,6 +61,7 @@ pub struct Memory {
     last_upgrade: Option<crate::controller::upgrade::Report>,
     /// What the policy in force last validated and resolved.
     rendered: Option<Arc<Rendered>>,
+    readiness: readiness::Memory,
 }
 
 /// What a policy's pass validated and resolved: the NVIDIADriver pools render from it.
@@ -238,6 +240,7 @@ async fn reconcile(
         status: status_memory,
         last_upgrade,
         rendered,
+        readiness: readiness_memory,
     } = memory;
     // Before anything lands on a node: the finalizer that lets a teardown take it off again.
     if !crate::cleanup::has_finalizer(policy) && deps.nvidia.holder().is_none() {
@@ -305,6 +308,8 @@ async fn reconcile(
         watch.lap("observe");
         let upgrades = upgrade::upgrade(policy, deps, last_upgrade, &observed, &nodes).await?;
         watch.lap("upgrade");
+        let ready = readiness::readiness(policy, deps, readiness_memory, &nodes).await;
+        watch.lap("readiness");
         let computed = status::compute(
             policy,
             deps,
@@ -318,6 +323,7 @@ async fn reconcile(
                 labelled: &labelled,
                 observed: &observed,
                 upgrades: &upgrades,
+                readiness: &ready,
                 nodes: &nodes,
             },
             now,
@@ -341,8 +347,11 @@ async fn reconcile(
             &desired,
             &applied,
             &labelled,
-            &upgrades,
-            polls_image_stream,
+            status::Timers {
+                upgrading: upgrades.active(),
+                polls_image_stream,
+                readiness: ready.next_check,
+            },
         );
         Ok::<_, Error>(Ran::Done(again))
     };

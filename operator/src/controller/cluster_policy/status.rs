@@ -42,6 +42,7 @@ pub struct Inputs<'a> {
     pub labelled: &'a Labelled,
     pub observed: &'a Observed,
     pub upgrades: &'a upgrade::Report,
+    pub readiness: &'a super::readiness::Report,
     pub nodes: &'a [Arc<NodeView>],
 }
 
@@ -69,6 +70,7 @@ pub fn compute(
         labelled,
         observed,
         upgrades,
+        readiness,
         nodes,
     } = found;
     let mismatched = compute_status::label_mismatches(desired, &observed.daemon_sets, nodes);
@@ -92,6 +94,13 @@ pub fn compute(
             deps.nvidia_drivers.is_some(),
             nodes,
         ))
+        .chain(readiness.note())
+        .collect();
+    let warnings: Vec<String> = labelled
+        .label_loss_warning
+        .iter()
+        .chain(&readiness.warnings)
+        .cloned()
         .collect();
     let unsettled = applied.unsettled();
     let status = compute_status::compute(&StatusInputs {
@@ -101,7 +110,7 @@ pub fn compute(
             .coexistence_problems(deps.nvidia.holder().as_deref()),
         config_problems: &validated.reported,
         notes: &notes,
-        warnings: labelled.label_loss_warning.as_slice(),
+        warnings: &warnings,
         unsupported: &unsupported_lines(&policy.spec),
         labels_in_flight: labelled.in_flight,
         explained: &explained,
@@ -236,6 +245,16 @@ const UPGRADE_REQUEUE: Duration = Duration::from_secs(1);
 /// GET by name each time).
 const IMAGE_STREAM_POLL: Duration = Duration::from_secs(30);
 
+/// What else asks for a later look, without a watch event to wake it.
+pub struct Timers {
+    /// A node is between driver upgrade states.
+    pub upgrading: bool,
+    /// The policy builds with OpenShift's driver toolkit, whose ImageStream no watch covers.
+    pub polls_image_stream: bool,
+    /// GPU readiness: a grace period ends or a device plugin restart is due.
+    pub readiness: Option<Instant>,
+}
+
 /// Requeue stage: when to look again without a watch event.
 pub fn requeue(
     deps: &Deps,
@@ -243,8 +262,7 @@ pub fn requeue(
     desired: &DesiredState,
     applied: &ApplyReport,
     labelled: &Labelled,
-    upgrades: &upgrade::Report,
-    polls_image_stream: bool,
+    timers: Timers,
 ) -> Requeue {
     // A node's vanished GPU label reaches its grace period, or the label stage retries.
     let grace = labelled
@@ -253,7 +271,7 @@ pub fn requeue(
     // A difference not yet explained is looked at again when it would be.
     let unexplained = computed.unexplained.then_some(observe::MISMATCH_GRACE);
     // A node between upgrade states moves on as soon as the cluster shows its last step.
-    let upgrading = upgrades.active().then_some(UPGRADE_REQUEUE);
+    let upgrading = timers.upgrading.then_some(UPGRADE_REQUEUE);
     Again {
         ready: computed.status.state == State::Ready,
         // An invalid config waits for the user's fix (its ConfigMap or the policy changes).
@@ -268,7 +286,10 @@ pub fn requeue(
             grace,
             unexplained,
             upgrading,
-            polls_image_stream.then_some(IMAGE_STREAM_POLL),
+            timers.polls_image_stream.then_some(IMAGE_STREAM_POLL),
+            timers
+                .readiness
+                .map(|t| t.saturating_duration_since(Instant::now())),
         ]
         .into_iter()
         .fold(None, scheduler::earliest),

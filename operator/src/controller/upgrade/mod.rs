@@ -185,6 +185,8 @@ impl Policies {
 /// Label selectors of the pods the upgrade reads: every driver pod (the ClusterPolicy's and
 /// NVIDIADriver pools'), and the validator's.
 pub const UPGRADE_POD_SELECTORS: [&str; 2] = [COMPONENT_SELECTOR, "app=nvidia-operator-validator"];
+/// The `app` label of the validator pods.
+const VALIDATOR_APP: &str = "nvidia-operator-validator";
 
 /// A driver or validator pod, reduced to what the upgrade reads of it (cached by
 /// the controller's stores, `upgrade_pods`).
@@ -200,6 +202,8 @@ pub struct UpgradePod {
     pub ready: bool,
     pub failing: bool,
     pub created: i64,
+    /// A validator pod (the other selector's).
+    pub validator: bool,
 }
 
 impl UpgradePod {
@@ -229,6 +233,11 @@ impl UpgradePod {
             ready: pod_ready(pod),
             failing: pod_failing(pod),
             created: created(pod),
+            validator: pod
+                .labels()
+                .get(crate::operands::common::APP_LABEL)
+                .map(String::as_str)
+                == Some(VALIDATOR_APP),
         }
     }
 }
@@ -817,7 +826,7 @@ async fn announce(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
 /// The node an event is about, with the kubelet's convention for node events: the uid is the
 /// node's name. `kubectl describe node` looks events up by the node's uid and by its name as
 /// uid; an event without a uid matches neither.
-fn node_reference(name: &str) -> ObjectReference {
+pub(crate) fn node_reference(name: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Node".to_owned()),

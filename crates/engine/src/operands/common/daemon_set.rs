@@ -99,7 +99,8 @@ pub fn gpu_toleration() -> Toleration {
 }
 
 /// `daemonsets.tolerations` when non-empty (it replaces the default), else the default; plus
-/// one for each `nodePools` taint not tolerated yet (operands run on every GPU node).
+/// one for each `nodePools` and `gpuReadiness` taint not tolerated yet (operands run on every
+/// GPU node).
 pub fn operand_tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
     let mut tolerations = spec
         .daemonsets
@@ -109,6 +110,8 @@ pub fn operand_tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
         .unwrap_or_else(|| vec![gpu_toleration()]);
     let pools = crate::node_pools::operand_tolerations(spec, &tolerations);
     tolerations.extend(pools);
+    let readiness = crate::gpu_readiness::operand_tolerations(spec, &tolerations);
+    tolerations.extend(readiness);
     tolerations
 }
 
