@@ -567,11 +567,6 @@ async fn a_node_losing_a_gpu_is_quarantined_restarted_and_released_and_a_fleet_w
         backoff >= Duration::from_secs(28),
         "backoff held: {backoff:?}"
     );
-    eprintln!("second device plugin restart {backoff:?} after the first");
-    assert!(
-        backoff >= Duration::from_secs(29),
-        "backoff held: {backoff:?}"
-    );
     let message = until_message(&setup, "status names the quarantined node", {
         let sick = sick.clone();
         move |m: &str| m.contains(&format!("{sick} (its device plugin advertises 7 of 8 GPUs"))
