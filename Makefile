@@ -22,10 +22,13 @@ demo-down: ## stop what `make demo` started
 	tests/demo/demo-down.sh
 
 .PHONY: test
-test: unit image-check e2e ## what CI runs: unit tests, the image check, then the harness and the end-to-end tests (all but the long suites)
+test: unit e2e ## what CI runs: unit tests, then the harness and the end-to-end tests (all but the long suites)
 
 .PHONY: test-long
-test-long: image-check e2e-long ## the long end-to-end suites: chaos, the published release under runc, OLM from a catalog, krew (their tools built first)
+test-long: image-check e2e-long ## the release checks: the image built twice and checked, then the long end-to-end suites (chaos, the published release under runc, OLM from a catalog, krew)
+
+.PHONY: tools
+tools: harness olm-validator monitoring-check ## build (or reuse) every Go tool `make e2e` needs (.ci/run builds them beside the Rust builds)
 
 .PHONY: unit
 unit: ## the generated-file check (`cargo xtask check`), unit tests and golden files (no cluster needed)
@@ -34,7 +37,7 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: harness olm-validator monitoring-check ## end-to-end tests on a fresh harness (started and stopped here), all but the long suites
+e2e: tools ## end-to-end tests on a fresh harness (started and stopped here), all but the long suites
 	E2E_SUITE=core tests/e2e.sh
 
 .PHONY: e2e-long

@@ -14,6 +14,12 @@ digest=$( { go env GOVERSION; cat "$module/go.mod" "$module/go.sum" "$module"/*.
 dest="$cache_root/$digest"
 binary="$dest/$name"
 
+# One build at a time per tool: a second caller (.ci/run builds the tools beside the Rust
+# builds, `make e2e` asks again) waits for the first and then finds the result cached.
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+flock 9
+
 if [[ -f "$dest/.complete" && -x "$binary" ]]; then
   log "cached in $dest"
   echo "$binary"
@@ -22,7 +28,6 @@ fi
 
 log "building $what (a cold build takes minutes)"
 started=$(date +%s)
-mkdir -p "$cache_root"
 tmp=$(mktemp -d "$cache_root/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 (

@@ -61,9 +61,15 @@ key() {
 build() {
   local tool=$1 version=$2 ldflags=$3
   shift 3
-  local dest tmp started
+  local dest tmp started lock
   dest="$cache_root/$(key "$tool" "$version")"
+  # One build of a tool at a time: a second caller (.ci/run builds the harness beside the Rust
+  # builds, then `make e2e` asks again) waits for the first and finds it cached. The lock is
+  # per tool, so `build.sh helm` is not held up by a Kubernetes build.
+  exec {lock}>"$cache_root/.lock-$tool"
+  flock "$lock"
   if [[ -f "$dest/.complete" ]]; then
+    exec {lock}>&-
     log "$tool $version: cached in $dest"
     echo "$dest"
     return
@@ -86,6 +92,7 @@ build() {
   rm -rf "$dest"
   mv "$tmp" "$dest"
   log "$tool $version: built in $(( $(date +%s) - started ))s"
+  exec {lock}>&-
   echo "$dest"
 }
 
@@ -168,6 +175,7 @@ if [[ ! -d "$bin" ]]; then
   for d in "${dirs[@]}"; do
     for f in "$d"/*; do ln -s "$f" "$tmp/"; done
   done
-  mv "$tmp" "$bin"
+  # Another build.sh may have made the same folder meanwhile: then ours goes.
+  mv -T "$tmp" "$bin" 2>/dev/null || rm -rf "$tmp"
 fi
 echo "$bin"
