@@ -29,7 +29,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::config_maps::UserConfigMaps;
-use super::upgrade::{UPGRADE_POD_SELECTORS, UpgradePod};
+use super::upgrade::{PREPULL_POD_SELECTOR, UPGRADE_POD_SELECTORS, UpgradePod};
 use crate::model::{Kind, MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::NodeView;
 
@@ -67,14 +67,15 @@ impl View for NodeView {
 }
 
 /// A driver or validator pod: its changes wake no pass (the upgrade stage looks again every
-/// second while a node is between states).
+/// second while a node is between states). A pre-pull pod's do when what it shows of its
+/// images changes: a node waiting for the pull starts its upgrade on that news.
 impl View for UpgradePod {
     fn key(&self) -> &str {
         &self.name
     }
 
-    fn wakes(&self, _old: &Self) -> bool {
-        false
+    fn wakes(&self, old: &Self) -> bool {
+        self.prepull.is_some() && self.prepull != old.prepull
     }
 }
 
@@ -636,16 +637,19 @@ impl Stores {
         // upgrade stage looks again every second while a node is between states).
         let upgrade_pods = ViewCache::default();
         let upgrade_pod_watches = UPGRADE_POD_SELECTORS.map(|selector| {
-            upgrade_pods
-                .watch(
-                    Api::<Pod>::namespaced(client.clone(), namespace),
-                    watcher::Config::default()
-                        .labels(selector)
-                        .page_size(NODE_PAGE_SIZE),
-                    UpgradePod::of,
-                )
-                .filter_map(|_| async { None })
-                .boxed()
+            let changes = upgrade_pods.watch(
+                Api::<Pod>::namespaced(client.clone(), namespace),
+                watcher::Config::default()
+                    .labels(selector)
+                    .page_size(NODE_PAGE_SIZE),
+                UpgradePod::of,
+            );
+            // A pre-pull pod's news starts the upgrade of a node that waited for its pull.
+            if selector == PREPULL_POD_SELECTOR {
+                changes
+            } else {
+                changes.filter_map(|_| async { None }).boxed()
+            }
         });
 
         let toolkit_pods = ViewCache::default();

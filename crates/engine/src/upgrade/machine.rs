@@ -45,8 +45,10 @@ pub const POD_DELETION_SINCE_ANNOTATION: &str =
 pub const DRAIN_SINCE_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-drain-start-time";
 /// Node annotation: why the node's upgrade failed (ours; shown in status).
 pub const FAILURE_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-failure";
-/// Node annotation: the image the node's next driver could not be pulled and why, while its
+/// Node annotation: the image of the node's next driver that could not be pulled, while its
 /// upgrade is held before the cordon (ours; its appearance is the transition an Event marks).
+/// The kubelet's reason stays out of it: it alternates between ErrImagePull and
+/// ImagePullBackOff with every retry, which is no transition.
 pub const HELD_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-held";
 /// How long the new validator pod may take to become Ready (NVIDIA's fixed 600 s).
 pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -287,6 +289,9 @@ pub struct DesiredDriver {
     pub nvidia_digest: Option<String>,
     /// Older revisions whose template differs from the current one in pod metadata only.
     pub metadata_only: BTreeSet<String>,
+    /// Every image its template runs (containers and init containers): what a node must have
+    /// before its driver is replaced (super::prepull).
+    pub images: BTreeSet<String>,
     /// For an outgoing DaemonSet of a variant switch: the variant its nodes are handed to, and
     /// the node selectors of that variant's DaemonSets (a node none selects is not moved).
     pub handover: Option<(String, Vec<BTreeMap<String, String>>)>,
@@ -601,14 +606,14 @@ pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
     step
 }
 
-/// What the node's held annotation says after `step`: the image that could not be pulled and
-/// why, while the node waits in upgrade-required for it; nothing otherwise (the pull worked,
-/// the target changed, or the node moved on).
+/// What the node's held annotation says after `step`: the image that could not be pulled,
+/// while the node waits in upgrade-required for it; nothing otherwise (the pull worked, the
+/// target changed, or the node moved on).
 pub fn held(node: &NodeFacts, step: &Step) -> Option<String> {
     let after = step.next.unwrap_or(node.state());
     match &node.prepull {
-        Prepull::Failed { image, reason } if after == UpgradeState::UpgradeRequired => {
-            Some(format!("{image}: {reason}"))
+        Prepull::Failed { image, .. } if after == UpgradeState::UpgradeRequired => {
+            Some(image.clone())
         }
         _ => None,
     }
@@ -961,9 +966,7 @@ impl Summary {
     /// their pre-pull are not: their pre-pull pod's next state wakes the pass (a held node
     /// waits for a person, who changes the image).
     pub fn active(&self) -> bool {
-        let startable = self
-            .pending
-            .saturating_sub(self.pulling + self.held.len());
+        let startable = self.pending.saturating_sub(self.pulling + self.held.len());
         self.in_progress > 0 || (startable > 0 && self.available > 0)
     }
 

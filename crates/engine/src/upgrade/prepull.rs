@@ -11,8 +11,8 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext,
+    Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -181,11 +181,7 @@ pub fn prepull_pod(pod: &Pod) -> Option<PrepullPod> {
 /// Where a node whose driver pod belongs to `daemon_set` and lacks `missing` stands, given the
 /// pre-pull pods on the node. A pod that shadows another DaemonSet, or pulls other images (one
 /// left from an earlier target), tells nothing.
-pub fn node_state(
-    daemon_set: &str,
-    missing: &BTreeSet<String>,
-    pods: &[&PrepullPod],
-) -> Prepull {
+pub fn node_state(daemon_set: &str, missing: &BTreeSet<String>, pods: &[&PrepullPod]) -> Prepull {
     if missing.is_empty() {
         return Prepull::NotNeeded;
     }
@@ -420,4 +416,29 @@ pub fn sync(wanted: &BTreeSet<String>, live: &BTreeMap<String, DaemonSet>) -> Sy
         .cloned()
         .collect();
     Sync { apply, delete }
+}
+
+/// The status line of a set of nodes (an NVIDIADriver pool's) when some are held: the images
+/// that cannot be pulled and the nodes, from each node's held annotation
+/// ([`super::machine::HELD_ANNOTATION`], `(node, value)`); `None` when none is held.
+pub fn held_line<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Option<String> {
+    let mut by_image: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (node, image) in nodes {
+        if let Some(image) = image.filter(|i| !i.is_empty()) {
+            by_image.entry(image).or_default().push(node);
+        }
+    }
+    if by_image.is_empty() {
+        return None;
+    }
+    let groups: Vec<String> = by_image
+        .iter()
+        .map(|(image, nodes)| format!("{image} cannot be pulled on {}", nodes.join(", ")))
+        .collect();
+    Some(format!(
+        "driver upgrade held before the cordon (the nodes keep their running driver): {}",
+        groups.join("; ")
+    ))
 }

@@ -100,10 +100,8 @@ fn a_node_whose_pull_failed_is_held_in_upgrade_required_and_its_slot_goes_to_a_p
         "the held node keeps its running driver"
     );
     assert!(
-        held.actions.contains(&Action::Annotate(
-            HELD_ANNOTATION,
-            Some(format!("{NEW}: ErrImagePull: manifest unknown"))
-        )),
+        held.actions
+            .contains(&Action::Annotate(HELD_ANNOTATION, Some(NEW.to_owned()))),
         "{:?}",
         held.actions
     );
@@ -112,12 +110,16 @@ fn a_node_whose_pull_failed_is_held_in_upgrade_required_and_its_slot_goes_to_a_p
 #[test]
 fn a_held_node_stays_held_pass_after_pass_without_writes() {
     let mut node = waiting("gpu-1", failed(NEW));
-    node.annotations.insert(
-        HELD_ANNOTATION.into(),
-        format!("{NEW}: ErrImagePull: manifest unknown"),
-    );
+    node.annotations.insert(HELD_ANNOTATION.into(), NEW.into());
     let steps = plan(std::slice::from_ref(&node), &policy("{}", 1), NOW);
     assert_eq!(steps[0].1, Step::default(), "nothing to write or do");
+    // The kubelet's retry turns ErrImagePull into ImagePullBackOff: still no write.
+    node.prepull = Prepull::Failed {
+        image: NEW.into(),
+        reason: "ImagePullBackOff: Back-off pulling image".into(),
+    };
+    let steps = plan(std::slice::from_ref(&node), &policy("{}", 1), NOW);
+    assert_eq!(steps[0].1, Step::default());
 }
 
 #[test]
@@ -257,10 +259,8 @@ fn fixing_the_tag_resumes_the_held_node_once_the_new_image_is_pulled() {
     assert!(matches!(node.prepull, Prepull::Failed { .. }));
     let held = plan(std::slice::from_ref(&node), &policy("{}", 1), NOW);
     assert_eq!(held[0].1.next, None);
-    node.annotations.insert(
-        HELD_ANNOTATION.into(),
-        held_annotation(&held[0].1).unwrap(),
-    );
+    node.annotations
+        .insert(HELD_ANNOTATION.into(), held_annotation(&held[0].1).unwrap());
 
     // The version is fixed: the old pre-pull pod tells nothing of FIXED; the node waits for it
     // and is no longer reported as held.
@@ -393,7 +393,10 @@ fn the_pre_pull_daemon_set_shadows_the_driver_placement_and_runs_nothing_privile
     assert_eq!(pod.priority_class_name, None, "preempts no workload");
     assert_eq!(pod.service_account_name, None);
     assert_eq!(pod.automount_service_account_token, Some(false));
-    assert!(pod.init_containers.is_none(), "the driver manager never runs");
+    assert!(
+        pod.init_containers.is_none(),
+        "the driver manager never runs"
+    );
     let pulled: BTreeSet<String> = pod
         .containers
         .iter()
@@ -483,5 +486,22 @@ fn a_skipped_node_or_a_node_with_nothing_to_pull_wants_no_pre_pull() {
         wanted(&[waiting("gpu-3", failed(NEW))]),
         BTreeSet::from([DS.to_owned()]),
         "a held node keeps its pre-pull, so a retried pull is seen"
+    );
+}
+
+#[test]
+fn a_pool_status_names_the_image_and_the_held_nodes_from_their_annotations() {
+    assert_eq!(held_line([("gpu-1", None), ("gpu-2", Some(""))]), None);
+    assert_eq!(
+        held_line([
+            ("noble-1", Some(NEW)),
+            ("jammy-1", None),
+            ("noble-2", Some(NEW))
+        ])
+        .unwrap(),
+        format!(
+            "driver upgrade held before the cordon (the nodes keep their running driver): \
+             {NEW} cannot be pulled on noble-1, noble-2"
+        )
     );
 }

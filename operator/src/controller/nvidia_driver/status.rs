@@ -52,9 +52,22 @@ async fn report(
         .into_iter()
         .collect();
     let unsettled = applied.unsettled();
+    // Nodes whose new driver image cannot be pulled (the upgrade stage marks them).
+    let held: Vec<String> =
+        crate::controller::upgrade::prepull::held_line(pool.nodes.iter().map(|n| {
+            (
+                n.name.as_str(),
+                n.upgrade_annotations
+                    .get(crate::controller::upgrade::machine::HELD_ANNOTATION)
+                    .map(String::as_str),
+            )
+        }))
+        .into_iter()
+        .collect();
     let computed = status::compute(&status::StatusInputs {
         notes: &notes,
         unsupported: &unsupported,
+        warnings: &held,
         ..owner::status_inputs(
             d.metadata.generation,
             ctx.namespace,
