@@ -1346,10 +1346,11 @@ fn record_downtime(
                 if pod.metadata.deletion_timestamp.is_some() && entry.0.is_none() {
                     entry.0 = Some(now);
                 }
-            } else if ready(&pod) && entry.1.is_none() {
-                if let Some(deleted) = entry.0 {
-                    entry.1 = Some(now - deleted);
-                }
+            } else if ready(&pod)
+                && entry.1.is_none()
+                && let Some(deleted) = entry.0
+            {
+                entry.1 = Some(now - deleted);
             }
         }
     });

@@ -460,14 +460,14 @@ fn the_pre_pull_daemon_set_is_deleted_when_the_rollout_is_done_or_the_image_chan
         &wanted(&done_nodes),
         &live(&[driver.clone(), prepull.clone()]),
     );
-    assert_eq!(done.delete, [prepull_name.clone()]);
+    assert_eq!(done.delete, std::slice::from_ref(&prepull_name));
     assert!(done.apply.is_empty());
 
     // The version changed again: a new pre-pull DaemonSet for the new image, the old one goes.
     let refixed = driver_daemon_set(FIXED);
     let nodes = [waiting("gpu-1", Prepull::Pulling(images(&[FIXED])))];
     let changed = sync(&wanted(&nodes), &live(&[refixed, prepull.clone()]));
-    assert_eq!(changed.delete, [prepull_name.clone()]);
+    assert_eq!(changed.delete, std::slice::from_ref(&prepull_name));
     assert_eq!(changed.apply.len(), 1);
     assert_ne!(changed.apply[0].metadata.name.as_ref(), Some(&prepull_name));
 
