@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
+    Affinity, Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
     SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -280,8 +280,8 @@ fn container(index: usize, image: &str, pull_policy: Option<String>) -> Containe
 }
 
 /// The pre-pull DaemonSet shadowing the live driver DaemonSet `driver`: the same namespace,
-/// owner, node selector, affinity, tolerations and image pull secrets, so it lands on exactly
-/// the driver's nodes and pulls as the driver would; one container per image of the driver's
+/// owner, node selector, node affinity, tolerations and image pull secrets, so it lands on
+/// exactly the driver's nodes and pulls as the driver would; one container per image of the driver's
 /// template. `None` when `driver` has no name or template.
 pub fn render(driver: &DaemonSet) -> Option<DaemonSet> {
     let driver_name = driver.metadata.name.as_deref()?;
@@ -343,7 +343,16 @@ pub fn render(driver: &DaemonSet) -> Option<DaemonSet> {
                         .map(|(i, image)| container(i, image, pull_policy(image)))
                         .collect(),
                     node_selector: template.node_selector.clone(),
-                    affinity: template.affinity.clone(),
+                    // Node affinity only: the driver's pod anti-affinity (one driver pod per
+                    // node) would keep the pre-pull pod off every node that runs a driver.
+                    affinity: template
+                        .affinity
+                        .as_ref()
+                        .and_then(|a| a.node_affinity.clone())
+                        .map(|node_affinity| Affinity {
+                            node_affinity: Some(node_affinity),
+                            ..Affinity::default()
+                        }),
                     tolerations: template.tolerations.clone(),
                     image_pull_secrets: template.image_pull_secrets.clone(),
                     automount_service_account_token: Some(false),

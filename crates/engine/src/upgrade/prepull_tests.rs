@@ -342,6 +342,14 @@ fn driver_daemon_set(image: &str) -> DaemonSet {
                         "feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04"},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
                         "effect": "NoSchedule"}],
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.present",
+                                "operator": "In", "values": ["true"]}]}]}},
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "nvidia-driver"}},
+                            "topologyKey": "kubernetes.io/hostname"}]}
+                    },
                     "imagePullSecrets": [{"name": "ngc-secret"}],
                     "hostPID": true,
                     "priorityClassName": "system-node-critical",
@@ -386,7 +394,15 @@ fn the_pre_pull_daemon_set_shadows_the_driver_placement_and_runs_nothing_privile
     let driver_pod = driver.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.node_selector, driver_pod.node_selector);
     assert_eq!(pod.tolerations, driver_pod.tolerations);
-    assert_eq!(pod.affinity, driver_pod.affinity);
+    let affinity = pod.affinity.as_ref().unwrap();
+    assert_eq!(
+        affinity.node_affinity,
+        driver_pod.affinity.as_ref().unwrap().node_affinity
+    );
+    assert!(
+        affinity.pod_anti_affinity.is_none(),
+        "the driver's one-per-node rule would keep it off the driver's nodes"
+    );
     assert_eq!(pod.image_pull_secrets, driver_pod.image_pull_secrets);
     assert!(pod.volumes.is_none(), "no hostPath, no volume at all");
     assert_eq!(pod.host_pid, None);
