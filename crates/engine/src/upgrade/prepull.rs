@@ -11,8 +11,8 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
-    SeccompProfile, SecurityContext,
+    Affinity, Capabilities, Container, ContainerStatus, Pod, PodSpec, PodTemplateSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
