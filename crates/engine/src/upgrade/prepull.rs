@@ -427,27 +427,46 @@ pub fn sync(wanted: &BTreeSet<String>, live: &BTreeMap<String, DaemonSet>) -> Sy
     Sync { apply, delete }
 }
 
-/// The status line of a set of nodes (an NVIDIADriver pool's) when some are held: the images
-/// that cannot be pulled and the nodes, from each node's held annotation
-/// ([`super::machine::HELD_ANNOTATION`], `(node, value)`); `None` when none is held.
+/// The status line of a set of nodes (an NVIDIADriver pool's) when some are held: per image
+/// that cannot be pulled (each node's held annotation, [`super::machine::HELD_ANNOTATION`]) and
+/// the kubelet's reason where its pre-pull pod still shows one, the nodes. Items are
+/// `(node, held image, reason)`; `None` when no node is held.
 pub fn held_line<'a>(
-    nodes: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    nodes: impl IntoIterator<Item = (&'a str, Option<&'a str>, Option<String>)>,
 ) -> Option<String> {
-    let mut by_image: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (node, image) in nodes {
+    let mut groups: BTreeMap<(&str, Option<String>), Vec<&str>> = BTreeMap::new();
+    for (node, image, reason) in nodes {
         if let Some(image) = image.filter(|i| !i.is_empty()) {
-            by_image.entry(image).or_default().push(node);
+            groups.entry((image, reason)).or_default().push(node);
         }
     }
-    if by_image.is_empty() {
+    if groups.is_empty() {
         return None;
     }
-    let groups: Vec<String> = by_image
+    let groups: Vec<String> = groups
         .iter()
-        .map(|(image, nodes)| format!("{image} cannot be pulled on {}", nodes.join(", ")))
+        .map(|((image, reason), nodes)| {
+            let why = reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default();
+            format!("{image} cannot be pulled on {}{why}", nodes.join(", "))
+        })
         .collect();
     Some(format!(
         "driver upgrade held before the cordon (the nodes keep their running driver): {}",
         groups.join("; ")
     ))
+}
+
+/// The kubelet's reason for `image` on the node whose pre-pull pods are `pods`, while one
+/// shows the pull failing.
+pub fn pull_failure<'a>(
+    image: &str,
+    pods: impl IntoIterator<Item = &'a PrepullPod>,
+) -> Option<String> {
+    pods.into_iter().find_map(|p| match p.images.get(image)? {
+        Pull::Failed(reason) => Some(reason.clone()),
+        Pull::Pending | Pull::Pulled => None,
+    })
 }

@@ -506,18 +506,25 @@ fn a_skipped_node_or_a_node_with_nothing_to_pull_wants_no_pre_pull() {
 }
 
 #[test]
-fn a_pool_status_names_the_image_and_the_held_nodes_from_their_annotations() {
-    assert_eq!(held_line([("gpu-1", None), ("gpu-2", Some(""))]), None);
+fn a_pool_status_names_the_image_the_held_nodes_and_the_pull_error() {
+    assert_eq!(
+        held_line([("gpu-1", None, None), ("gpu-2", Some(""), None)]),
+        None
+    );
+    let failing = pulls_on(DS, &[(NEW, Pull::Failed("ErrImagePull: not found".into()))]);
+    let reason = pull_failure(NEW, [&failing]);
+    assert_eq!(reason.as_deref(), Some("ErrImagePull: not found"));
+    assert_eq!(pull_failure(OLD, [&failing]), None);
     assert_eq!(
         held_line([
-            ("noble-1", Some(NEW)),
-            ("jammy-1", None),
-            ("noble-2", Some(NEW))
+            ("noble-1", Some(NEW), reason.clone()),
+            ("jammy-1", None, None),
+            ("noble-2", Some(NEW), reason)
         ])
         .unwrap(),
         format!(
             "driver upgrade held before the cordon (the nodes keep their running driver): \
-             {NEW} cannot be pulled on noble-1, noble-2"
+             {NEW} cannot be pulled on noble-1, noble-2 (ErrImagePull: not found)"
         )
     );
 }
