@@ -469,7 +469,8 @@ pub fn compute(inputs: &StatusInputs<'_>) -> ClusterPolicyStatus {
                         readiness
                             .message
                             .push_str(&format!("; driver upgrade: {}", upgrade.line()));
-                        readiness.ready &= upgrade.failed.is_empty();
+                        // A held node keeps an old driver until someone changes the image.
+                        readiness.ready &= upgrade.failed.is_empty() && upgrade.held.is_empty();
                     }
                     enabled_workloads += 1;
                     if readiness.ready {

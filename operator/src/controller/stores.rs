@@ -68,16 +68,18 @@ impl View for NodeView {
     }
 }
 
-/// A driver or validator pod: a driver pod's changes wake no pass (the upgrade stage looks again
-/// every second while a node is between states); a validator pod turning ready or failing does,
-/// since a node's startup taint waits on it (GPU readiness).
+/// A driver, validator or pre-pull pod: a driver pod's changes wake no pass (the upgrade stage
+/// looks again every second while a node is between states). A validator pod turning ready or
+/// failing does (a node's startup taint waits on it, GPU readiness), and so does a pre-pull pod
+/// whose images change state (a node waiting for the pull starts its upgrade on that news).
 impl View for UpgradePod {
     fn key(&self) -> &str {
         &self.name
     }
 
     fn wakes(&self, old: &Self) -> bool {
-        self.validator && (old.ready != self.ready || old.failing != self.failing)
+        (self.validator && (old.ready != self.ready || old.failing != self.failing))
+            || (self.prepull.is_some() && self.prepull != old.prepull)
     }
 }
 
@@ -639,7 +641,7 @@ impl Stores {
             node_view,
         );
         // The driver upgrade's pods, reduced as they arrive; only a validator pod turning ready
-        // or failing wakes a pass (UpgradePod's View).
+        // or failing, or a pre-pull pod's news, wakes a pass (UpgradePod's View).
         let upgrade_pods = ViewCache::default();
         let upgrade_pod_watches = UPGRADE_POD_SELECTORS.map(|selector| {
             upgrade_pods

@@ -1153,3 +1153,518 @@ fn json_diff(want: &serde_json::Value, got: &serde_json::Value) -> String {
     };
     format!("want {}\ngot  {}", brief(want), brief(got))
 }
+
+/// kwok Stages standing in for the kubelet's image pulls (kwok runs every pod whatever its
+/// image); every one this file makes is named with this prefix and removed at the end.
+const PULL_STAGE_PREFIX: &str = "e2e-pull-";
+/// The simulated time one pull of a new driver image takes.
+const PULL_DELAY: Duration = Duration::from_secs(10);
+
+fn kwok_stages(admin: &Client) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::gvk("kwok.x-k8s.io", "v1alpha1", "Stage");
+    Api::all_with(admin.clone(), &kube::core::ApiResource::from_gvk(&gvk))
+}
+
+/// kwok's `pod-ready` status (kustomize/stage/pod/fast/pod-ready.yaml), trimmed of pod IPs:
+/// what a pod shows once its images are pulled and its containers run.
+const READY_STATUS: &str = r#"
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: 0
+      finishedAt: {{ $now | Quote }}
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+{{ end }}
+phase: Running
+startTime: {{ $now | Quote }}
+"#;
+
+/// A Stage that keeps a new pod pending for [`PULL_DELAY`] before it runs: the pull of an image
+/// the node does not have. `selector` narrows it to the pods that pull.
+fn pull_delay_stage(name: &str, selector: serde_json::Value) -> serde_json::Value {
+    let mut expressions = vec![
+        json!({"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}),
+        json!({"key": ".status.phase", "operator": "In", "values": ["Pending"]}),
+        json!({"key": ".status.conditions.[] | select( .type == \"Ready\" ) | .status",
+            "operator": "NotIn", "values": ["True"]}),
+    ];
+    expressions.extend(selector.as_array().cloned().unwrap_or_default());
+    json!({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",
+        "metadata": {"name": format!("{PULL_STAGE_PREFIX}{name}")},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": expressions},
+            "weight": 100000,
+            "delay": {"durationMilliseconds": PULL_DELAY.as_secs() * 1000},
+            "next": {"statusTemplate": READY_STATUS}
+        }
+    })
+}
+
+/// A Stage that reports the pull of `image` failing, as a kubelet does for a tag the registry
+/// does not have: the container waits in ErrImagePull, the pod's other containers run. Its
+/// phase reads Running (a kubelet's says Pending) so that kwok's `pod-ready` stage, which
+/// takes every Pending pod, leaves it alone; the operator reads the containers' states only.
+fn missing_image_stage(image: &str) -> serde_json::Value {
+    let template = format!(
+        r#"
+{{{{ $now := Now }}}}
+conditions:
+- lastTransitionTime: {{{{ $now | Quote }}}}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{{{ $now | Quote }}}}
+  status: "False"
+  reason: ContainersNotReady
+  type: Ready
+containerStatuses:
+{{{{ range .spec.containers }}}}
+- image: {{{{ .image | Quote }}}}
+  name: {{{{ .name | Quote }}}}
+  restartCount: 0
+{{{{ if eq .image "{image}" }}}}
+  ready: false
+  started: false
+  state:
+    waiting:
+      reason: ErrImagePull
+      message: 'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'
+{{{{ else }}}}
+  ready: true
+  started: true
+  state:
+    running:
+      startedAt: {{{{ $now | Quote }}}}
+{{{{ end }}}}
+{{{{ end }}}}
+phase: Running
+"#
+    );
+    json!({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",
+        "metadata": {"name": format!("{PULL_STAGE_PREFIX}missing")},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": [
+                {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                {"key": ".spec.containers.[].image", "operator": "In", "values": [image]},
+                {"key": ".status.containerStatuses.[].state.waiting.reason", "operator": "NotIn",
+                    "values": ["ErrImagePull"]}
+            ]},
+            "weight": 100000,
+            "next": {"statusTemplate": template}
+        }
+    })
+}
+
+async fn add_stages(admin: &Client, stages: &[serde_json::Value]) {
+    let api = kwok_stages(admin);
+    for stage in stages {
+        let object: kube::api::DynamicObject = serde_json::from_value(stage.clone()).unwrap();
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
+}
+
+/// Removes every Stage this file made (also those a failed run left).
+async fn remove_pull_stages(admin: &Client) {
+    let api = kwok_stages(admin);
+    for stage in api.list(&ListParams::default()).await.unwrap().items {
+        let name = stage.name_any();
+        if name.starts_with(PULL_STAGE_PREFIX) {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Per node, how long it ran no driver: from the moment its driver pod of `old` (by uid) was
+/// seen deleted to the moment a new driver pod there was seen Ready (a watch sees each
+/// change as it happens).
+type Downtimes = Arc<Mutex<BTreeMap<String, (Option<tokio::time::Instant>, Option<Duration>)>>>;
+
+fn record_downtime(
+    admin: Client,
+    namespace: String,
+    old: BTreeMap<String, String>,
+) -> (Downtimes, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen: Downtimes = Arc::default();
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let api = Api::<Pod>::namespaced(admin, &namespace);
+        let config = watcher::Config::default().labels("app.kubernetes.io/component=nvidia-driver");
+        let mut stream = watcher(api, config)
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        while let Some(item) = stream.next().await {
+            let Ok(pod) = item else { continue };
+            let now = tokio::time::Instant::now();
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let uid = pod.uid().unwrap_or_default();
+            let mut seen = record.lock().unwrap();
+            let entry = seen.entry(node.clone()).or_default();
+            if old.get(&node) == Some(&uid) {
+                if pod.metadata.deletion_timestamp.is_some() && entry.0.is_none() {
+                    entry.0 = Some(now);
+                }
+            } else if ready(&pod)
+                && entry.1.is_none()
+                && let Some(deleted) = entry.0
+            {
+                entry.1 = Some(now - deleted);
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn mean(values: &[Duration]) -> Duration {
+    values.iter().sum::<Duration>() / u32::try_from(values.len().max(1)).unwrap()
+}
+
+/// The Events the operator published about `node` with `reason`.
+async fn node_events(admin: &Client, node: &str, reason: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+        })
+        .map(|e| e.note.unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn pre_pull_holds_the_os_pool_whose_new_driver_image_is_missing_upgrades_the_other_and_a_fixed_tag_resumes()
+ {
+    let spec = json!({"driver": {"upgradePolicy": {
+        "autoUpgrade": true, "maxParallelUpgrades": 3, "maxUnavailable": "100%",
+        "podDeletion": {"force": true, "timeoutSeconds": 60}
+    }}});
+    let Some(s) = start_on_generated_rbac(spec).await else {
+        return;
+    };
+    let admin = s.admin.clone();
+    let ns = s.identity.namespace.clone();
+    remove_pull_stages(&admin).await;
+    s.await_state(State::Ready, "policy ready on the Ubuntu 22.04 fleet")
+        .await;
+
+    // Two Ubuntu 24.04 GPU nodes beside the standard fleet's six 22.04 ones: two driver pools.
+    let noble: Vec<String> = (0..2).map(|i| format!("noble-pp-{i}")).collect();
+    let fleet: Vec<_> = noble
+        .iter()
+        .map(|n| session::ephemeral_gpu_node(n, GpuModel::T4).os("ubuntu", "24.04"))
+        .collect();
+    nodes::create(&admin, &fleet).await.unwrap();
+    let all: BTreeSet<String> = wait::until(
+        session::TIMEOUT,
+        "a driver pod on each of the 8 GPU nodes",
+        || {
+            let (admin, ns) = (admin.clone(), ns.clone());
+            async move {
+                let pods = driver_pods(&admin, &ns).await;
+                let ready_nodes: BTreeSet<String> = pods
+                    .iter()
+                    .filter(|(_, p)| ready(p))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                Ok(if ready_nodes.len() == 8 {
+                    Ok(ready_nodes)
+                } else {
+                    Err(format!("{ready_nodes:?}"))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "595.91.07",
+        "every node upgrade-done before the bump",
+    )
+    .await;
+    let before = driver_pods(&admin, &ns).await;
+    let jammy: Vec<String> = all.iter().filter(|n| !noble.contains(n)).cloned().collect();
+
+    // The new version exists for Ubuntu 22.04 (a pull takes PULL_DELAY) but not for 24.04.
+    // Half of the 22.04 nodes keep no image between pulls: their driver pod pulls again after
+    // the pre-pull, as every node would without one.
+    let missing = "nvcr.io/nvidia/driver:600.10.01-ubuntu24.04";
+    let jammy_image = "nvcr.io/nvidia/driver:600.10.01-ubuntu22.04";
+    let (without, with): (Vec<String>, Vec<String>) =
+        jammy.iter().cloned().partition(|n| !n.contains("tainted"));
+    add_stages(
+        &admin,
+        &[
+            missing_image_stage(missing),
+            pull_delay_stage(
+                "prepull",
+                json!([
+                    {"key": ".metadata.labels[\"app.kubernetes.io/component\"]", "operator": "In",
+                        "values": ["nvidia-driver-prepull"]},
+                    {"key": ".spec.containers.[].image", "operator": "In", "values": [jammy_image]}
+                ]),
+            ),
+            pull_delay_stage(
+                "driver-uncached",
+                json!([
+                    {"key": ".metadata.labels[\"app.kubernetes.io/component\"]", "operator": "In",
+                        "values": ["nvidia-driver"]},
+                    {"key": ".spec.nodeName", "operator": "In", "values": without.clone()},
+                    {"key": ".spec.containers.[].image", "operator": "In", "values": [jammy_image]}
+                ]),
+            ),
+        ],
+    )
+    .await;
+
+    let (cordoned, cordon_watch) = record_cordons(admin.clone());
+    let old_uids: BTreeMap<String, String> = before
+        .iter()
+        .map(|(n, p)| (n.clone(), p.uid().unwrap_or_default()))
+        .collect();
+    let (downtime, downtime_watch) = record_downtime(admin.clone(), ns.clone(), old_uids);
+    let started = std::time::Instant::now();
+    s.patch_policy(bump()).await;
+    let jammy_set: BTreeSet<String> = jammy.iter().cloned().collect();
+    await_states(
+        &s,
+        &jammy_set,
+        &BTreeSet::new(),
+        "600.10.01",
+        "the 22.04 pool upgraded",
+    )
+    .await;
+    let rollout = started.elapsed();
+    let second = s
+        .daemonsets()
+        .get(&format!("{DRIVER}-ubuntu24.04"))
+        .await
+        .unwrap();
+    assert_eq!(
+        image_of_template(&second),
+        missing,
+        "the stage declares the tag the 24.04 pool's DaemonSet asks for"
+    );
+
+    // The 24.04 pool is held with its drivers, and status says why, naming tag and nodes.
+    let want = format!(
+        "{missing} cannot be pulled on {}, {} (ErrImagePull",
+        noble[0], noble[1]
+    );
+    let s_ref = &s;
+    wait::until(session::TIMEOUT, "status names the held pool", || {
+        let want = want.clone();
+        async move {
+            let message = session::ready_message(&s_ref.admin, &s_ref.policy).await?;
+            Ok(
+                if message.contains(&want) && message.contains("held before the cordon") {
+                    Ok(())
+                } else {
+                    Err(message)
+                },
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    s.await_state(State::NotReady, "a held pool is reported")
+        .await;
+    let states = node_states(&admin).await;
+    let now_pods = driver_pods(&admin, &ns).await;
+    for node in &noble {
+        assert_eq!(states[node].0, "upgrade-required", "{node}: {states:?}");
+        assert!(!states[node].1, "{node} cordoned");
+        assert_eq!(
+            now_pods[node].uid(),
+            before[node].uid(),
+            "{node}'s driver pod replaced"
+        );
+        assert!(image(&now_pods[node]).ends_with("595.91.07-ubuntu24.04"));
+        assert!(
+            !node_events(&admin, node, "DriverUpgradeHeld")
+                .await
+                .is_empty(),
+            "{node}: no DriverUpgradeHeld event"
+        );
+    }
+    let held_cordons: Vec<String> = cordoned
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| noble.contains(n))
+        .cloned()
+        .collect();
+    assert!(
+        held_cordons.is_empty(),
+        "held nodes cordoned: {held_cordons:?}"
+    );
+    assert_eq!(
+        cordoned
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| jammy_set.contains(*n))
+            .count(),
+        jammy.len(),
+        "every 22.04 node went through the upgrade"
+    );
+
+    // Per-node downtime (driver pod deleted to new driver pod Ready).
+    downtime_watch.abort();
+    let downtime = downtime.lock().unwrap().clone();
+    let of = |nodes: &[String]| -> Vec<Duration> {
+        nodes
+            .iter()
+            .map(|n| {
+                downtime
+                    .get(n)
+                    .and_then(|d| d.1)
+                    .unwrap_or_else(|| panic!("{n}: no downtime recorded: {downtime:?}"))
+            })
+            .collect()
+    };
+    let (with_times, without_times) = (of(&with), of(&without));
+    println!(
+        "driver downtime per node with a {}s pull: with the pre-pull {:?} (mean {:.1}s), \
+         pulling after the driver pod's deletion {:?} (mean {:.1}s); 22.04 pool rollout {:.1}s",
+        PULL_DELAY.as_secs(),
+        with_times,
+        mean(&with_times).as_secs_f64(),
+        without_times,
+        mean(&without_times).as_secs_f64(),
+        rollout.as_secs_f64()
+    );
+    assert!(
+        with_times.iter().all(|d| *d < PULL_DELAY),
+        "a pre-pulled node waited for a pull: {with_times:?}"
+    );
+    assert!(
+        without_times.iter().all(|d| *d >= PULL_DELAY),
+        "the pull is not in the downtime: {without_times:?}"
+    );
+
+    // The tag fixed (a version that exists for both OSes): the held pool resumes; the 22.04
+    // pool moves to it too.
+    s.patch_policy(json!({"spec": {"driver": {"version": "600.10.02"}}}))
+        .await;
+    await_states(
+        &s,
+        &all,
+        &BTreeSet::new(),
+        "600.10.02",
+        "both pools on the fixed version",
+    )
+    .await;
+    cordon_watch.abort();
+    for node in &noble {
+        assert!(
+            cordoned.lock().unwrap().contains(node),
+            "{node} upgraded without a cordon"
+        );
+        assert!(
+            !node_events(&admin, node, "DriverUpgradeHoldLifted")
+                .await
+                .is_empty(),
+            "{node}: no DriverUpgradeHoldLifted event"
+        );
+    }
+    s.await_state(State::Ready, "ready after the fixed rollout")
+        .await;
+    // The rollout is done: no pre-pull DaemonSet is left, nor a held annotation.
+    let daemonsets = s.daemonsets();
+    wait::until(session::TIMEOUT, "pre-pull DaemonSets deleted", || {
+        let daemonsets = daemonsets.clone();
+        async move {
+            let left: Vec<String> = daemonsets
+                .list(
+                    &ListParams::default()
+                        .labels("app.kubernetes.io/component=nvidia-driver-prepull"),
+                )
+                .await?
+                .items
+                .iter()
+                .map(|d| d.name_any())
+                .collect();
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let annotated: Vec<String> = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|n| {
+            n.annotations()
+                .contains_key("nvidia.com/gpu-operator.driver-upgrade-held")
+        })
+        .map(|n| n.name_any())
+        .collect();
+    assert!(annotated.is_empty(), "still marked held: {annotated:?}");
+    remove_pull_stages(&admin).await;
+    teardown(s, &noble).await;
+}
+
+/// The image of a driver DaemonSet's driver container.
+fn image_of_template(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> String {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.iter().find(|c| c.name == "nvidia-driver-ctr"))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::prepull::Prepull;
 use crate::api::DriverUpgradePolicySpec;
 
 /// The node label carrying a node's upgrade state (NVIDIA's key).
@@ -44,6 +45,11 @@ pub const POD_DELETION_SINCE_ANNOTATION: &str =
 pub const DRAIN_SINCE_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-drain-start-time";
 /// Node annotation: why the node's upgrade failed (ours; shown in status).
 pub const FAILURE_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-failure";
+/// Node annotation: the image of the node's next driver that could not be pulled, while its
+/// upgrade is held before the cordon (ours; its appearance is the transition an Event marks).
+/// The kubelet's reason stays out of it: it alternates between ErrImagePull and
+/// ImagePullBackOff with every retry, which is no transition.
+pub const HELD_ANNOTATION: &str = "nvidia.com/gpu-operator.driver-upgrade-held";
 /// How long the new validator pod may take to become Ready (NVIDIA's fixed 600 s).
 pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -127,7 +133,7 @@ impl UpgradeState {
 }
 
 /// Every annotation the machine may leave on a node (cleared when upgrades are switched off).
-pub const NODE_ANNOTATIONS: [&str; 8] = [
+pub const NODE_ANNOTATIONS: [&str; 9] = [
     ENABLED_ANNOTATION,
     REQUESTED_ANNOTATION,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
@@ -136,6 +142,7 @@ pub const NODE_ANNOTATIONS: [&str; 8] = [
     POD_DELETION_SINCE_ANNOTATION,
     DRAIN_SINCE_ANNOTATION,
     FAILURE_ANNOTATION,
+    HELD_ANNOTATION,
 ];
 
 /// The upgrade annotations among a node's `annotations`.
@@ -282,6 +289,9 @@ pub struct DesiredDriver {
     pub nvidia_digest: Option<String>,
     /// Older revisions whose template differs from the current one in pod metadata only.
     pub metadata_only: BTreeSet<String>,
+    /// Every image its template runs (containers and init containers): what a node must have
+    /// before its driver is replaced (super::prepull).
+    pub images: BTreeSet<String>,
     /// For an outgoing DaemonSet of a variant switch: the variant its nodes are handed to, and
     /// the node selectors of that variant's DaemonSets (a node none selects is not moved).
     pub handover: Option<(String, Vec<BTreeMap<String, String>>)>,
@@ -408,6 +418,9 @@ pub struct NodeFacts {
     /// Pods the drain removes: not owned by a DaemonSet, matching the drain selector, not
     /// labelled to skip the drain.
     pub drain_pods: Vec<PodFacts>,
+    /// Whether the images the next driver pod needs are on the node (super::prepull): an
+    /// upgrade that would replace the driver starts only once they are.
+    pub prepull: Prepull,
 }
 
 impl NodeFacts {
@@ -583,8 +596,37 @@ fn remove(
 }
 
 /// The step of one node whose upgrade is under way (or about to start when `start` is true),
-/// at `now` (Unix seconds).
+/// at `now` (Unix seconds), with the node's held annotation brought in line ([`held`]).
 pub fn step(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
+    let mut step = transition(node, policy, start, now);
+    let want = held(node, &step);
+    if node.annotations.get(HELD_ANNOTATION) != want.as_ref() {
+        step.actions.push(Action::Annotate(HELD_ANNOTATION, want));
+    }
+    step
+}
+
+/// What the node's held annotation says after `step`: the image that could not be pulled,
+/// while the node waits in upgrade-required for it; nothing otherwise (the pull worked, the
+/// target changed, or the node moved on).
+pub fn held(node: &NodeFacts, step: &Step) -> Option<String> {
+    let after = step.next.unwrap_or(node.state());
+    match &node.prepull {
+        Prepull::Failed { image, .. } if after == UpgradeState::UpgradeRequired => {
+            Some(image.clone())
+        }
+        _ => None,
+    }
+}
+
+/// Whether the node may take a slot and start its upgrade: waiting for it, not skipped, and
+/// with the images its next driver pod needs on the node (a node whose pull failed or is still
+/// under way keeps its running driver and leaves the slot to another).
+pub fn may_start(node: &NodeFacts) -> bool {
+    node.state() == UpgradeState::UpgradeRequired && !node.skip && !node.prepull.holds()
+}
+
+fn transition(node: &NodeFacts, policy: &Policy, start: bool, now: i64) -> Step {
     use UpgradeState as S;
     let Some(driver) = node.driver.as_ref() else {
         // No driver pod: only the restart step expects that (the DaemonSet recreates it).
@@ -773,7 +815,7 @@ pub fn plan(nodes: &[NodeFacts], policy: &Policy, now: i64) -> Vec<(String, Step
     sorted
         .into_iter()
         .map(|node| {
-            let start = node.state() == UpgradeState::UpgradeRequired && !node.skip && slots > 0;
+            let start = may_start(node) && slots > 0;
             if start {
                 slots -= 1;
             }
@@ -814,6 +856,36 @@ pub struct Summary {
     /// Per driver DaemonSet, its pods left running with older labels or annotations (status
     /// says so beside that DaemonSet's counts).
     pub older_metadata: BTreeMap<String, usize>,
+    /// Waiting nodes whose new driver image is still being pulled.
+    pub pulling: usize,
+    /// Waiting nodes held because an image of their next driver could not be pulled.
+    pub held: Vec<Hold>,
+}
+
+/// A node held in upgrade-required, keeping its running driver: the image that could not be
+/// pulled there and the kubelet's reason.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Hold {
+    pub image: String,
+    pub reason: String,
+    pub node: String,
+}
+
+/// At most this many node names per group in a status line.
+const NAMED_NODES: usize = 10;
+
+/// `names` joined, the first [`NAMED_NODES`] of them and how many more.
+fn named(names: &[&str]) -> String {
+    let mut line = names
+        .iter()
+        .take(NAMED_NODES)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > NAMED_NODES {
+        line.push_str(&format!(" and {} more", names.len() - NAMED_NODES));
+    }
+    line
 }
 
 impl Summary {
@@ -840,7 +912,18 @@ impl Summary {
             let state = step.and_then(|s| s.next).unwrap_or(node.state());
             match state {
                 UpgradeState::Done => summary.done += 1,
-                UpgradeState::UpgradeRequired => summary.pending += 1,
+                UpgradeState::UpgradeRequired => {
+                    summary.pending += 1;
+                    match &node.prepull {
+                        Prepull::Pulling(_) => summary.pulling += 1,
+                        Prepull::Failed { image, reason } => summary.held.push(Hold {
+                            image: image.clone(),
+                            reason: reason.clone(),
+                            node: node.name.clone(),
+                        }),
+                        Prepull::NotNeeded | Prepull::Pulled => {}
+                    }
+                }
                 UpgradeState::Failed => summary.failed.push((
                     node.name.clone(),
                     step.and_then(|s| s.failure.clone())
@@ -852,6 +935,7 @@ impl Summary {
             }
         }
         summary.failed.sort();
+        summary.held.sort();
         summary
     }
 
@@ -867,17 +951,23 @@ impl Summary {
             total.in_progress += s.in_progress;
             total.available += s.available;
             total.failed.extend(s.failed);
+            total.pulling += s.pulling;
+            total.held.extend(s.held);
             for (daemon_set, count) in s.older_metadata {
                 *total.older_metadata.entry(daemon_set).or_default() += count;
             }
         }
         total.failed.sort();
+        total.held.sort();
         total
     }
 
-    /// Whether a node is between states (the pass must look again soon).
+    /// Whether a node is between states (the pass must look again soon). Nodes waiting for
+    /// their pre-pull are not: their pre-pull pod's next state wakes the pass (a held node
+    /// waits for a person, who changes the image).
     pub fn active(&self) -> bool {
-        self.in_progress > 0 || (self.pending > 0 && self.available > 0)
+        let startable = self.pending.saturating_sub(self.pulling + self.held.len());
+        self.in_progress > 0 || (startable > 0 && self.available > 0)
     }
 
     /// The status line, e.g. `3 of 40 nodes upgraded, 2 in progress, 1 failed: gpu-7: drain
@@ -889,6 +979,12 @@ impl Summary {
         }
         if self.pending > 0 {
             line.push_str(&format!(", {} waiting", self.pending));
+            if self.pulling > 0 {
+                line.push_str(&format!(
+                    " ({} until the new driver image is pulled)",
+                    self.pulling
+                ));
+            }
         }
         if !self.failed.is_empty() {
             let named: Vec<String> = self
@@ -902,6 +998,31 @@ impl Summary {
                 named.join("; ")
             ));
         }
+        if !self.held.is_empty() {
+            line.push_str(&format!(
+                ", {} held before the cordon (they keep their running driver): {}",
+                self.held.len(),
+                self.held_groups().join("; ")
+            ));
+        }
         line
+    }
+
+    /// The held nodes grouped by image and reason: `<image> cannot be pulled on <nodes>
+    /// (<reason>)`.
+    fn held_groups(&self) -> Vec<String> {
+        let mut groups: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+        for h in &self.held {
+            groups
+                .entry((h.image.as_str(), h.reason.as_str()))
+                .or_default()
+                .push(h.node.as_str());
+        }
+        groups
+            .into_iter()
+            .map(|((image, reason), nodes)| {
+                format!("{image} cannot be pulled on {} ({reason})", named(&nodes))
+            })
+            .collect()
     }
 }

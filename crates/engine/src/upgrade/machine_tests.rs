@@ -448,6 +448,7 @@ fn a_driver_pod_is_classified_by_revision_then_by_metadata_only_templates_then_b
         nvidia_digest: Some("3379408550".into()),
         metadata_only: ["relabelled".to_owned()].into(),
         handover: None,
+        ..DesiredDriver::default()
     };
     let cases = [
         (

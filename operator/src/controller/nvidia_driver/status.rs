@@ -14,6 +14,7 @@ use crate::controller::observe::Observed;
 use crate::controller::owner::{self, Again, Error};
 use crate::controller::scheduler::{self, Requeue};
 use crate::controller::status;
+use crate::controller::upgrade::{machine, prepull};
 use crate::nodes::{DEPLOY_OPERANDS, DRIVER_POOL, NodeView};
 use crate::operands::driver;
 use crate::render::{DesiredState, Outcome};
@@ -52,9 +53,29 @@ async fn report(
         .into_iter()
         .collect();
     let unsettled = applied.unsettled();
+    // Nodes whose new driver image cannot be pulled (the upgrade stage marks them), with the
+    // kubelet's reason from their pre-pull pods (the upgrade's pod cache).
+    let upgrade_pods = ctx.deps.stores.upgrade_pods.snapshot();
+    let held: Vec<String> = prepull::held_line(pool.nodes.iter().map(|n| {
+        let image = n
+            .upgrade_annotations
+            .get(machine::HELD_ANNOTATION)
+            .map(String::as_str);
+        let reason = image.and_then(|image| {
+            let on_node = upgrade_pods
+                .iter()
+                .filter(|p| p.node.as_deref() == Some(n.name.as_str()))
+                .filter_map(|p| p.prepull.as_ref());
+            prepull::pull_failure(image, on_node)
+        });
+        (n.name.as_str(), image, reason)
+    }))
+    .into_iter()
+    .collect();
     let computed = status::compute(&status::StatusInputs {
         notes: &notes,
         unsupported: &unsupported,
+        warnings: &held,
         ..owner::status_inputs(
             d.metadata.generation,
             ctx.namespace,

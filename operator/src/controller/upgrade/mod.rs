@@ -11,10 +11,14 @@
 //!   eviction is retried on the next pass until the step's timeout.
 //! - One node's failing API call is logged and retried on the next pass; it does not stop the
 //!   other nodes or the reconcile.
+//! - Before a node is cordoned for a new driver image, that image is pulled there by a pre-pull
+//!   DaemonSet shadowing its driver DaemonSet ([`prepull`]): created while a node of the pool
+//!   lacks the image, deleted once none does (or the image changes, or upgrades are off). A node
+//!   whose pull fails stays in upgrade-required with its running driver.
 
-pub use gpu_operator_engine::upgrade::machine;
+pub use gpu_operator_engine::upgrade::{machine, prepull};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -29,6 +33,7 @@ use self::machine::{
     Action, DesiredDriver, DriverPod, DriverRevision, NodeFacts, PodFacts, Policy, Pool,
     STATE_LABEL, Step, Summary, UpgradeState, ValidatorPod,
 };
+use self::prepull::PrepullPod;
 use crate::api::{ClusterPolicySpec, Component, DriverUpgradePolicySpec, NVIDIADriver};
 use crate::metrics::UpgradeCounts;
 use crate::nodes::{DRIVER_POOL, GPU_PRESENT, NodeView};
@@ -98,8 +103,11 @@ pub fn quiet(
     let handing_over = daemon_sets
         .values()
         .any(|d| driver_variant::is_handing_over(d).is_some());
+    // A pre-pull DaemonSet left standing is for the stage to delete.
+    let prepulling = daemon_sets.values().any(prepull::is_prepull);
     drivers_settled
         && !handing_over
+        && !prepulling
         && nodes
             .iter()
             .filter(|n| n.label(crate::nodes::DEPLOY_DRIVER) == Some("true"))
@@ -183,12 +191,18 @@ impl Policies {
 }
 
 /// Label selectors of the pods the upgrade reads: every driver pod (the ClusterPolicy's and
-/// NVIDIADriver pools'), and the validator's.
-pub const UPGRADE_POD_SELECTORS: [&str; 2] = [COMPONENT_SELECTOR, "app=nvidia-operator-validator"];
+/// NVIDIADriver pools'), the validator's, and the pre-pull pods.
+pub const UPGRADE_POD_SELECTORS: [&str; 3] = [
+    COMPONENT_SELECTOR,
+    "app=nvidia-operator-validator",
+    PREPULL_POD_SELECTOR,
+];
+/// Label selector of the pre-pull DaemonSets' pods.
+pub const PREPULL_POD_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver-prepull";
 /// The `app` label of the validator pods.
 const VALIDATOR_APP: &str = "nvidia-operator-validator";
 
-/// A driver or validator pod, reduced to what the upgrade reads of it (cached by
+/// A driver, validator or pre-pull pod, reduced to what the upgrade reads of it (cached by
 /// the controller's stores, `upgrade_pods`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpgradePod {
@@ -198,6 +212,10 @@ pub struct UpgradePod {
     pub driver: Option<(String, Option<String>)>,
     /// For a driver pod: the driver config digest it runs with.
     pub digest: Option<String>,
+    /// For a driver pod: the images it runs.
+    pub images: BTreeSet<String>,
+    /// For a pre-pull pod: the driver DaemonSet it pulls for, and what each image shows.
+    pub prepull: Option<PrepullPod>,
     pub deleting: bool,
     pub ready: bool,
     pub failing: bool,
@@ -229,6 +247,13 @@ impl UpgradePod {
                 .filter(|_| is_driver)
                 .and_then(driver::carried_config_digest)
                 .map(str::to_owned),
+            images: pod
+                .spec
+                .as_ref()
+                .filter(|_| is_driver)
+                .map(prepull::pod_images)
+                .unwrap_or_default(),
+            prepull: prepull::prepull_pod(pod),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             ready: pod_ready(pod),
             failing: pod_failing(pod),
@@ -242,37 +267,41 @@ impl UpgradePod {
     }
 }
 
-/// The node's driver pod, if one of the driver DaemonSets owns it. A pod of an outgoing
+/// The node's driver pod, if one of the driver DaemonSets owns it, and the images of its
+/// DaemonSet's template it lacks (to be pulled before it is replaced). A pod of an outgoing
 /// DaemonSet on a node the new variant's DaemonSets select is [`DriverRevision::Outgoing`].
 fn driver_pod(
     pods: &[&UpgradePod],
     current: &BTreeMap<String, DesiredDriver>,
     node: &NodeView,
-) -> Option<DriverPod> {
+) -> Option<(DriverPod, BTreeSet<String>)> {
     pods.iter().find_map(|p| {
         let (owner, hash) = p.driver.as_ref()?;
         let desired = current.get(owner)?;
         let handover_to = machine::handover_to(desired, &node.labels).map(str::to_owned);
-        Some(DriverPod {
+        let revision = if handover_to.is_some() {
+            DriverRevision::Outgoing
+        } else {
+            machine::classify(hash.as_deref(), p.digest.as_deref(), desired)
+        };
+        let missing = prepull::missing_images(revision, &p.images, &desired.images);
+        let pod = DriverPod {
             name: p.name.clone(),
             daemon_set: desired.daemon_set.clone(),
-            revision: if handover_to.is_some() {
-                DriverRevision::Outgoing
-            } else {
-                machine::classify(hash.as_deref(), p.digest.as_deref(), desired)
-            },
+            revision,
             handover_to,
             ready: p.ready,
             failing: p.failing,
             created: p.created,
-        })
+        };
+        Some((pod, missing))
     })
 }
 
 /// The node's newest validator pod.
 fn validator_pod(pods: &[&UpgradePod]) -> Option<ValidatorPod> {
     pods.iter()
-        .filter(|p| p.driver.is_none())
+        .filter(|p| p.driver.is_none() && p.prepull.is_none())
         .map(|p| ValidatorPod {
             name: p.name.clone(),
             ready: p.ready,
@@ -315,7 +344,13 @@ pub fn cached_facts(
         .filter(|n| n.label(GPU_PRESENT) == Some("true"))
         .filter_map(|node| {
             let on_node = by_node.get(node.name.as_str()).unwrap_or(&none);
-            let driver = driver_pod(on_node, current, node);
+            let (driver, missing) = driver_pod(on_node, current, node).unzip();
+            let pulls: Vec<&PrepullPod> =
+                on_node.iter().filter_map(|p| p.prepull.as_ref()).collect();
+            let prepull = match (&driver, &missing) {
+                (Some(d), Some(missing)) => prepull::node_state(&d.daemon_set, missing, &pulls),
+                _ => prepull::Prepull::NotNeeded,
+            };
             let state = node
                 .label(STATE_LABEL)
                 .map(|s| UpgradeState::parse(Some(s)));
@@ -331,6 +366,7 @@ pub fn cached_facts(
                 driver,
                 validator: validator_pod(on_node),
                 validator_expected,
+                prepull,
                 ..NodeFacts::default()
             })
         })
@@ -381,6 +417,7 @@ pub async fn reconcile(
 ) -> Result<Report, kube::Error> {
     if !policies.enabled() {
         clear_labels(client, nodes).await;
+        sync_prepulls(client, namespace, &BTreeSet::new(), daemon_sets).await?;
         return Ok(Report::default());
     }
     let drivers: Vec<&DaemonSet> = daemon_sets
@@ -439,8 +476,16 @@ pub async fn reconcile(
             return;
         }
         announce(recorder, f, step).await;
+        announce_hold(recorder, f, step).await;
     })
     .await;
+    let wanted = prepull::wanted(
+        &pools
+            .iter()
+            .flat_map(|p| p.nodes.clone())
+            .collect::<Vec<_>>(),
+    );
+    sync_prepulls(client, namespace, &wanted, daemon_sets).await?;
     Ok(Report {
         summary: Some(summary),
     })
@@ -562,6 +607,7 @@ async fn current_revisions(
             .filter_map(|r| r.labels().get(REVISION_HASH_LABEL).cloned())
             .collect();
         let template = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let images = template.map(prepull::pod_images).unwrap_or_default();
         let digest = template
             .and_then(driver::carried_config_digest)
             .map(str::to_owned);
@@ -573,6 +619,7 @@ async fn current_revisions(
                 digest,
                 nvidia_digest: template.map(crate::operands::nvidia_digest::digest),
                 metadata_only,
+                images,
                 handover: driver_variant::successors(ds, drivers.iter().copied()),
             },
         );
@@ -823,6 +870,75 @@ async fn announce(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
     }
 }
 
+/// Events on the node when its upgrade is held for an image that cannot be pulled, and when the
+/// hold is lifted (the held annotation appearing or going: once per transition).
+async fn announce_hold(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
+    let was = facts.annotations.get(machine::HELD_ANNOTATION);
+    let Some(now) = step.actions.iter().find_map(|a| match a {
+        Action::Annotate(key, value) if *key == machine::HELD_ANNOTATION => Some(value.as_ref()),
+        _ => None,
+    }) else {
+        return;
+    };
+    let (type_, reason, note) = match (now, &facts.prepull) {
+        (Some(image), prepull::Prepull::Failed { reason, .. }) => (
+            EventType::Warning,
+            "DriverUpgradeHeld",
+            format!(
+                "driver upgrade held before the cordon: image {image} cannot be pulled \
+                 ({reason}); the node keeps its running driver"
+            ),
+        ),
+        (None, _) if was.is_some() => (
+            EventType::Normal,
+            "DriverUpgradeHoldLifted",
+            "driver upgrade no longer held: the image that could not be pulled is no longer \
+             wanted or is on the node now"
+                .to_owned(),
+        ),
+        _ => return,
+    };
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "DriverUpgrade".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &node_reference(&facts.name)).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
+/// Brings the pre-pull DaemonSets in line with `wanted` (the driver DaemonSets, by name, whose
+/// nodes lack their template's images): each rendered from its live driver DaemonSet in
+/// `daemon_sets` and applied when it is not live as rendered; any other pre-pull DaemonSet is
+/// deleted. Nothing is sent while they stand as rendered.
+async fn sync_prepulls(
+    client: &Client,
+    namespace: &str,
+    wanted: &BTreeSet<String>,
+    daemon_sets: &BTreeMap<String, DaemonSet>,
+) -> Result<(), kube::Error> {
+    let sync = prepull::sync(wanted, daemon_sets);
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let params = PatchParams::apply(crate::model::MANAGER).force();
+    for ds in &sync.apply {
+        let name = ds.name_any();
+        // k8s-openapi writes apiVersion and kind, as server-side apply needs.
+        api.patch(&name, &params, &Patch::Apply(ds)).await?;
+        tracing::info!(daemon_set = %name, "pre-pull DaemonSet applied for a driver rollout");
+    }
+    for name in &sync.delete {
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(daemon_set = %name, "pre-pull DaemonSet deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// The node an event is about, with the kubelet's convention for node events: the uid is the
 /// node's name. `kubectl describe node` looks events up by the node's uid and by its name as
 /// uid; an event without a uid matches neither.
@@ -907,8 +1023,88 @@ mod cache_tests {
                     crate::operands::common::COMPONENT_LABEL,
                     driver::COMPONENT
                 ),
-                format!("{}={}", crate::operands::common::APP_LABEL, validator::NAME)
+                format!("{}={}", crate::operands::common::APP_LABEL, validator::NAME),
+                format!(
+                    "{}={}",
+                    crate::operands::common::COMPONENT_LABEL,
+                    prepull::COMPONENT
+                ),
             ]
+        );
+    }
+
+    fn driver_pod_running(node: &str, hash: &str, image: &str) -> Arc<UpgradePod> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("driver-{node}"), "creationTimestamp": "2026-11-27T08:00:00Z",
+                "labels": {crate::operands::common::COMPONENT_LABEL: driver::COMPONENT,
+                    REVISION_HASH_LABEL: hash},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "ds", "uid": "ds-uid", "controller": true}]},
+            "spec": {"nodeName": node, "containers": [{"name": driver::MAIN_CONTAINER, "image": image}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        Arc::new(UpgradePod::of(&pod))
+    }
+
+    fn prepull_pod(node: &str, image: &str, state: Value) -> Arc<UpgradePod> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("prepull-{node}"), "creationTimestamp": "2026-11-27T09:00:00Z",
+                "labels": {crate::operands::common::COMPONENT_LABEL: prepull::COMPONENT},
+                "annotations": {prepull::SHADOWS_ANNOTATION: "nvidia-driver-daemonset"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "pp", "uid": "pp-uid", "controller": true}]},
+            "spec": {"nodeName": node, "containers": [{"name": "pull-0", "image": image}]},
+            "status": {"containerStatuses": [{"name": "pull-0", "image": image, "imageID": "",
+                "ready": false, "restartCount": 0, "state": state}]}
+        }))
+        .unwrap();
+        Arc::new(UpgradePod::of(&pod))
+    }
+
+    #[test]
+    fn a_cached_pre_pull_pod_holds_its_node_on_a_pull_error_and_frees_it_once_started() {
+        const OLD: &str = "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04";
+        const NEW: &str = "nvcr.io/nvidia/driver:600.10.01-ubuntu22.04";
+        let mut current = desired("new");
+        current.get_mut("ds-uid").unwrap().images = BTreeSet::from([NEW.to_owned()]);
+        let nodes = [
+            gpu_node("gpu-1", Some("upgrade-required")),
+            gpu_node("gpu-2", Some("upgrade-required")),
+            gpu_node("gpu-3", Some("upgrade-required")),
+        ];
+        let failing = json!({"waiting": {"reason": "ErrImagePull", "message": "not found"}});
+        let started = json!({"running": {"startedAt": "2026-11-27T09:00:05Z"}});
+        let pods = [
+            driver_pod_running("gpu-1", "old", OLD),
+            driver_pod_running("gpu-2", "old", OLD),
+            driver_pod_running("gpu-3", "old", OLD),
+            prepull_pod("gpu-1", NEW, failing),
+            prepull_pod("gpu-2", NEW, started),
+        ];
+        let facts = cached_facts(&nodes, &pods, &current, true);
+        let by_node: BTreeMap<&str, &NodeFacts> =
+            facts.iter().map(|f| (f.name.as_str(), f)).collect();
+        assert_eq!(
+            by_node["gpu-1"].prepull,
+            prepull::Prepull::Failed {
+                image: NEW.to_owned(),
+                reason: "ErrImagePull: not found".to_owned()
+            }
+        );
+        assert_eq!(by_node["gpu-2"].prepull, prepull::Prepull::Pulled);
+        assert_eq!(
+            by_node["gpu-3"].prepull,
+            prepull::Prepull::Pulling(BTreeSet::from([NEW.to_owned()])),
+            "no pre-pull pod there yet"
+        );
+        assert!(
+            facts.iter().all(|f| f.validator.is_none()),
+            "a pre-pull pod is no validator"
+        );
+        assert_eq!(
+            prepull::wanted(&facts),
+            BTreeSet::from(["nvidia-driver-daemonset".to_owned()])
         );
     }
 
@@ -1099,6 +1295,20 @@ mod quiet_tests {
             &[node(Some("upgrade-done")), node(None)],
             &Policies::default()
         ));
+        // A pre-pull DaemonSet left from the rollout: the stage runs to delete it.
+        let mut with_prepull = driver(2, 2);
+        let template = with_prepull["nvidia-driver-daemonset"].clone();
+        let mut template = template;
+        template.spec = Some(
+            serde_json::from_value(json!({
+                "selector": {}, "template": {"spec": {"containers": [
+                    {"name": "nvidia-driver-ctr", "image": "nvcr.io/nvidia/driver:1-ubuntu22.04"}]}}
+            }))
+            .unwrap(),
+        );
+        let pre = prepull::render(&template).unwrap();
+        with_prepull.insert(pre.name_any(), pre);
+        assert!(!quiet(&with_prepull, &done, &on()));
     }
 }
 
