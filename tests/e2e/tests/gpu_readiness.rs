@@ -156,18 +156,6 @@ fn record(
     }
 }
 
-async fn create_namespace(admin: &Client) -> String {
-    let name = e2e::cluster::unique_name("readiness-workload");
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    name
-}
-
 /// How many times `reason` was reported on node `node` (an Event series counts each time).
 async fn events_on(admin: &Client, node: &str, reason: &str) -> usize {
     Api::<Event>::all(admin.clone())
@@ -227,7 +215,10 @@ async fn nodes_joining_with_the_startup_taint_take_workloads_only_once_their_gpu
 
     // A workload pinned to the first new node, tolerating nothing: the scheduler may bind it only
     // once the startup taint is off.
-    let workloads = create_namespace(&admin).await;
+    let workloads = e2e::cluster::unique_name("readiness-workload");
+    e2e::cluster::create_namespace(&admin, &workloads)
+        .await
+        .unwrap();
     let (ready_node, late_node) = ("readiness-a100-ready", "readiness-a100-late");
     Api::<Pod>::namespaced(admin.clone(), &workloads)
         .create(

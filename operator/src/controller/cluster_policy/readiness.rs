@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use serde_json::Value;
 
 use crate::api::ClusterPolicy;
 use crate::controller::Deps;
-use crate::controller::upgrade::{UpgradePod, node_reference};
+use crate::controller::upgrade::{UpgradePod, publish_node_event};
 use crate::gpu_readiness::{
     self as decide, Action, Lift, NodeState, QUARANTINE_EFFECT, QUARANTINE_TAINT, Record,
     Validator, Waiting,
@@ -322,14 +322,5 @@ async fn announce(deps: &Deps, node: &str, work: &Work) {
             "quarantine lifted: every GPU is advertised again, the taint was removed by hand, or the quarantine was switched off".to_owned(),
         ),
     };
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: "GpuReadiness".to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = deps.recorder.publish(&event, &node_reference(node)).await {
-        tracing::warn!(error = %e, "publishing event failed");
-    }
+    publish_node_event(&deps.recorder, node, type_, reason, "GpuReadiness", note).await;
 }

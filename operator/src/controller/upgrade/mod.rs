@@ -858,16 +858,7 @@ async fn announce(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
         ),
         _ => return,
     };
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "DriverUpgrade".to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &node_reference(&facts.name)).await {
-        tracing::warn!(error = %e, "publishing event failed");
-    }
+    publish_node_event(recorder, &facts.name, type_, reason, "DriverUpgrade", note).await;
 }
 
 /// Events on the node when its upgrade is held for an image that cannot be pulled, and when the
@@ -898,16 +889,7 @@ async fn announce_hold(recorder: &Recorder, facts: &NodeFacts, step: &Step) {
         ),
         _ => return,
     };
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "DriverUpgrade".to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &node_reference(&facts.name)).await {
-        tracing::warn!(error = %e, "publishing event failed");
-    }
+    publish_node_event(recorder, &facts.name, type_, reason, "DriverUpgrade", note).await;
 }
 
 /// Brings the pre-pull DaemonSets in line with `wanted` (the driver DaemonSets, by name, whose
@@ -939,10 +921,32 @@ async fn sync_prepulls(
     Ok(())
 }
 
+/// An Event on node `node` (its note cut to the 1,024 bytes the API server takes); a failure to
+/// publish is logged, never an error of the pass.
+pub(crate) async fn publish_node_event(
+    recorder: &Recorder,
+    node: &str,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &node_reference(node)).await {
+        tracing::warn!(error = %e, "publishing event failed");
+    }
+}
+
 /// The node an event is about, with the kubelet's convention for node events: the uid is the
 /// node's name. `kubectl describe node` looks events up by the node's uid and by its name as
 /// uid; an event without a uid matches neither.
-pub(crate) fn node_reference(name: &str) -> ObjectReference {
+fn node_reference(name: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Node".to_owned()),
