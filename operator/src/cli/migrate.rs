@@ -673,8 +673,10 @@ async fn replace_crd(client: &Client, served: &CustomResourceDefinition) -> anyh
     await_established(client).await
 }
 
-/// Waits until the API server serves the replaced CRD's schema (`Established`, and the
-/// generation it observed is the one written).
+/// Waits until the replaced CRD is `Established`. The server swaps the schema it applies a
+/// moment later (the CRD's status has no observed generation to wait for), so the read-back
+/// that follows can still see the policy through NVIDIA's schema. The refusal does not rest on
+/// it: `lost_fields` compares the policy with our schema before anything is written.
 async fn await_established(client: &Client) -> anyhow::Result<()> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     for _ in 0..120 {

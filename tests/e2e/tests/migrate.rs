@@ -96,6 +96,44 @@ async fn install_nvidias_crd(admin: &Client, preserve_unknown: bool) {
     e2e::crd::await_established(admin, gpu_operator::api::crd::CRD_NAME)
         .await
         .unwrap();
+    await_served_schema(admin, preserve_unknown).await;
+}
+
+/// Waits until the API server writes ClusterPolicies with the schema just stored.
+///
+/// A CRD that was already established stays so through a replace, while the server swaps its
+/// schema a moment later: a policy created in between is pruned by the old one. A server-side
+/// dry-run create shows which schema is served now.
+async fn await_served_schema(admin: &Client, keeps_unknown_spec_fields: bool) {
+    let probe: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "served-schema-probe"},
+        "spec": {"schemaProbe": {"enabled": true}},
+    }))
+    .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let api = policy_api(admin);
+    wait::until(
+        Duration::from_secs(30),
+        "the stored CRD schema served",
+        || {
+            let (api, probe, dry_run) = (api.clone(), probe.clone(), dry_run.clone());
+            async move {
+                let created = api.create(&dry_run, &probe).await?;
+                let kept = created.data["spec"].get("schemaProbe").is_some();
+                Ok(if kept == keeps_unknown_spec_fields {
+                    Ok(())
+                } else {
+                    Err(format!("unknown spec fields kept: {kept}"))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Our CRD back, replaced whole (a server-side apply would keep fields another manager set).
@@ -111,6 +149,7 @@ async fn restore_our_crd(admin: &Client) {
     e2e::crd::await_established(admin, gpu_operator::api::crd::CRD_NAME)
         .await
         .unwrap();
+    await_served_schema(admin, false).await;
 }
 
 /// What NVIDIA's operator left in namespace `ns`.
