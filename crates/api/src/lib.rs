@@ -24,6 +24,7 @@ mod gpu_cluster;
 pub mod gpu_cluster_crd;
 mod gpu_readiness;
 pub mod image;
+mod layouts_by_model;
 mod nfd;
 mod node_pools;
 #[cfg(test)]
@@ -59,6 +60,7 @@ pub use gpu_readiness::{
     QuarantineSpec, StartupTaintSpec,
 };
 pub use image::{EnvLookup, ImageError, ImageKind, ImageSource, ResolvedImage, resolve};
+pub use layouts_by_model::{LayoutsByModel, ModelLayout};
 pub use nfd::{NfdMasterSpec, NfdSpec, NfdWorkerSpec};
 pub use node_pools::{
     DEFAULT_GPU_MEMORY_RESOURCE, DerivedLabelsSpec, GpuMemoryResourceSpec, MemoryUnit,
@@ -244,6 +246,14 @@ pub struct ClusterPolicySpec {
     /// set; operands tolerate both taints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_readiness: Option<GpuReadinessSpec>,
+    /// Sharing and MIG layouts by GPU model (an addition to NVIDIA's API): the operator sets
+    /// each GPU node's `nvidia.com/device-plugin.config` and `nvidia.com/mig.config` from its
+    /// `nvidia.com/gpu.product`, never over a value someone else set, and removes what it set
+    /// when the entry goes. Every entry is checked against the sharing ConfigMap and the MIG
+    /// layouts for that model before a node is labelled. Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "layouts_by_model::layouts_by_model")]
+    pub layouts_by_model: Option<LayoutsByModel>,
 }
 
 impl ClusterPolicySpec {

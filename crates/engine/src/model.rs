@@ -334,6 +334,8 @@ pub struct ValidatedPolicy {
     /// The device-plugin sharing config the consumers are to mount: the user's when it is valid,
     /// else the last good one (decision 4); `None` without one.
     pub sharing: Option<SharingConfig>,
+    /// The layouts `spec.layoutsByModel` gives each GPU node, checked (crate::by_model).
+    pub by_model: crate::by_model::ByModel,
 }
 
 #[cfg(test)]

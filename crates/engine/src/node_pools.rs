@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::api::{ClusterPolicySpec, MemoryUnit, NodePoolTaint, PoolPriorityClass};
+use crate::by_model::ByModel;
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_MEMORY, GPU_PRODUCT, NodeView};
 
@@ -139,11 +140,15 @@ pub fn memory_units(node: &NodeView, unit: MemoryUnit) -> Option<u64> {
     })
 }
 
-/// What `spec` wants on `node`: nothing unless it is a GPU node.
-pub fn desired(spec: &ClusterPolicySpec, node: &NodeView) -> Desired {
+/// What `spec` wants on `node`: nothing unless it is a GPU node. `by_model` adds the layout
+/// labels `spec.layoutsByModel` gives the node ([`crate::model::ValidatedPolicy::by_model`]).
+pub fn desired(spec: &ClusterPolicySpec, by_model: &ByModel, node: &NodeView) -> Desired {
     let mut want = Desired::default();
     if !node.is_gpu_node() {
         return want;
+    }
+    if let Some(labels) = by_model.labels_for(&node.name) {
+        want.labels.extend(labels.clone());
     }
     if let Some(pools) = spec.node_pools.as_ref().filter(|p| p.is_enabled()) {
         want.taints = pool_taints(spec);
@@ -226,6 +231,21 @@ fn pool_value(p: &NodePoolTaint) -> &str {
     p.value.as_deref().unwrap_or_default()
 }
 
+/// Whether the operator's own field manager ([`MANAGER`]) last wrote label `key` of `node`
+/// (read in full, with its managed fields): a value the operator wrote elsewhere, such as the
+/// `all-disabled` MIG default (decision 7), which a layout of `spec.layoutsByModel` may replace.
+/// Anyone else who sets the label takes the field over, so a hand-set value never counts.
+pub fn label_written_by_operator(node: &Node, key: &str) -> bool {
+    let field = format!("f:{key}");
+    node.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| entry.manager.as_deref() == Some(MANAGER))
+        .filter_map(|entry| entry.fields_v1.as_ref())
+        .any(|fields| fields.0["f:metadata"]["f:labels"].get(&field).is_some())
+}
+
 /// Plans the object patch for `node` (read in full), given the record it carries: labels, the
 /// record annotation and the full taint list, with the node's `resourceVersion` as a
 /// precondition; `None` when nothing differs. Also returns the keys someone else holds with
@@ -258,7 +278,10 @@ pub fn object_patch(node: &Node, record: &Record, want: &Desired) -> (Option<Val
                     owned.labels.insert(key.clone(), value.clone());
                 }
             }
-            Some(current) if record.labels.get(key) == Some(current) => {
+            Some(current)
+                if record.labels.get(key) == Some(current)
+                    || label_written_by_operator(node, key) =>
+            {
                 label_patch.insert(key.clone(), Value::String(value.clone()));
                 owned.labels.insert(key.clone(), value.clone());
             }
@@ -628,7 +651,7 @@ mod tests {
 
     #[test]
     fn a_gpu_node_wants_the_taints_the_derived_labels_and_its_memory() {
-        let want = desired(&spec(), &a100());
+        let want = desired(&spec(), &ByModel::default(), &a100());
         assert_eq!(want.labels["gpu-type"], "a100");
         assert_eq!(want.labels["gpu-memory"], "40Gi");
         assert_eq!(want.labels["gpu-count"], "8");
@@ -636,28 +659,36 @@ mod tests {
         assert_eq!(want.taints.len(), 2);
         // 8 x 40 GiB.
         assert_eq!(want.memory, Some(("example.com/vram".into(), 320)));
-        let t4 = desired(&spec(), &view("Tesla-T4", "15360", "1"));
+        let t4 = desired(
+            &spec(),
+            &ByModel::default(),
+            &view("Tesla-T4", "15360", "1"),
+        );
         assert_eq!(t4.memory, Some(("example.com/vram".into(), 15)));
         // 8 x 81,559 MiB rounded down once, not per GPU.
-        let h100 = desired(&spec(), &view("NVIDIA-H100-80GB-HBM3", "81559", "8"));
+        let h100 = desired(
+            &spec(),
+            &ByModel::default(),
+            &view("NVIDIA-H100-80GB-HBM3", "81559", "8"),
+        );
         assert_eq!(h100.memory, Some(("example.com/vram".into(), 637)));
     }
 
     #[test]
     fn nothing_is_wanted_when_off_or_on_a_cpu_node() {
-        assert!(desired(&ClusterPolicySpec::default(), &a100()).is_empty());
+        assert!(desired(&ClusterPolicySpec::default(), &ByModel::default(), &a100()).is_empty());
         let cpu = NodeView::from_labels("cpu", None, &BTreeMap::new());
-        assert!(desired(&spec(), &cpu).is_empty());
+        assert!(desired(&spec(), &ByModel::default(), &cpu).is_empty());
         let mut off = spec();
         off.node_pools.as_mut().unwrap().enabled = Some(false);
         off.gpu_memory_resource.as_mut().unwrap().enabled = None;
-        assert!(desired(&off, &a100()).is_empty());
+        assert!(desired(&off, &ByModel::default(), &a100()).is_empty());
     }
 
     #[test]
     fn a_node_is_tainted_labelled_and_recorded_then_needs_no_more_work() {
         let view = a100();
-        let want = desired(&spec(), &view);
+        let want = desired(&spec(), &ByModel::default(), &view);
         assert!(needs_work(&view, &want));
         let node = live(&view, &[], &[]);
         let (patch, conflicts) = object_patch(&node, &Record::default(), &want);
@@ -684,7 +715,7 @@ mod tests {
     #[test]
     fn removing_the_section_removes_only_what_the_operator_added() {
         let view = a100();
-        let want = desired(&spec(), &view);
+        let want = desired(&spec(), &ByModel::default(), &view);
         // Someone else tainted the node with the same key and set a label we also want.
         let node = live(
             &view,
@@ -707,7 +738,7 @@ mod tests {
             pool_record: Some(serde_json::to_string(&record).unwrap()),
             ..view.clone()
         };
-        let none = desired(&ClusterPolicySpec::default(), &cached);
+        let none = desired(&ClusterPolicySpec::default(), &ByModel::default(), &cached);
         assert!(needs_work(&cached, &none));
         let cleaned = apply(&after, &object_patch(&after, &record, &none).0.unwrap());
         assert_eq!(
@@ -732,7 +763,7 @@ mod tests {
     #[test]
     fn a_key_someone_else_holds_with_another_value_is_left_alone_and_reported() {
         let view = a100();
-        let want = desired(&spec(), &view);
+        let want = desired(&spec(), &ByModel::default(), &view);
         let node = live(
             &view,
             &[("gpu-type", "custom")],
@@ -762,7 +793,7 @@ mod tests {
             &[("workload-class", "training")],
             &[("dedicated", "old")],
         );
-        let want = desired(&spec(), &view);
+        let want = desired(&spec(), &ByModel::default(), &view);
         let after = apply(&node, &object_patch(&node, &record, &want).0.unwrap());
         assert_eq!(
             after.metadata.labels.as_ref().unwrap()["workload-class"],
@@ -774,7 +805,7 @@ mod tests {
     #[test]
     fn the_memory_resource_is_written_only_when_it_differs_and_removed_when_off() {
         let view = a100();
-        let want = desired(&spec(), &view);
+        let want = desired(&spec(), &ByModel::default(), &view);
         let mut node = live(&view, &[], &[]);
         let patch = status_patch(&node, &Record::default(), &want).unwrap();
         assert_eq!(
@@ -797,7 +828,7 @@ mod tests {
             memory: Some("example.com/vram".into()),
             ..Record::default()
         };
-        let off = desired(&ClusterPolicySpec::default(), &view);
+        let off = desired(&ClusterPolicySpec::default(), &ByModel::default(), &view);
         assert_eq!(
             status_patch(&node, &record, &off).unwrap(),
             json!({"status": {"capacity": {"example.com/vram": null}, "allocatable": {"example.com/vram": null}}})
@@ -850,5 +881,114 @@ mod tests {
         assert_eq!(added.len(), 1);
         assert_eq!(added[0].key.as_deref(), Some("dedicated"));
         assert!(operand_tolerations(&ClusterPolicySpec::default(), &[]).is_empty());
+    }
+
+    /// `node` with label `key` last written by field manager `manager`.
+    fn written_by(mut node: Node, manager: &str, key: &str) -> Node {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let fields = serde_json::json!({"f:metadata": {"f:labels": {format!("f:{key}"): {}}}});
+        node.metadata
+            .managed_fields
+            .get_or_insert_default()
+            .push(ManagedFieldsEntry {
+                manager: Some(manager.to_owned()),
+                operation: Some("Update".into()),
+                fields_type: Some("FieldsV1".into()),
+                fields_v1: Some(FieldsV1(fields)),
+                ..ManagedFieldsEntry::default()
+            });
+        node
+    }
+
+    fn by_model(node: &str, labels: &[(&str, &str)]) -> ByModel {
+        ByModel {
+            labels: [(
+                node.to_owned(),
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )]
+            .into(),
+            ..ByModel::default()
+        }
+    }
+
+    #[test]
+    fn a_layout_by_model_replaces_the_operators_mig_default_but_never_a_hand_set_value() {
+        use crate::nodes::MIG_CONFIG;
+        let view = a100();
+        let layouts = by_model(&view.name, &[(MIG_CONFIG, "all-1g.5gb")]);
+        let want = desired(&ClusterPolicySpec::default(), &layouts, &view);
+        assert_eq!(want.labels[MIG_CONFIG], "all-1g.5gb");
+
+        // The labeller's all-disabled default, written under the operator's field manager.
+        let defaulted = written_by(
+            live(&view, &[(MIG_CONFIG, "all-disabled")], &[]),
+            MANAGER,
+            MIG_CONFIG,
+        );
+        let (patch, conflicts) = object_patch(&defaulted, &Record::default(), &want);
+        assert!(conflicts.is_empty());
+        let after = apply(&defaulted, &patch.unwrap());
+        assert_eq!(
+            after.metadata.labels.as_ref().unwrap()[MIG_CONFIG],
+            "all-1g.5gb"
+        );
+        assert_eq!(record_of(&after).labels[MIG_CONFIG], "all-1g.5gb");
+
+        // The same value set with kubectl label: someone else's, left alone.
+        let by_hand = written_by(
+            live(&view, &[(MIG_CONFIG, "all-disabled")], &[]),
+            "kubectl-label",
+            MIG_CONFIG,
+        );
+        let (patch, conflicts) = object_patch(&by_hand, &Record::default(), &want);
+        assert_eq!(conflicts, [MIG_CONFIG]);
+        let after = apply(&by_hand, &patch.unwrap());
+        assert_eq!(
+            after.metadata.labels.as_ref().unwrap()[MIG_CONFIG],
+            "all-disabled"
+        );
+        assert!(!record_of(&after).labels.contains_key(MIG_CONFIG));
+    }
+
+    #[test]
+    fn removing_a_layout_by_model_removes_the_label_the_operator_set_and_keeps_the_rest() {
+        use crate::nodes::DEVICE_PLUGIN_CONFIG;
+        let view = a100();
+        let layouts = by_model(&view.name, &[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")]);
+        let want = desired(&ClusterPolicySpec::default(), &layouts, &view);
+        let node = live(&view, &[], &[]);
+        let labelled = apply(
+            &node,
+            &object_patch(&node, &Record::default(), &want).0.unwrap(),
+        );
+        assert_eq!(
+            labelled.metadata.labels.as_ref().unwrap()[DEVICE_PLUGIN_CONFIG],
+            "time-sliced-4"
+        );
+        let gone = desired(&ClusterPolicySpec::default(), &ByModel::default(), &view);
+        let after = apply(
+            &labelled,
+            &object_patch(&labelled, &record_of(&labelled), &gone)
+                .0
+                .unwrap(),
+        );
+        assert!(
+            !after
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key(DEVICE_PLUGIN_CONFIG)
+        );
+        assert!(
+            after
+                .metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(RECORD_ANNOTATION))
+        );
     }
 }

@@ -66,6 +66,24 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
             reported.insert(operand, problem);
         }
     }
+    // Checked against the sharing config the plugins are to mount, so a node is never labelled
+    // with a key they lack.
+    let by_model = crate::by_model::plan(&spec, facts, sharing.sharing.as_ref());
+    let mut by_model_notes = Vec::new();
+    for (operand, problem) in [
+        (Operand::DevicePlugin, &by_model.sharing_problem),
+        (Operand::MigManager, &by_model.mig_problem),
+    ] {
+        let Some(problem) = problem else { continue };
+        if operand.is_enabled(&spec, facts) {
+            reported
+                .entry(operand)
+                .and_modify(|p: &mut String| *p = format!("{p}; {problem}"))
+                .or_insert_with(|| problem.clone());
+        } else {
+            by_model_notes.push(problem.clone());
+        }
+    }
     ValidatedPolicy {
         name: policy.metadata.name.clone().unwrap_or_default(),
         spec,
@@ -81,8 +99,10 @@ pub fn validate(policy: &ClusterPolicy, facts: &ClusterFacts) -> ValidatedPolicy
             ))
             .chain(operands::operator_metrics::note(&policy.spec, facts))
             .chain(crate::node_pools::status_note(&policy.spec))
+            .chain(by_model_notes)
             .collect(),
         sharing: sharing.sharing,
+        by_model,
     }
 }
 

@@ -476,9 +476,13 @@ pub async fn write_labels<'n>(
 /// One merge patch with `node`'s version as the precondition.
 async fn patch_labels(api: &Api<Node>, node: &NodeView, wanted: &LabelPatch) -> kube::Result<()> {
     // The answer as metadata only: a thousand full Nodes back are megabytes read for nothing.
+    // Our field manager on the labels marks them as the operator's (node_pools reads it).
     api.patch_metadata(
         &node.name,
-        &PatchParams::default(),
+        &PatchParams {
+            field_manager: Some(crate::model::MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
         &Patch::Merge(&label_patch(node, wanted)),
     )
     .await

@@ -347,7 +347,9 @@ pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
 }
 
 /// The layouts mig-manager applies: the named ConfigMap's, else the default ones.
-fn layouts(facts: &ClusterFacts) -> Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>> {
+pub fn layouts(
+    facts: &ClusterFacts,
+) -> Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>> {
     // The default layouts are parsed once (a test proves they parse).
     static DEFAULT: std::sync::OnceLock<
         Result<mig::MigConfigFile, Vec<crate::sharing::ConfigProblem>>,

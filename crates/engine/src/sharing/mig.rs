@@ -746,6 +746,17 @@ pub fn check_node(
     }
 }
 
+/// Whether some entry of `layout` in `config` selects the GPUs of `gpu_product_label` by its
+/// `device-filter` (no filter selects every GPU). mig-parted leaves GPUs no entry selects as
+/// they are, which `check_node` accepts: a node chose the layout and it does nothing there.
+pub fn layout_selects(config: &MigConfigFile, layout: &str, gpu_product_label: &str) -> bool {
+    let model = mig_profiles::identify_model(gpu_product_label);
+    config
+        .configs
+        .get(layout)
+        .is_some_and(|entries| entries.iter().any(|e| filter_matches(e, model)))
+}
+
 /// Whether an entry's `device-filter` selects this model (no filter selects every GPU). A
 /// filter with a subsystem part is judged by its device part alone; one that does not parse
 /// matches nothing, as in mig-parted.

@@ -1,7 +1,8 @@
 //! Label stage of the ClusterPolicy pass (IO: node patches, PriorityClasses).
 //!
-//! The GPU nodes' deploy labels, which decide where operands run (labeller), then node pools and
-//! the GPU memory resource (node_pools), all on the pass's node snapshot.
+//! The GPU nodes' deploy labels, which decide where operands run (labeller), beside the apply;
+//! then, once validate has checked them, node pools, the GPU memory resource and the layouts by
+//! GPU model (node_pools), all on the pass's node snapshot.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -47,8 +48,7 @@ fn failed(source: kube::Error) -> Error {
     }
 }
 
-/// Label stage: the GPU nodes' deploy labels, no more patches at a time than `gate` admits,
-/// then node pools and the GPU memory resource (our extension), on the same snapshot.
+/// Label stage: the GPU nodes' deploy labels, no more patches at a time than `gate` admits.
 pub async fn label(
     policy: &ClusterPolicy,
     deps: &Deps,
@@ -81,6 +81,7 @@ pub async fn label(
         grace,
         &labeller::Wanted {
             mig_default_layout: mig_default_layout(&policy.spec),
+            mig_by_model: &|node: &NodeView| crate::by_model::names_mig_layout(&policy.spec, node),
             runtime_of: &|node: &str| runtimes.get(node),
             toolkit_primary,
             toolkit_ready: &|node: &str, daemon_set: &str| {
@@ -91,18 +92,42 @@ pub async fn label(
     )
     .await
     .map_err(failed)?;
-    let pool_retry =
-        node_pools::reconcile_nodes(&deps.client, nodes, &policy.spec, &mut memory.pool_attempts)
-            .await
-            .map_err(failed)?;
+    Ok(Labelled {
+        in_flight: memory.attempts.in_flight(nodes),
+        deadline: labelling.again_at,
+        label_loss_warning: labelling.breaker.warning(grace),
+    })
+}
+
+/// Node-pool stage: node pools, the GPU memory resource and the layouts by GPU model (our
+/// extensions), on the pass's node snapshot. It follows validate, which checks each model's
+/// layout against the sharing and MIG configs before any node is labelled with it; `labelled`
+/// gets its conflict retry.
+pub async fn pools(
+    policy: &ClusterPolicy,
+    deps: &Deps,
+    memory: &mut Memory,
+    nodes: &[Arc<NodeView>],
+    by_model: &crate::by_model::ByModel,
+    labelled: &mut Labelled,
+) -> Result<(), Error> {
+    if deps.nvidia.holder().is_some() {
+        return Ok(());
+    }
+    let retry = node_pools::reconcile_nodes(
+        &deps.client,
+        nodes,
+        &policy.spec,
+        by_model,
+        &mut memory.pool_attempts,
+    )
+    .await
+    .map_err(failed)?;
     node_pools::reconcile_priority_classes(&deps.client, policy, &mut memory.priority_classes)
         .await
         .map_err(failed)?;
-    Ok(Labelled {
-        in_flight: memory.attempts.in_flight(nodes),
-        deadline: labelling.again_at.into_iter().chain(pool_retry).min(),
-        label_loss_warning: labelling.breaker.warning(grace),
-    })
+    labelled.deadline = labelled.deadline.into_iter().chain(retry).min();
+    Ok(())
 }
 
 /// The layout MIG-capable nodes without a `nvidia.com/mig.config` label get (decision 7):

@@ -36,7 +36,9 @@ fn changes_for(
     wanted: &Wanted<'_>,
 ) -> LabelPatch {
     let mut changes = desired_label_changes(node, gone_for, grace);
-    changes.extend(mig_config_default(node, wanted.mig_default_layout));
+    if !(wanted.mig_by_model)(node) {
+        changes.extend(mig_config_default(node, wanted.mig_default_layout));
+    }
     let runtime = (wanted.runtime_of)(&node.name);
     changes.extend(runtime_flavour_label(node, runtime.map(|r| r.label())));
     let ready = |daemon_set: &str| (wanted.toolkit_ready)(&node.name, daemon_set);
@@ -55,6 +57,9 @@ fn changes_for(
 pub struct Wanted<'a> {
     /// The default MIG layout (decision 7).
     pub mig_default_layout: Option<&'a str>,
+    /// Whether `spec.layoutsByModel` gives the node a MIG layout: the node-pool stage writes
+    /// that one instead of the default.
+    pub mig_by_model: &'a (dyn Fn(&NodeView) -> bool + Sync),
     /// Each node's runtime, once its nodeInfo was read.
     pub runtime_of: &'a (dyn Fn(&str) -> Option<NodeRuntime> + Sync),
     /// The flavour of the toolkit DaemonSet NVIDIA's deploy value `true` places nodes on.

@@ -297,12 +297,22 @@ async fn reconcile(
         resolve_to_apply,
         label::label(policy, deps, labels, &nodes, runtimes, &label_gate)
     );
-    let labelled = labelled?;
+    let mut labelled = labelled?;
     let Some((resolved, validated, desired, applied, apply_watch)) = applied? else {
         return Ok(Ran::Done(None));
     };
     // Resolve-to-apply and the label stage side by side: the longer of the two.
     watch.lap("apply+label");
+    label::pools(
+        policy,
+        deps,
+        labels,
+        &nodes,
+        &validated.by_model,
+        &mut labelled,
+    )
+    .await?;
+    watch.lap("pools");
     let rest = async {
         let observed = observe::observe(&deps.client, &deps.stores, diagnoser).await;
         watch.lap("observe");

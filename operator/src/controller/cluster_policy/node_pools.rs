@@ -16,6 +16,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::api::{ClusterPolicy, ClusterPolicySpec, PoolPriorityClass};
+use crate::by_model::ByModel;
 use crate::controller::owner::LabelAttempts;
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::node_pools::{
@@ -29,6 +30,15 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 /// Nodes read and patched at once.
 const CONCURRENCY: usize = 16;
 
+/// Node writes under the operator's field manager: a label it wrote is then known as its own
+/// (`node_pools::label_written_by_operator`).
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
 /// What happened on one node.
 enum Outcome {
     Unchanged,
@@ -40,9 +50,10 @@ async fn bring(
     api: &Api<Node>,
     name: &str,
     spec: &ClusterPolicySpec,
+    by_model: &ByModel,
     view: &NodeView,
 ) -> Result<Outcome, kube::Error> {
-    let want = desired(spec, view);
+    let want = desired(spec, by_model, view);
     let Some(mut node) = api.get_opt(name).await? else {
         return Ok(Outcome::Unchanged);
     };
@@ -51,7 +62,7 @@ async fn bring(
     let mut wrote = false;
     if let Some(patch) = status_patch(&node, &record, &want) {
         node = api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &params(), &Patch::Merge(&patch))
             .await?;
         wrote = true;
     }
@@ -60,10 +71,7 @@ async fn bring(
         tracing::warn!(node = %name, keys = ?conflicts, "node pool: someone else holds these labels or taints with other values; left alone");
     }
     if let Some(patch) = patch {
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        match api.patch(name, &params(), &Patch::Merge(&patch)).await {
             Ok(_) => wrote = true,
             Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Outcome::Conflict),
             Err(e) => return Err(e),
@@ -76,19 +84,21 @@ async fn bring(
     })
 }
 
-/// Brings every node to what `spec.nodePools` and `spec.gpuMemoryResource` want. Returns when
+/// Brings every node to what `spec.nodePools`, `spec.gpuMemoryResource` and
+/// `spec.layoutsByModel` (checked: `by_model`) want. Returns when
 /// to look again after a conflict, if one happened. `attempts` holds the nodes written whose
 /// write the cache has not shown yet: they are not written again until it does.
 pub async fn reconcile_nodes(
     client: &Client,
     nodes: &[Arc<NodeView>],
     spec: &ClusterPolicySpec,
+    by_model: &ByModel,
     attempts: &mut LabelAttempts,
 ) -> Result<Option<Instant>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let mut work = Vec::new();
     for node in nodes {
-        if !needs_work(node, &desired(spec, node)) {
+        if !needs_work(node, &desired(spec, by_model, node)) {
             attempts.forget(&node.name);
             continue;
         }
@@ -100,7 +110,7 @@ pub async fn reconcile_nodes(
     }
     let results: Vec<_> = futures::stream::iter(work.into_iter().map(|node| {
         let api = api.clone();
-        async move { (node, bring(&api, &node.name, spec, node).await) }
+        async move { (node, bring(&api, &node.name, spec, by_model, node).await) }
     }))
     .buffer_unordered(CONCURRENCY)
     .collect()
