@@ -190,7 +190,10 @@ pub fn plan(
     let mut sharing_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut mig_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for node in &facts.gpu_nodes {
-        if !node.is_gpu_node() || node.label(DEPLOY_OPERANDS) == Some("false") {
+        // NFD's GPU label counts as much as our mark: the label stage marks the node in the same
+        // pass, and the layout is then written in that pass too rather than the next.
+        let gpu = node.is_gpu_node() || node.has_nfd_gpu();
+        if !gpu || node.label(DEPLOY_OPERANDS) == Some("false") {
             continue;
         }
         let Some(product) = node.label(GPU_PRODUCT) else {

@@ -87,7 +87,7 @@ fn facts(nodes: Vec<Arc<NodeView>>) -> ClusterFacts {
     }
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+fn labels_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -141,15 +141,15 @@ fn every_model_gets_its_labels() {
     let plan = plan(&spec(&[]), &facts(nodes), Some(&mounted()));
     assert_eq!(
         plan.labels_for("t4"),
-        Some(&labels(&[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")]))
+        Some(&labels_of(&[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")]))
     );
     assert_eq!(
         plan.labels_for("a100-40"),
-        Some(&labels(&[(MIG_CONFIG, "all-1g.5gb")]))
+        Some(&labels_of(&[(MIG_CONFIG, "all-1g.5gb")]))
     );
     assert_eq!(
         plan.labels_for("h100"),
-        Some(&labels(&[(DEVICE_PLUGIN_CONFIG, "mps-2")]))
+        Some(&labels_of(&[(DEVICE_PLUGIN_CONFIG, "mps-2")]))
     );
     assert_eq!(plan.labels_for("a100-80"), None, "no entry covers it");
     assert_eq!(plan.sharing_problem, None);
@@ -173,12 +173,12 @@ fn a_mig_profile_the_model_lacks_freezes_only_that_models_nodes_and_names_the_en
     let plan = plan(&spec, &facts(nodes), Some(&mounted()));
     assert_eq!(
         plan.labels_for("a100-40"),
-        Some(&labels(&[(MIG_CONFIG, "all-1g.5gb")]))
+        Some(&labels_of(&[(MIG_CONFIG, "all-1g.5gb")]))
     );
     assert_eq!(plan.labels_for("a100-80-fresh"), None, "nothing added");
     assert_eq!(
         plan.labels_for("a100-80-set"),
-        Some(&labels(&[(MIG_CONFIG, "all-disabled")])),
+        Some(&labels_of(&[(MIG_CONFIG, "all-disabled")])),
         "what it carries is kept"
     );
     assert!(plan.labels_for("t4").is_some());
@@ -211,7 +211,7 @@ fn a_sharing_key_the_mounted_config_lacks_is_refused_with_its_keys() {
     let plan = plan(&spec, &facts(nodes), Some(&mounted()));
     assert_eq!(
         plan.labels_for("t4"),
-        Some(&labels(&[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")])),
+        Some(&labels_of(&[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")])),
         "frozen at its current key"
     );
     assert!(plan.labels_for("h100").is_some());
@@ -272,7 +272,7 @@ fn a_custom_mig_config_is_checked_as_mig_manager_reads_it() {
     assert_eq!(ok.mig_problem, None);
     assert_eq!(
         ok.labels_for("a100-40"),
-        Some(&labels(&[(MIG_CONFIG, "half")]))
+        Some(&labels_of(&[(MIG_CONFIG, "half")]))
     );
 }
 
@@ -300,4 +300,24 @@ fn the_mig_default_steps_aside_only_where_an_entry_names_a_layout() {
         &ClusterPolicySpec::default(),
         &node("a", A100_40, &[])
     ));
+}
+
+#[test]
+fn a_node_nfd_found_a_gpu_on_gets_its_layout_in_the_pass_that_marks_it() {
+    let labels: BTreeMap<String, String> = [
+        (
+            crate::nodes::NFD_GPU_LABELS[0].to_owned(),
+            "true".to_owned(),
+        ),
+        (GPU_PRODUCT.to_owned(), T4.to_owned()),
+    ]
+    .into();
+    let joining = Arc::new(NodeView::from_labels("joining", None, &labels));
+    let plan = plan(&spec(&[]), &facts(vec![joining.clone()]), Some(&mounted()));
+    assert_eq!(
+        plan.labels_for("joining"),
+        Some(&labels_of(&[(DEVICE_PLUGIN_CONFIG, "time-sliced-4")]))
+    );
+    let want = crate::node_pools::desired(&ClusterPolicySpec::default(), &plan, &joining);
+    assert_eq!(want.labels[DEVICE_PLUGIN_CONFIG], "time-sliced-4");
 }

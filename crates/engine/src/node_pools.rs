@@ -144,11 +144,12 @@ pub fn memory_units(node: &NodeView, unit: MemoryUnit) -> Option<u64> {
 /// labels `spec.layoutsByModel` gives the node ([`crate::model::ValidatedPolicy::by_model`]).
 pub fn desired(spec: &ClusterPolicySpec, by_model: &ByModel, node: &NodeView) -> Desired {
     let mut want = Desired::default();
-    if !node.is_gpu_node() {
-        return want;
-    }
+    // The layouts by model decide for themselves which nodes are GPU nodes (crate::by_model).
     if let Some(labels) = by_model.labels_for(&node.name) {
         want.labels.extend(labels.clone());
+    }
+    if !node.is_gpu_node() {
+        return want;
     }
     if let Some(pools) = spec.node_pools.as_ref().filter(|p| p.is_enabled()) {
         want.taints = pool_taints(spec);
