@@ -6,6 +6,9 @@
 //! pod name it walks the checklist platform teams walk (docs/doctor.md), in that order. Each
 //! finding names the check and the command that fixes or explains it. The diagnosis is pure
 //! ([`Snapshot`] in, text and [`Finding`]s out); only [`run`] talks to the API server.
+//!
+//! Both modes start with the ClusterPolicy's own faults as its status reports them
+//! ([`policy`]); where a pod may go is judged by the scheduler's rules ([`affinity`]).
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -21,6 +24,16 @@ use crate::api::{ClusterPolicy, MigStrategy};
 use crate::facts::{NodeRuntime, NodeRuntimeInfo, detect};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys, places_operand};
+
+pub mod affinity;
+pub mod policy;
+
+use affinity::tolerates;
+pub use policy::{
+    NO_POLICY, POLICY_COMPONENT_NOT_READY, POLICY_ERROR, POLICY_FIELDS_NOT_ACTED_ON,
+    POLICY_IGNORED, POLICY_INVALID_CONFIG, POLICY_NOT_READY, POLICY_NOT_RECONCILED,
+    POLICY_OBJECT_REJECTED, POLICY_RECONCILE_FAILED, policy_findings, policy_hints,
+};
 
 /// Exit status when the doctor ran and found at least one fault.
 pub const EXIT_FAULTS: u8 = 1;
@@ -77,14 +90,18 @@ pub struct DoctorArgs {
     pub context: Option<String>,
 }
 
-/// What the doctor reads: every node, the operand pods, RuntimeClass names, the active policy,
-/// and the tolerations of the NFD worker the operator deployed (none when it deployed none).
+/// What the doctor reads: every node, the operand pods, RuntimeClass names, the ClusterPolicies
+/// as read (status included), and the tolerations of the NFD worker the operator deployed (none
+/// when it deployed none).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub operand_pods: Vec<Pod>,
     pub runtime_classes: Vec<String>,
+    /// The active policy: the oldest, the one the operator acts on.
     pub policy: Option<ClusterPolicy>,
+    /// Every other policy (the operator ignores them), oldest first.
+    pub other_policies: Vec<ClusterPolicy>,
     pub operator_namespace: String,
     pub nfd_worker_tolerations: Option<Vec<Toleration>>,
 }
@@ -97,7 +114,6 @@ pub struct Finding {
     pub fix: String,
 }
 
-pub const NO_POLICY: &str = "no-cluster-policy";
 pub const NO_GPU_NODE: &str = "no-gpu-node";
 pub const MISSING_TOLERATION: &str = "missing-toleration";
 pub const ALLOCATABLE_ZERO: &str = "allocatable-zero";
@@ -112,6 +128,11 @@ pub const RUNTIME_HANDLER_MISSING: &str = "runtime-handler-missing";
 pub const TOOLKIT_CANNOT_WRITE_V3: &str = "toolkit-cannot-write-config-v3";
 pub const GPU_QUARANTINED: &str = "gpu-quarantined";
 pub const GPU_NOT_READY_YET: &str = "gpu-not-ready-yet";
+pub const NODE_SELECTOR_MISMATCH: &str = "node-selector-mismatch";
+pub const NODE_AFFINITY_MISMATCH: &str = "node-affinity-mismatch";
+/// Hints, not faults: what ranks the GPU nodes for a pod without keeping it off any.
+pub const PREFERRED_NODE_AFFINITY: &str = "preferred-node-affinity";
+pub const PREFER_NO_SCHEDULE_TAINT: &str = "prefer-no-schedule-taint";
 
 /// The first container toolkit release that writes containerd's config version 3, which
 /// containerd 2 reads (docs/operand-facts.md §6.1).
@@ -280,35 +301,6 @@ fn taint_text(t: &Taint) -> String {
         Some(v) => format!("{}={v}:{}", t.key, t.effect),
         None => format!("{}:{}", t.key, t.effect),
     }
-}
-
-/// Whether `toleration` tolerates `taint` (the scheduler's rule).
-fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = toleration
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    let key = toleration.key.as_deref().unwrap_or_default();
-    let exists = toleration.operator.as_deref() == Some("Exists");
-    let key_ok = (key.is_empty() && exists) || key == taint.key;
-    let value_ok = exists
-        || toleration.value.as_deref().unwrap_or_default()
-            == taint.value.as_deref().unwrap_or_default();
-    effect_ok && key_ok && value_ok
-}
-
-/// The taints of `node` that keep `pod` off it.
-fn untolerated(pod: &Pod, node: &Node) -> Vec<Taint> {
-    let tolerations = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.clone())
-        .unwrap_or_default();
-    taints(node)
-        .into_iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
-        .collect()
 }
 
 /// State of one pod: `Ready`, `Running` (not ready), a container's waiting or terminated
@@ -487,6 +479,9 @@ pub struct Report {
     pub pod: Option<PodReport>,
     /// Every fault, in the order the text prints them; none means exit status 0.
     pub faults: Vec<Finding>,
+    /// What does not keep GPU pods off but is worth knowing (a pod's preferred node affinity,
+    /// fields the policy sets that are not acted on); never changes the exit status.
+    pub hints: Vec<Finding>,
 }
 
 /// The version of [`Report`]'s shape.
@@ -594,6 +589,7 @@ impl Report {
         Report {
             nodes: node_reports(snapshot),
             faults: cluster_findings(snapshot),
+            hints: cluster_hints(snapshot),
             ..Report::empty(snapshot)
         }
     }
@@ -607,6 +603,7 @@ impl Report {
                 state: pod_state(pod),
             }),
             faults: pod_findings(snapshot, pod),
+            hints: pod_hints(snapshot, pod),
             ..Report::empty(snapshot)
         }
     }
@@ -620,6 +617,7 @@ impl Report {
             nodes: Vec::new(),
             pod: None,
             faults: Vec::new(),
+            hints: Vec::new(),
         }
     }
 
@@ -631,7 +629,11 @@ impl Report {
                     Some(p) => format!("pod {}/{}: {}\n", p.namespace, p.name, p.state),
                     None => table_text(&self.nodes, self.gpu_memory_resource.as_deref()),
                 };
-                format!("{head}\n{}", findings_text(&self.faults))
+                format!(
+                    "{head}\n{}{}",
+                    findings_text(&self.faults),
+                    hints_text(&self.hints)
+                )
             }
             Output::Json => {
                 let mut text =
@@ -940,16 +942,9 @@ fn nfd_kept_off(snapshot: &Snapshot) -> Vec<(Vec<String>, Finding)> {
         .collect()
 }
 
-/// Faults of the whole cluster (the table's companion).
+/// Faults of the whole cluster (the table's companion): the policy's first, then the nodes'.
 pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
-    let mut out = Vec::new();
-    if snapshot.policy.is_none() {
-        out.push(Finding {
-            check: NO_POLICY,
-            problem: "no ClusterPolicy: the operator deploys nothing".into(),
-            fix: "kubectl get clusterpolicies; helm install gpu-operator charts/gpu-operator -n gpu-operator --create-namespace".into(),
-        });
-    }
+    let mut out = policy_findings(snapshot);
     let kept_off = nfd_kept_off(snapshot);
     let nodes = snapshot.gpu_nodes();
     if nodes.is_empty() {
@@ -1004,68 +999,169 @@ fn gpu_requests(pod: &Pod, memory: Option<&str>) -> Vec<String> {
     out
 }
 
-fn selects(pod: &Pod, node: &Node) -> bool {
+/// Hints of the whole cluster: what does not keep pods off GPUs but is worth knowing.
+pub fn cluster_hints(snapshot: &Snapshot) -> Vec<Finding> {
+    policy_hints(snapshot)
+}
+
+/// The GPU nodes the pod's `nodeSelector` and required node affinity both admit.
+fn admitted<'a>(snapshot: &'a Snapshot, pod: &Pod) -> Vec<&'a Node> {
+    snapshot
+        .gpu_nodes()
+        .into_iter()
+        .filter(|n| {
+            affinity::selector_misses(pod, n).is_empty()
+                && affinity::affinity_misses(pod, n).is_none()
+        })
+        .collect()
+}
+
+/// The placement rules the pod has, as the no-gpu-node problem names them.
+fn placement_rules(pod: &Pod) -> &'static str {
     let selector = pod
         .spec
         .as_ref()
-        .and_then(|s| s.node_selector.clone())
-        .unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        .and_then(|s| s.node_selector.as_ref())
+        .is_some_and(|s| !s.is_empty());
+    match (selector, affinity::has_required_affinity(pod)) {
+        (true, true) => "nodeSelector and required node affinity",
+        (false, true) => "required node affinity",
+        _ => "nodeSelector",
+    }
 }
 
-/// Why `pod` is Pending or failing, in the order of the checklist.
+/// Which of the pod's placement rules keep it off GPU node `node`, one finding per rule.
+fn placement_findings(pod: &Pod, node: &Node) -> Vec<Finding> {
+    let (pod_name, name) = (pod.name_any(), node.name_any());
+    let mut out = Vec::new();
+    let selector = affinity::selector_misses(pod, node);
+    if !selector.is_empty() {
+        let keys: Vec<&str> = selector
+            .iter()
+            .filter_map(|m| m.split_once('=').map(|(k, _)| k))
+            .collect();
+        out.push(Finding {
+            check: NODE_SELECTOR_MISMATCH,
+            problem: format!(
+                "pod {pod_name}'s nodeSelector keeps it off GPU node {name}: {}",
+                selector.join(", ")
+            ),
+            fix: format!(
+                "kubectl get nodes -L {}  (the GPU nodes' values); set the pod's nodeSelector to \
+                 values a GPU node has, or drop what it need not select",
+                keys.join(",")
+            ),
+        });
+    }
+    if let Some(misses) = affinity::affinity_misses(pod, node) {
+        let why = match misses.as_slice() {
+            [] => "it has no nodeSelectorTerms, so it matches no node".to_owned(),
+            [one] => one.clone(),
+            many => format!("no term admits it: {}", many.join("; ")),
+        };
+        let mut keys: Vec<String> = pod
+            .spec
+            .iter()
+            .filter_map(|s| s.affinity.as_ref()?.node_affinity.as_ref())
+            .filter_map(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .flat_map(|r| &r.node_selector_terms)
+            .flat_map(|t| t.match_expressions.iter().flatten())
+            .map(|e| e.key.clone())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let show = if keys.is_empty() {
+            format!("kubectl get node {name} --show-labels")
+        } else {
+            format!(
+                "kubectl get nodes -L {}  (the labels its expressions test)",
+                keys.join(",")
+            )
+        };
+        out.push(Finding {
+            check: NODE_AFFINITY_MISMATCH,
+            problem: format!(
+                "pod {pod_name}'s required node affinity keeps it off GPU node {name}: {why}"
+            ),
+            fix: format!(
+                "{show}; in the pod's template (a pod's affinity cannot change in place), make \
+                 one term of spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution \
+                 match a GPU node, or move a wish to preferredDuringSchedulingIgnoredDuringExecution"
+            ),
+        });
+    }
+    out
+}
+
+fn toleration_text(t: &Taint) -> String {
+    format!("{{key: {}, operator: Exists, effect: {}}}", t.key, t.effect)
+}
+
+/// Why `pod` is Pending or failing: the policy's faults, then the checklist in order.
 pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
+    let mut out = policy_findings(snapshot);
+    out.extend(pod_checklist(snapshot, pod));
+    out
+}
+
+/// The pod's checklist (docs/doctor.md), in its order.
+fn pod_checklist(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     let mut out = Vec::new();
     let memory = snapshot.memory_resource();
     let requests = gpu_requests(pod, memory.as_deref());
     let pod_name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_else(|| "default".into());
 
-    // 1. A GPU node exists (among those the pod's nodeSelector allows).
-    let candidates: Vec<&Node> = snapshot
-        .gpu_nodes()
-        .into_iter()
-        .filter(|n| selects(pod, n))
-        .collect();
-    if candidates.is_empty() {
-        out.push(no_gpu_node(if snapshot.gpu_nodes().is_empty() {
-            " in the cluster"
-        } else {
-            " matches the pod's nodeSelector"
-        }));
+    // 1. A GPU node exists that the pod's nodeSelector and required node affinity admit; if
+    // none does, what keeps it off each one.
+    let gpu_nodes = snapshot.gpu_nodes();
+    let candidates = admitted(snapshot, pod);
+    if gpu_nodes.is_empty() {
+        out.push(no_gpu_node(" in the cluster"));
+    } else if candidates.is_empty() {
+        // GPU nodes exist: the pod's own rules are at fault, not NFD's labels.
+        out.push(Finding {
+            fix: format!(
+                "kubectl -n {namespace} get pod {pod_name} -o yaml  (its nodeSelector and \
+                 affinity); the findings below name what keeps it off each GPU node"
+            ),
+            ..no_gpu_node(&format!(" matches the pod's {}", placement_rules(pod)))
+        });
+        for node in &gpu_nodes {
+            out.extend(placement_findings(pod, node));
+        }
     }
-    // 2. The pod tolerates the GPU nodes' taints.
+    // 2. The pod tolerates the GPU nodes' NoSchedule and NoExecute taints: when none is left,
+    // each node's taints and the tolerations to add.
     let blocked: Vec<(&Node, Vec<Taint>)> = candidates
         .iter()
-        .map(|n| (*n, untolerated(pod, n)))
+        .map(|n| (*n, affinity::untolerated(pod, n, affinity::blocks)))
         .filter(|(_, t)| !t.is_empty())
         .collect();
     if !candidates.is_empty() && blocked.len() == candidates.len() {
-        // Nodes kept off by gpuReadiness: the pod must wait, not tolerate.
-        out.extend(
-            blocked
+        for (node, taints) in &blocked {
+            // Nodes kept off by gpuReadiness: the pod must wait, not tolerate.
+            if taints.iter().any(|t| is_readiness_taint(snapshot, t)) {
+                out.extend(readiness_finding(snapshot, node));
+            }
+            let taints: Vec<&Taint> = taints
                 .iter()
-                .filter(|(_, t)| t.iter().any(|t| is_readiness_taint(snapshot, t)))
-                .filter_map(|(n, _)| readiness_finding(snapshot, n)),
-        );
-        let mut taints: Vec<Taint> = blocked
-            .iter()
-            .flat_map(|(_, t)| t.clone())
-            .filter(|t| !is_readiness_taint(snapshot, t))
-            .collect();
-        taints.sort_by_key(taint_text);
-        taints.dedup_by_key(|t| taint_text(t));
-        let texts: Vec<String> = taints.iter().map(taint_text).collect();
-        let tolerations: Vec<String> = taints
-            .iter()
-            .map(|t| format!("{{key: {}, operator: Exists, effect: {}}}", t.key, t.effect))
-            .collect();
-        if !taints.is_empty() {
+                .filter(|t| !is_readiness_taint(snapshot, t))
+                .collect();
+            if taints.is_empty() {
+                continue;
+            }
+            let texts: Vec<String> = taints.iter().map(|t| taint_text(t)).collect();
+            let tolerations: Vec<String> = taints.iter().map(|t| toleration_text(t)).collect();
             out.push(Finding {
                 check: MISSING_TOLERATION,
                 problem: format!(
-                    "pod {pod_name} does not tolerate the GPU nodes' taints {}",
+                    "pod {pod_name} does not tolerate GPU node {}'s {} {}",
+                    node.name_any(),
+                    if taints.len() == 1 { "taint" } else { "taints" },
                     texts.join(", ")
                 ),
                 fix: format!(
@@ -1078,7 +1174,7 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     let schedulable: Vec<&Node> = candidates
         .iter()
         .copied()
-        .filter(|n| untolerated(pod, n).is_empty())
+        .filter(|n| affinity::untolerated(pod, n, affinity::blocks).is_empty())
         .collect();
     let considered = if schedulable.is_empty() {
         &candidates
@@ -1161,6 +1257,80 @@ pub fn pod_findings(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     out
 }
 
+/// Hints for `pod`: the policy's, then what ranks the GPU nodes it may go to without keeping it
+/// off any (its preferred node affinity, PreferNoSchedule taints it does not tolerate). Never a
+/// reason for Pending, so never a fault.
+pub fn pod_hints(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
+    let mut out = policy_hints(snapshot);
+    let pod_name = pod.name_any();
+    let candidates = admitted(snapshot, pod);
+    let open: Vec<&Node> = candidates
+        .iter()
+        .copied()
+        .filter(|n| affinity::untolerated(pod, n, affinity::blocks).is_empty())
+        .collect();
+    let names = |nodes: &[&Node]| {
+        nodes
+            .iter()
+            .map(|n| n.name_any())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !candidates.is_empty() {
+        for preference in affinity::preferences(pod) {
+            let preferred: Vec<&Node> = candidates
+                .iter()
+                .copied()
+                .filter(|n| affinity::term_admits(preference.term, n))
+                .collect();
+            let which = if preferred.is_empty() {
+                format!(
+                    "none of the GPU nodes it may go to ({}) matches",
+                    names(&candidates)
+                )
+            } else {
+                format!("GPU nodes that match: {}", names(&preferred))
+            };
+            out.push(Finding {
+                check: PREFERRED_NODE_AFFINITY,
+                problem: format!(
+                    "pod {pod_name} prefers (preferredDuringSchedulingIgnoredDuringExecution[{}], \
+                     weight {}) nodes with {}; {which}",
+                    preference.index,
+                    preference.weight,
+                    affinity::term_text(preference.term)
+                ),
+                fix: "nothing to fix: a preference only ranks nodes and never keeps a pod \
+                      Pending; to require those nodes, move the term to \
+                      requiredDuringSchedulingIgnoredDuringExecution"
+                    .into(),
+            });
+        }
+    }
+    for node in &open {
+        let taints = affinity::untolerated(pod, node, |t| t.effect == affinity::PREFER_NO_SCHEDULE);
+        if taints.is_empty() {
+            continue;
+        }
+        let texts: Vec<String> = taints.iter().map(taint_text).collect();
+        let tolerations: Vec<String> = taints.iter().map(toleration_text).collect();
+        out.push(Finding {
+            check: PREFER_NO_SCHEDULE_TAINT,
+            problem: format!(
+                "pod {pod_name} does not tolerate GPU node {}'s {}: the scheduler avoids the \
+                 node while another fits, and still uses it when none does",
+                node.name_any(),
+                texts.join(", ")
+            ),
+            fix: format!(
+                "if the pod should go there as readily: tolerations: [{}]",
+                tolerations.join(", ")
+            ),
+        });
+    }
+    out
+}
+
 fn strategy_name(s: MigStrategy) -> &'static str {
     match s {
         MigStrategy::None => "none",
@@ -1192,6 +1362,15 @@ pub fn findings_text(findings: &[Finding]) -> String {
     out
 }
 
+/// The hints as text, after the faults: one block per hint.
+pub fn hints_text(hints: &[Finding]) -> String {
+    let mut out = String::new();
+    for h in hints {
+        let _ = writeln!(out, "HINT {}: {}\n  note: {}", h.check, h.problem, h.fix);
+    }
+    out
+}
+
 /// A client from `kubeconfig` and `context` (default: KUBECONFIG, ~/.kube/config, or the
 /// in-cluster account), as every subcommand that talks to a cluster takes them.
 pub async fn client(
@@ -1201,25 +1380,34 @@ pub async fn client(
     Ok(Client::try_from(config(kubeconfig, context).await?)?)
 }
 
-/// The active policy: the oldest (the operator's rule), or none when the CRD is not served.
-async fn active_policy(client: &Client) -> anyhow::Result<Option<ClusterPolicy>> {
+/// The active policy (the oldest, the operator's rule) and the others, oldest first.
+pub fn split_active(
+    mut policies: Vec<ClusterPolicy>,
+) -> (Option<ClusterPolicy>, Vec<ClusterPolicy>) {
+    policies.sort_by_key(|p| {
+        (
+            p.metadata.creation_timestamp.clone().map(|t| t.0),
+            p.name_any(),
+        )
+    });
+    let mut policies = policies.into_iter();
+    (policies.next(), policies.collect())
+}
+
+/// Every ClusterPolicy as read, split as the operator does; none when the CRD is not served.
+async fn policies(client: &Client) -> anyhow::Result<(Option<ClusterPolicy>, Vec<ClusterPolicy>)> {
     match Api::<ClusterPolicy>::all(client.clone())
         .list(&ListParams::default())
         .await
     {
-        Ok(list) => Ok(list.items.into_iter().min_by_key(|p| {
-            (
-                p.metadata.creation_timestamp.clone().map(|t| t.0),
-                p.name_any(),
-            )
-        })),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Ok(list) => Ok(split_active(list.items)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok((None, Vec::new())),
         Err(e) => Err(e).context("listing ClusterPolicies"),
     }
 }
 
 async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot> {
-    let policy = active_policy(client).await?;
+    let (policy, other_policies) = policies(client).await?;
     let operator_namespace = args
         .operator_namespace
         .clone()
@@ -1268,6 +1456,7 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         operand_pods,
         runtime_classes,
         policy,
+        other_policies,
         operator_namespace,
         nfd_worker_tolerations,
     })

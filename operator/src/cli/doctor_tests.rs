@@ -13,6 +13,7 @@ use serde_json::json;
 use clap::Parser as _;
 
 use super::*;
+use crate::api::State;
 
 fn node(name: &str, product: &str, count: u32, gpus: u32, taint: bool) -> Node {
     let labels = [
@@ -119,12 +120,54 @@ fn operand_pod(operand: &str, node: &str, waiting: Option<&str>) -> Pod {
     }
 }
 
-fn policy(spec: serde_json::Value) -> ClusterPolicy {
+/// A condition as the operator writes it, for generation 1.
+fn condition(kind: &str, ok: bool, reason: &str, message: &str) -> serde_json::Value {
+    json!({
+        "type": kind, "status": if ok { "True" } else { "False" }, "reason": reason,
+        "message": message, "observedGeneration": 1,
+        "lastTransitionTime": "2026-01-01T00:00:00Z"
+    })
+}
+
+/// A component as the operator writes it for a DaemonSet on two nodes.
+fn component(name: &str, daemon_set: &str, available: i32, message: &str) -> serde_json::Value {
+    json!({
+        "name": name, "daemonSet": daemon_set, "desired": 2, "updated": 2, "ready": available,
+        "available": available, "labeledNodes": 2, "message": message
+    })
+}
+
+/// The status of a ready policy on `healthy()`'s two GPU nodes.
+fn ready_status() -> serde_json::Value {
+    json!({
+        "state": "ready",
+        "namespace": "gpu-operator",
+        "conditions": [
+            condition("Ready", true, "Ready", "all operands ready on 2 GPU nodes"),
+            condition("Error", false, "NoError", "")
+        ],
+        "components": [
+            component("driver", "nvidia-driver-daemonset", 2, "2/2 pods ready; upgrade pending on 1 nodes"),
+            component("device-plugin", "nvidia-device-plugin-daemonset", 2, "2/2 pods ready"),
+            component("operator-validator", "nvidia-operator-validator", 2, "2/2 pods ready")
+        ],
+        "gpuNodes": 2,
+        "operandsReady": "3/3"
+    })
+}
+
+/// A policy named `name` with `spec` and `status` (generation 1).
+fn policy_named(name: &str, spec: serde_json::Value, status: serde_json::Value) -> ClusterPolicy {
     serde_json::from_value(json!({
         "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-        "metadata": {"name": "cluster-policy"}, "spec": spec
+        "metadata": {"name": name, "generation": 1}, "spec": spec, "status": status
     }))
     .unwrap()
+}
+
+/// The active policy with `spec`, ready.
+fn policy(spec: serde_json::Value) -> ClusterPolicy {
+    policy_named("cluster-policy", spec, ready_status())
 }
 
 /// Two GPU nodes (one tainted) with every operand ready, GPUs advertised, the RuntimeClass.
@@ -147,6 +190,7 @@ fn healthy() -> Snapshot {
         operand_pods,
         runtime_classes: vec!["nvidia".into()],
         policy: Some(policy(json!({}))),
+        other_policies: Vec::new(),
         operator_namespace: "gpu-operator".into(),
         nfd_worker_tolerations: None,
     }
@@ -175,6 +219,32 @@ fn checks(findings: &[Finding]) -> Vec<&'static str> {
     findings.iter().map(|f| f.check).collect()
 }
 
+/// Compares `actual` with the golden file `testdata/<name>` (`UPDATE_GOLDEN=1` rewrites it).
+fn assert_golden(name: &str, actual: &str) {
+    let path = format!("{}/src/cli/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(&path, actual).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}; write it with UPDATE_GOLDEN=1 and review"));
+    assert_eq!(
+        actual, golden,
+        "{name}: regenerate with UPDATE_GOLDEN=1 and review"
+    );
+}
+
+/// The report's text and `-o json` against `testdata/<name>.txt` and `<name>.json`.
+fn assert_report_golden(name: &str, report: &Report) {
+    assert_golden(
+        &format!("{name}.txt"),
+        &report.render(Output::Text).unwrap(),
+    );
+    assert_golden(
+        &format!("{name}.json"),
+        &report.render(Output::Json).unwrap(),
+    );
+}
+
 #[test]
 fn a_healthy_cluster_has_no_findings_and_its_table_matches_the_golden_file() {
     let snapshot = healthy();
@@ -199,8 +269,24 @@ fn no_gpu_node_is_a_fault_of_the_cluster_and_of_a_pod_selecting_none() {
     assert_eq!(checks(&cluster_findings(&snapshot)), [NO_GPU_NODE]);
     let pod = gpu_pod(json!({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}}));
     let findings = pod_findings(&healthy(), &pod);
-    assert_eq!(checks(&findings), [NO_GPU_NODE]);
+    // The headline, then the selector key that keeps the pod off each GPU node.
+    assert_eq!(
+        checks(&findings),
+        [NO_GPU_NODE, NODE_SELECTOR_MISMATCH, NODE_SELECTOR_MISMATCH]
+    );
     assert!(findings[0].problem.contains("nodeSelector"));
+    assert_eq!(
+        findings[2].problem,
+        "pod infer's nodeSelector keeps it off GPU node gpu-t4-0: \
+         nvidia.com/gpu.product=NVIDIA-B200 (the node's is Tesla-T4)"
+    );
+    assert!(
+        findings[2]
+            .fix
+            .starts_with("kubectl get nodes -L nvidia.com/gpu.product"),
+        "{}",
+        findings[2].fix
+    );
 }
 
 #[test]
@@ -854,4 +940,548 @@ fn help_documents_the_exit_statuses_and_the_formats() {
     ] {
         assert!(help.contains(text), "{text:?} not in:\n{help}");
     }
+}
+
+/// `healthy()` with the active policy's status replaced by `status`.
+fn with_status(status: serde_json::Value) -> Snapshot {
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy_named("cluster-policy", json!({}), status));
+    snapshot
+}
+
+/// A not-ready status whose Ready condition says `reason: message`, Error true when `error`.
+fn failing_status(
+    reason: &str,
+    message: &str,
+    error: bool,
+    components: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "state": "notReady",
+        "namespace": "gpu-operator",
+        "conditions": [
+            condition("Ready", false, reason, message),
+            if error {
+                condition("Error", true, reason, message)
+            } else {
+                condition("Error", false, "NoError", "")
+            }
+        ],
+        "components": components
+    })
+}
+
+const INVALID_MESSAGE: &str = "device-plugin: config map gpu-operator/sharing has no key \
+                               \"a100\" (named by spec.devicePlugin.config.default)";
+
+fn invalid_config() -> Snapshot {
+    with_status(failing_status(
+        "InvalidConfig",
+        INVALID_MESSAGE,
+        true,
+        json!([
+            component("driver", "nvidia-driver-daemonset", 2, "2/2 pods ready"),
+            {"name": "device-plugin", "desired": 0, "updated": 0, "ready": 0, "available": 0,
+             "labeledNodes": 2,
+             "message": "invalid configuration, live objects kept as they were: config map \
+                         gpu-operator/sharing has no key \"a100\""}
+        ]),
+    ))
+}
+
+#[test]
+fn a_ready_policy_gives_no_finding_even_with_an_upgrade_pending() {
+    let snapshot = healthy();
+    assert_eq!(policy_findings(&snapshot), []);
+    assert_eq!(cluster_hints(&snapshot), []);
+}
+
+#[test]
+fn no_policy_is_named_first_in_both_modes() {
+    let mut snapshot = healthy();
+    snapshot.policy = None;
+    assert_eq!(checks(&cluster_findings(&snapshot)), [NO_POLICY]);
+    let pod = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(
+        checks(&pod_findings(&snapshot, &pod)),
+        [NO_POLICY, MISSING_TOLERATION]
+    );
+}
+
+#[test]
+fn an_invalid_config_is_named_with_its_message_and_the_commands_that_show_and_fix_it() {
+    let snapshot = invalid_config();
+    let findings = cluster_findings(&snapshot);
+    // The component repeats the Error condition: said once.
+    assert_eq!(checks(&findings), [POLICY_INVALID_CONFIG]);
+    assert_eq!(
+        findings[0].problem,
+        format!("ClusterPolicy cluster-policy reports an error (InvalidConfig): {INVALID_MESSAGE}")
+    );
+    assert!(
+        findings[0]
+            .fix
+            .starts_with("kubectl get clusterpolicy cluster-policy -o yaml")
+            && findings[0]
+                .fix
+                .contains("kubectl edit clusterpolicy cluster-policy"),
+        "{}",
+        findings[0].fix
+    );
+    // First in the pod's checklist too, before the pod's own faults.
+    let pod = workload(json!({
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-t4-0"},
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_eq!(
+        checks(&pod_findings(&snapshot, &pod)),
+        [POLICY_INVALID_CONFIG, MISSING_TOLERATION]
+    );
+}
+
+#[test]
+fn a_rejected_object_points_at_the_policys_events() {
+    let message = "driver: DaemonSet gpu-operator/nvidia-driver-daemonset was rejected by the API \
+                   server at field spec.template.spec.priorityClassName: no such class";
+    let snapshot = with_status(failing_status(
+        "ObjectRejected",
+        message,
+        true,
+        json!([component(
+            "driver",
+            "nvidia-driver-daemonset",
+            2,
+            "frozen: DaemonSet gpu-operator/nvidia-driver-daemonset was rejected; 2/2 pods ready"
+        )]),
+    ));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_OBJECT_REJECTED]);
+    assert!(findings[0].problem.contains(message));
+    assert!(
+        findings[0]
+            .fix
+            .starts_with("kubectl describe clusterpolicy cluster-policy")
+    );
+}
+
+#[test]
+fn a_failed_reconcile_points_at_the_operator_log() {
+    let snapshot = with_status(failing_status(
+        "ReconcileFailed",
+        "NVIDIA's GPU Operator is running (held by gpu-operator/nvidia); uninstall one of the two",
+        true,
+        json!([]),
+    ));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_RECONCILE_FAILED]);
+    assert!(
+        findings[0]
+            .fix
+            .starts_with("kubectl -n gpu-operator logs deploy/gpu-operator"),
+        "{}",
+        findings[0].fix
+    );
+    // A reason this doctor does not know is still an error.
+    let snapshot = with_status(failing_status("SomethingNew", "it broke", true, json!([])));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_ERROR]);
+    assert!(findings[0].problem.contains("(SomethingNew): it broke"));
+}
+
+#[test]
+fn operands_not_ready_are_named_per_component_instead_of_the_joined_message() {
+    let snapshot = with_status(failing_status(
+        "OperandNotReady",
+        "driver: 1 of 2 pods not available",
+        false,
+        json!([
+            component("driver", "nvidia-driver-daemonset", 1, "1 of 2 pods not available"),
+            component("device-plugin", "nvidia-device-plugin-daemonset", 2, "2/2 pods ready; config sharing-copy (default key \"a100\")"),
+            {"name": "node-feature-discovery/node-feature-discovery-master", "desired": 1,
+             "updated": 1, "ready": 1, "available": 1, "labeledNodes": 0,
+             "message": "1/1 replicas available"}
+        ]),
+    ));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_COMPONENT_NOT_READY]);
+    assert_eq!(
+        findings[0].problem,
+        "ClusterPolicy cluster-policy component driver: 1 of 2 pods not available"
+    );
+    assert!(
+        findings[0]
+            .fix
+            .starts_with("kubectl -n gpu-operator describe daemonset nvidia-driver-daemonset"),
+        "{}",
+        findings[0].fix
+    );
+}
+
+#[test]
+fn a_not_ready_policy_whose_components_are_fine_shows_its_ready_message() {
+    let snapshot = with_status(failing_status(
+        "OperandNotReady",
+        "labelling GPU nodes: 2 node label writes not yet observed",
+        false,
+        json!([component(
+            "driver",
+            "nvidia-driver-daemonset",
+            2,
+            "2/2 pods ready"
+        )]),
+    ));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_NOT_READY]);
+    assert_eq!(
+        findings[0].problem,
+        "ClusterPolicy cluster-policy is not ready (OperandNotReady): labelling GPU nodes: 2 node \
+         label writes not yet observed"
+    );
+    assert!(
+        findings[0]
+            .fix
+            .starts_with("kubectl describe clusterpolicy cluster-policy")
+    );
+}
+
+#[test]
+fn a_failed_or_held_driver_upgrade_and_a_short_deployment_are_component_problems() {
+    let snapshot = with_status(failing_status(
+        "OperandNotReady",
+        "driver: ...",
+        false,
+        json!([
+            component("driver", "nvidia-driver-daemonset", 2,
+                "2/2 pods ready; driver upgrade: 1 of 2 nodes upgraded, 1 failed: gpu-t4-0: drain timed out"),
+            {"name": "node-feature-discovery/node-feature-discovery-master", "desired": 1,
+             "updated": 1, "ready": 0, "available": 0, "labeledNodes": 0,
+             "message": "0/1 replicas available"},
+            {"name": "gpu-feature-discovery", "desired": 2, "updated": 0, "ready": 0,
+             "available": 0, "labeledNodes": 2}
+        ]),
+    ));
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(
+        checks(&findings),
+        [
+            POLICY_COMPONENT_NOT_READY,
+            POLICY_COMPONENT_NOT_READY,
+            POLICY_COMPONENT_NOT_READY
+        ]
+    );
+    assert!(findings[0].problem.contains("1 failed: gpu-t4-0"));
+    assert!(findings[1].problem.contains("0/1 replicas available"));
+    // Without a DaemonSet, the component list is what shows it.
+    assert!(findings[1].fix.contains("{.status.components}"));
+    assert!(findings[2].problem.ends_with("0 of 2 pods available"));
+}
+
+#[test]
+fn ignored_policies_are_named_as_such_with_the_active_one() {
+    let mut snapshot = healthy();
+    let ignored_status = json!({
+        "state": "ignored",
+        "conditions": [
+            condition("Ready", false, "Ignored",
+                "ClusterPolicy cluster-policy is the active one (the oldest); this one is ignored"),
+            condition("Error", true, "Ignored",
+                "ClusterPolicy cluster-policy is the active one (the oldest); this one is ignored")
+        ]
+    });
+    snapshot.other_policies = vec![
+        policy_named("second", json!({}), ignored_status),
+        policy_named("third", json!({}), serde_json::Value::Null),
+    ];
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_IGNORED, POLICY_IGNORED]);
+    assert_eq!(
+        findings[0].problem,
+        "ClusterPolicy second is ignored: ClusterPolicy cluster-policy is the active one (the \
+         oldest); this one is ignored"
+    );
+    // One the operator has not written to yet is ignored all the same.
+    assert!(findings[1].problem.starts_with(
+        "ClusterPolicy third is ignored: ClusterPolicy cluster-policy is the active one"
+    ));
+    assert!(
+        findings[1].fix.ends_with(
+            "move what third sets into cluster-policy, then kubectl delete clusterpolicy third"
+        ),
+        "{}",
+        findings[1].fix
+    );
+    // The active one calling itself ignored says so, and nothing else of it.
+    let mut snapshot = healthy();
+    snapshot
+        .policy
+        .as_mut()
+        .unwrap()
+        .status
+        .as_mut()
+        .unwrap()
+        .state = State::Ignored;
+    assert_eq!(checks(&cluster_findings(&snapshot)), [POLICY_IGNORED]);
+}
+
+#[test]
+fn the_active_policy_is_the_oldest_and_the_rest_are_others() {
+    let at = |name: &str, time: &str| {
+        let mut p = policy_named(name, json!({}), serde_json::Value::Null);
+        p.metadata.creation_timestamp = Some(serde_json::from_value(json!(time)).unwrap());
+        p
+    };
+    let (active, others) = split_active(vec![
+        at("b", "2026-01-02T00:00:00Z"),
+        at("c", "2026-01-01T00:00:00Z"),
+        at("a", "2026-01-02T00:00:00Z"),
+    ]);
+    assert_eq!(active.unwrap().name_any(), "c");
+    let names: Vec<String> = others.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert!(split_active(Vec::new()).0.is_none());
+}
+
+#[test]
+fn a_policy_without_status_or_with_an_older_generation_is_not_reconciled() {
+    let snapshot = with_status(serde_json::Value::Null);
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_NOT_RECONCILED]);
+    assert!(findings[0].problem.contains("has no status"));
+    assert!(
+        findings[0]
+            .fix
+            .contains("kubectl -n gpu-operator logs deploy/gpu-operator")
+    );
+    let mut snapshot = healthy();
+    snapshot.policy.as_mut().unwrap().metadata.generation = Some(2);
+    let findings = cluster_findings(&snapshot);
+    assert_eq!(checks(&findings), [POLICY_NOT_RECONCILED]);
+    assert!(
+        findings[0]
+            .problem
+            .contains("status describes generation 1, the policy is at 2"),
+        "{}",
+        findings[0].problem
+    );
+}
+
+#[test]
+fn fields_not_acted_on_are_a_hint_and_leave_the_exit_status_clean() {
+    let mut status = ready_status();
+    status["conditions"].as_array_mut().unwrap().push(condition(
+        "Unsupported",
+        true,
+        "AcceptedNotActedOn",
+        "spec.sandboxWorkloads.enabled",
+    ));
+    let snapshot = with_status(status);
+    assert_eq!(cluster_findings(&snapshot), []);
+    let hints = cluster_hints(&snapshot);
+    assert_eq!(checks(&hints), [POLICY_FIELDS_NOT_ACTED_ON]);
+    assert!(
+        hints[0]
+            .problem
+            .ends_with(": spec.sandboxWorkloads.enabled")
+    );
+    let report = Report::of_cluster(&snapshot);
+    assert!(report.faults.is_empty());
+    let text = report.render(Output::Text).unwrap();
+    assert!(
+        text.contains("No faults found.\nHINT policy-fields-not-acted-on: "),
+        "{text}"
+    );
+    assert!(!text.contains("FAULT"), "{text}");
+}
+
+/// A GPU pod that tolerates the GPU taint and requires `terms`.
+fn requiring(terms: serde_json::Value) -> Pod {
+    gpu_pod(json!({"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}))
+}
+
+#[test]
+fn a_pod_whose_required_affinity_excludes_every_gpu_node_is_told_the_expression_per_node() {
+    let pod = requiring(json!([{"matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    ]}]));
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(
+        checks(&findings),
+        [NO_GPU_NODE, NODE_AFFINITY_MISMATCH, NODE_AFFINITY_MISMATCH]
+    );
+    assert_eq!(
+        findings[0].problem,
+        "no GPU node matches the pod's required node affinity"
+    );
+    assert_eq!(
+        findings[1].problem,
+        "pod infer's required node affinity keeps it off GPU node gpu-a100-0: \
+         nodeSelectorTerms[0].matchExpressions[0] (nvidia.com/gpu.product In \
+         [NVIDIA-H100-80GB-HBM3]): the node's is NVIDIA-A100-SXM4-40GB"
+    );
+    assert!(
+        findings[1]
+            .fix
+            .starts_with("kubectl get nodes -L nvidia.com/gpu.product"),
+        "{}",
+        findings[1].fix
+    );
+    // One term that admits one node is enough: nothing to say.
+    let pod = requiring(json!([
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-t4-0"]}]}
+    ]));
+    assert_eq!(pod_findings(&healthy(), &pod), []);
+}
+
+#[test]
+fn a_pod_kept_off_by_both_selector_and_affinity_is_told_each_rule() {
+    let mut pod = requiring(json!([{"matchExpressions": [
+        {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["4"]}
+    ]}]));
+    pod.spec.as_mut().unwrap().node_selector =
+        Some([("nvidia.com/gpu.product".to_string(), "Tesla-T4".to_string())].into());
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(
+        checks(&findings),
+        [NO_GPU_NODE, NODE_SELECTOR_MISMATCH, NODE_AFFINITY_MISMATCH]
+    );
+    assert!(
+        findings[0]
+            .problem
+            .ends_with("the pod's nodeSelector and required node affinity")
+    );
+    assert!(findings[1].problem.contains("off GPU node gpu-a100-0"));
+    assert!(
+        findings[2]
+            .problem
+            .contains("off GPU node gpu-t4-0: nodeSelectorTerms[0].matchExpressions[0] (nvidia.com/gpu.count Gt 4): the node's is 1"),
+        "{}",
+        findings[2].problem
+    );
+}
+
+#[test]
+fn a_pod_admitted_only_where_it_does_not_tolerate_the_taint_is_told_that_nodes_taint() {
+    let pod = workload(json!({
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}]}]}}},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}],
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    let findings = pod_findings(&healthy(), &pod);
+    assert_eq!(checks(&findings), [MISSING_TOLERATION]);
+    assert_eq!(
+        findings[0].problem,
+        "pod infer does not tolerate GPU node gpu-t4-0's taint nvidia.com/gpu=present:NoSchedule"
+    );
+    assert_eq!(
+        findings[0].fix,
+        "add to the pod spec: tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
+    );
+}
+
+fn preferring_a100() -> Pod {
+    gpu_pod(json!({"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 80, "preference":
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                   "values": ["NVIDIA-A100-SXM4-40GB"]}]}}]}}}))
+}
+
+#[test]
+fn preferred_terms_are_hints_naming_the_nodes_they_prefer_never_faults() {
+    let pod = preferring_a100();
+    assert_eq!(pod_findings(&healthy(), &pod), []);
+    let hints = pod_hints(&healthy(), &pod);
+    assert_eq!(checks(&hints), [PREFERRED_NODE_AFFINITY]);
+    assert!(
+        hints[0].problem.contains(
+            "weight 80) nodes with nvidia.com/gpu.product In [NVIDIA-A100-SXM4-40GB]; GPU nodes \
+             that match: gpu-a100-0"
+        ),
+        "{}",
+        hints[0].problem
+    );
+    // A preference no GPU node meets is still no fault.
+    let mut snapshot = healthy();
+    snapshot.nodes.remove(0);
+    assert_eq!(pod_findings(&snapshot, &pod), []);
+    let hints = pod_hints(&snapshot, &pod);
+    assert!(
+        hints[0]
+            .problem
+            .ends_with("none of the GPU nodes it may go to (gpu-t4-0) matches"),
+        "{}",
+        hints[0].problem
+    );
+}
+
+#[test]
+fn an_untolerated_prefer_no_schedule_taint_is_a_hint_not_a_fault() {
+    let mut snapshot = healthy();
+    snapshot.nodes[0].spec.as_mut().unwrap().taints = Some(vec![Taint {
+        key: "spot".into(),
+        value: Some("true".into()),
+        effect: "PreferNoSchedule".into(),
+        time_added: None,
+    }]);
+    let pod = gpu_pod(json!({}));
+    assert_eq!(pod_findings(&snapshot, &pod), []);
+    let hints = pod_hints(&snapshot, &pod);
+    assert_eq!(checks(&hints), [PREFER_NO_SCHEDULE_TAINT]);
+    assert!(
+        hints[0]
+            .problem
+            .contains("GPU node gpu-a100-0's spot=true:PreferNoSchedule")
+    );
+    assert!(
+        hints[0]
+            .fix
+            .contains("{key: spot, operator: Exists, effect: PreferNoSchedule}")
+    );
+}
+
+#[test]
+fn golden_a_policy_with_an_invalid_config() {
+    assert_report_golden(
+        "doctor-policy-invalid-config",
+        &Report::of_cluster(&invalid_config()),
+    );
+}
+
+#[test]
+fn golden_a_pod_excluded_by_required_affinity() {
+    let pod = requiring(json!([{"matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+        {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["4"]}
+    ]}, {"matchExpressions": [
+        {"key": "topology.kubernetes.io/zone", "operator": "Exists"}
+    ]}]));
+    assert_report_golden(
+        "doctor-pod-affinity-excluded",
+        &Report::of_pod(&healthy(), &pod),
+    );
+}
+
+#[test]
+fn golden_a_pod_that_does_not_tolerate_a_gpu_nodes_taint() {
+    let pod = workload(json!({
+        "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }));
+    assert_report_golden(
+        "doctor-pod-untolerated-taint",
+        &Report::of_pod(&healthy(), &pod),
+    );
+}
+
+#[test]
+fn golden_a_pod_with_only_preferred_terms_reads_ok_with_a_hint() {
+    let report = Report::of_pod(&healthy(), &preferring_a100());
+    assert!(report.faults.is_empty());
+    assert_report_golden("doctor-pod-preferred-only", &report);
 }

@@ -21,7 +21,8 @@ use e2e::wait;
 use gpu_operator::api::State;
 use gpu_operator::cli::doctor::{
     ALLOCATABLE_ZERO, DRIVER_CRASH_LOOP, MIG_STRATEGY_MISMATCH, MISSING_TOLERATION,
-    NFD_WORKER_KEPT_OFF, NO_GPU_NODE, RUNTIME_CLASS_MISSING, VALIDATOR_NOT_READY,
+    NFD_WORKER_KEPT_OFF, NO_GPU_NODE, NODE_AFFINITY_MISMATCH, RUNTIME_CLASS_MISSING,
+    VALIDATOR_NOT_READY,
 };
 use gpu_operator::cli::doctor::{EXIT_COULD_NOT_RUN, EXIT_FAULTS};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -374,6 +375,36 @@ async fn doctor_names_each_fault_with_its_fix_and_passes_a_healthy_cluster() {
     )
     .await;
     doctor(&["b200", "-n", &namespace]).assert_fault(NO_GPU_NODE, "nodeSelector");
+    // A required node affinity no GPU node meets: the expression that fails on each node.
+    pod(
+        &admin,
+        &namespace,
+        "b200-affinity",
+        json!({
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-B200"]}]}]}}},
+        "tolerations": tolerate_all(), "containers": gpu_container("nvidia.com/gpu")}),
+    )
+    .await;
+    let affinity = doctor(&["b200-affinity", "-n", &namespace]);
+    affinity.assert_fault(NO_GPU_NODE, "required node affinity");
+    affinity.assert_fault(
+        NODE_AFFINITY_MISMATCH,
+        "off GPU node gpu-t4-0: nodeSelectorTerms[0].matchExpressions[0] \
+         (nvidia.com/gpu.product In [NVIDIA-B200]): the node's is Tesla-T4",
+    );
+    let excluded = doctor(&["b200-affinity", "-n", &namespace, "-o", "json"]).json()["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == NODE_AFFINITY_MISMATCH)
+        .count();
+    assert!(
+        excluded >= 6,
+        "every GPU node of the fleet: {}",
+        affinity.stdout
+    );
     pod(
         &admin,
         &namespace,
