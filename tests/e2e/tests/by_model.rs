@@ -196,10 +196,15 @@ async fn layouts_follow_the_gpu_model_keep_hand_set_labels_freeze_a_bad_entry_an
     .await
     .unwrap();
     let nodes_api = Api::<Node>::all(s.admin.clone());
+    // When the operator's GPU mark arrived, for comparison: the layout comes in the same pass.
+    let marked = std::sync::Mutex::new(None);
     wait::until(TIMEOUT, "the late node's layout", || {
-        let (api, late) = (nodes_api.clone(), late.clone());
+        let (api, late, marked) = (nodes_api.clone(), late.clone(), &marked);
         async move {
             let node = api.get(&late).await?;
+            if label(&node, "nvidia.com/gpu.present").is_some() {
+                marked.lock().unwrap().get_or_insert(joined.elapsed());
+            }
             Ok(match label(&node, SHARING) {
                 Some("mps-2") => Ok(()),
                 other => Err(format!("{other:?}")),
@@ -209,9 +214,18 @@ async fn layouts_follow_the_gpu_model_keep_hand_set_labels_freeze_a_bad_entry_an
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
     eprintln!(
-        "a joining H100 carried {SHARING}=mps-2 {:.2} s after it was created with GFD's labels",
-        joined.elapsed().as_secs_f64()
+        "a joining H100 carried {SHARING}=mps-2 {:.2} s after it was created with GFD's labels (nvidia.com/gpu.present: {:.2?})",
+        joined.elapsed().as_secs_f64(),
+        marked.lock().unwrap()
     );
+    for line in s
+        .operator
+        .log_text()
+        .lines()
+        .filter(|l| l.contains(late.as_str()))
+    {
+        eprintln!("  operator: {line}");
+    }
 
     // The fix: the A100-80GB gets a layout it has, in place of the default.
     s.patch_policy(json!({"spec": {"layoutsByModel": layouts(json!({"mig": "all-1g.10gb"}))}}))
