@@ -485,6 +485,14 @@ pub async fn delete(client: &Client, names: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The nodes the operator marked as GPU nodes (`nvidia.com/gpu.present=true`), read in full.
+pub async fn marked_gpu_nodes(client: &Client) -> Result<Vec<Node>> {
+    Ok(Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await?
+        .items)
+}
+
 /// Names of the nodes that carry NFD's NVIDIA PCI label.
 pub async fn gpu_node_names(client: &Client) -> Result<Vec<String>> {
     let api: Api<Node> = Api::all(client.clone());

@@ -88,6 +88,17 @@ pub fn ready_condition(
         .find(|c| c.type_ == "Ready")
 }
 
+/// The message of `component` in the policy's `status.components` (empty while it has none).
+pub fn component_message(policy: &ClusterPolicy, component: &str) -> String {
+    policy
+        .status
+        .as_ref()
+        .and_then(|s| s.components.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == component))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
 /// The message of the policy's `Ready` condition (empty when it has none yet).
 pub async fn ready_message(client: &Client, name: &str) -> anyhow::Result<String> {
     let policy = policies(client).get(name).await?;

@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, GpuModel};
-use e2e::session::{self, Setup, TIMEOUT, config_map, ephemeral_gpu_node};
+use e2e::session::{self, Setup, TIMEOUT, component_message, config_map, ephemeral_gpu_node};
 use e2e::wait;
-use gpu_operator::api::{ClusterPolicy, State};
+use gpu_operator::api::State;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -37,11 +37,7 @@ fn layouts(a100_80: Value) -> Value {
 }
 
 async fn gpu_nodes(client: &Client) -> Vec<Node> {
-    Api::<Node>::all(client.clone())
-        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
-        .await
-        .unwrap()
-        .items
+    nodes::marked_gpu_nodes(client).await.unwrap()
 }
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -76,15 +72,6 @@ async fn until_labels(
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
-}
-
-fn component_message(p: &ClusterPolicy, component: &str) -> String {
-    p.status
-        .as_ref()
-        .and_then(|s| s.components.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == component))
-        .and_then(|c| c.message.clone())
-        .unwrap_or_default()
 }
 
 #[tokio::test]

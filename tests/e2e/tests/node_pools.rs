@@ -53,11 +53,7 @@ async fn allowed(setup: &Setup, verb: &str, resource: &str, subresource: Option<
 }
 
 async fn gpu_nodes(client: &Client) -> Vec<Node> {
-    Api::<Node>::all(client.clone())
-        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
-        .await
-        .unwrap()
-        .items
+    nodes::marked_gpu_nodes(client).await.unwrap()
 }
 
 fn has_taint(node: &Node, key: &str, value: &str) -> bool {

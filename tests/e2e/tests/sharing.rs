@@ -84,15 +84,6 @@ async fn policy(client: &Client, name: &str) -> ClusterPolicy {
         .unwrap()
 }
 
-fn component_message(p: &ClusterPolicy, component: &str) -> String {
-    p.status
-        .as_ref()
-        .and_then(|s| s.components.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == component))
-        .and_then(|c| c.message.clone())
-        .unwrap_or_default()
-}
-
 fn ready_condition(p: &ClusterPolicy) -> (String, String) {
     p.status
         .as_ref()
