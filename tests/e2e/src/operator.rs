@@ -332,11 +332,57 @@ pub struct Operator {
     pub health_port: u16,
 }
 
-/// A free loopback port for the operator's endpoints.
+/// A free loopback port for the operator's endpoints, from this harness's own window
+/// (`HARNESS_PORT_BASE` + [`PORT_WINDOW`]).
+///
+/// Not a port the kernel picks (`bind :0`): that one comes from the ephemeral range, and between
+/// this probe and the operator's bind any outgoing connection (the operator's own to the API
+/// server, kube-apiserver's to etcd) may take it as its source port. The window lies below the
+/// ephemeral range (32768 and up by default) and beside the harness's fixed ports (tests/cluster/lib.sh),
+/// so only another allocation can take it; ports are handed out in turn, and one still bound
+/// (by an operator that has not yet exited, say) is skipped.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    let base: u16 = match std::env::var("HARNESS_PORT_BASE") {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("HARNESS_PORT_BASE={v}"))?,
+        Err(_) => 16400,
+    };
+    anyhow::ensure!(
+        base.checked_add(PORT_WINDOW.end).is_some(),
+        "HARNESS_PORT_BASE={base} leaves no room for the ports {PORT_WINDOW:?} above it"
+    );
+    let len = u32::from(PORT_WINDOW.end - PORT_WINDOW.start);
+    for _ in 0..len {
+        let port = base + PORT_WINDOW.start + (next_port_slot() % len) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!(
+        "no free port on 127.0.0.1 in {}..{} (HARNESS_PORT_BASE={base} + {PORT_WINDOW:?})",
+        base + PORT_WINDOW.start,
+        base + PORT_WINDOW.end
+    )
+}
+
+/// Offsets from `HARNESS_PORT_BASE` that [`free_port`] hands out: past the fixed ports of
+/// tests/cluster/lib.sh (0..=7 today) and short of the next harness's base (bases are 100 apart
+/// in this repository's scripts).
+pub const PORT_WINDOW: std::ops::Range<u16> = 16..100;
+
+/// The next slot in [`PORT_WINDOW`]; it starts at a slot taken from the process id, so that two
+/// test processes on one harness seldom probe the same ports.
+fn next_port_slot() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id() % 997,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Operator {
@@ -624,6 +670,24 @@ impl Drop for Operator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_come_from_the_harness_window_and_skip_ports_in_use() {
+        let base: u16 = std::env::var("HARNESS_PORT_BASE")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(16400);
+        let window = base + PORT_WINDOW.start..base + PORT_WINDOW.end;
+        let held: Vec<_> = (0..2)
+            .map(|_| std::net::TcpListener::bind(("127.0.0.1", free_port().unwrap())).unwrap())
+            .collect();
+        let held_ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        // More than the window holds, so the allocation wraps past the held ports.
+        for _ in 0..window.len() + 5 {
+            let port = free_port().unwrap();
+            assert!(window.contains(&port), "{port} outside {window:?}");
+            assert!(!held_ports.contains(&port), "{port} is held by this test");
+        }
+    }
 
     #[test]
     fn a_metric_is_read_by_its_exact_name() {
