@@ -316,7 +316,7 @@ pub enum Action {
 /// The breaker holding: more nodes unhealthy at once than the quarantine may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Breaker {
-    /// Quarantined plus past their grace period.
+    /// Quarantined, past their grace period, or unhealthy within it.
     pub unhealthy: usize,
     pub gpu_nodes: usize,
     pub limit: usize,
@@ -355,6 +355,10 @@ pub fn plan(nodes: &[NodeState], spec: Option<&QuarantineSpec>, now: i64) -> Pla
     let grace = i64::from(spec.grace_period_seconds());
     let mut quarantined = 0;
     let mut candidates = Vec::new();
+    // Unhealthy nodes still in their grace period count towards the breaker: nodes that lose a
+    // GPU together do not cross their grace periods in the same second, and the first one past
+    // it must not be quarantined alone while the others are seen failing beside it.
+    let mut in_grace = 0;
     let mut actions = Vec::new();
     for node in nodes {
         match (&node.record, node.tainted) {
@@ -385,6 +389,7 @@ pub fn plan(nodes: &[NodeState], spec: Option<&QuarantineSpec>, now: i64) -> Pla
                     if since + grace <= now {
                         candidates.push((node.name.clone(), why.clone()));
                     } else {
+                        in_grace += 1;
                         soonest(since + grace);
                     }
                 }
@@ -393,9 +398,10 @@ pub fn plan(nodes: &[NodeState], spec: Option<&QuarantineSpec>, now: i64) -> Pla
     }
     let gpu_nodes = nodes.len();
     let limit = quarantine_limit(gpu_nodes, spec);
-    if !candidates.is_empty() && quarantined + candidates.len() > limit {
+    let unhealthy = quarantined + candidates.len() + in_grace;
+    if !candidates.is_empty() && unhealthy > limit {
         out.breaker = Some(Breaker {
-            unhealthy: quarantined + candidates.len(),
+            unhealthy,
             gpu_nodes,
             limit,
             held: candidates.into_iter().map(|(n, _)| n).collect(),

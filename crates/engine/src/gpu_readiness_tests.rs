@@ -346,6 +346,37 @@ fn the_breaker_holds_when_more_nodes_turn_unhealthy_at_once_than_the_limit() {
 }
 
 #[test]
+fn nodes_failing_together_hold_the_breaker_although_only_the_first_is_past_its_grace() {
+    // Four of six nodes lose a GPU within a second or two: the first crosses its 3 s grace
+    // period alone, the others are seen failing but still within theirs.
+    let spec = quarantine(3, 25);
+    let nodes = vec![
+        state("a", missing(7, 8), Some(10), None),
+        state("b", missing(7, 8), Some(11), None),
+        state("c", missing(3, 4), Some(11), None),
+        state("d", missing(7, 8), Some(11), None),
+        state("e", Health::Healthy, None, None),
+        state("f", Health::Healthy, None, None),
+    ];
+    let p = plan(&nodes, Some(&spec), 13);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let breaker = p.breaker.expect("the breaker holds");
+    assert_eq!((breaker.unhealthy, breaker.limit), (4, 1));
+    assert_eq!(breaker.held, ["a"]);
+    // One node failing alone is quarantined once past its grace.
+    let alone = vec![
+        state("a", missing(7, 8), Some(10), None),
+        state("e", Health::Healthy, None, None),
+    ];
+    let p = plan(&alone, Some(&spec), 13);
+    assert!(
+        matches!(p.actions[..], [(_, Action::Quarantine(_))]),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
 fn the_limit_counts_nodes_already_quarantined_and_is_at_least_one() {
     let spec = quarantine(0, 25);
     assert_eq!(quarantine_limit(3, &spec), 1);
