@@ -29,6 +29,7 @@ mod gpu_cluster;
 mod nvidia_driver;
 mod observe;
 mod owner;
+pub mod preview;
 mod resolve;
 pub mod scheduler;
 pub mod stores;

@@ -16,7 +16,7 @@
 //!   lacks the image, deleted once none does (or the image changes, or upgrades are off). A node
 //!   whose pull fails stays in upgrade-required with its running driver.
 
-pub use gpu_operator_engine::upgrade::{machine, prepull};
+pub use gpu_operator_engine::upgrade::{forecast, machine, prepull};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -489,6 +489,100 @@ pub async fn reconcile(
     Ok(Report {
         summary: Some(summary),
     })
+}
+
+/// What the upgrade stage will do once the ClusterPolicy's driver DaemonSet `live` gets the
+/// template of `next` (`gpu-operator plan`): each node of `live`'s pods as the stage will see
+/// it then, forecast to the end of the rollout under the policy's upgrade rules
+/// ([`machine::Policy`]). `None` when the policy does not upgrade automatically (the pods stay
+/// until deleted: OnDelete). Reads the nodes, the driver and validator pods and each node's
+/// pods; writes nothing.
+pub async fn forecast_rollout(
+    client: &Client,
+    namespace: &str,
+    spec: &ClusterPolicySpec,
+    nodes: &[Arc<NodeView>],
+    live: &DaemonSet,
+    next: &DaemonSet,
+    validator_expected: bool,
+) -> Result<Option<(machine::Policy, forecast::Forecast)>, kube::Error> {
+    let policies = Policies::of(Some(spec), &[]);
+    if !policies.enabled() {
+        return Ok(None);
+    }
+    let Some(uid) = live.uid() else {
+        return Ok(None);
+    };
+    let pods: Vec<Arc<UpgradePod>> = {
+        let api = Api::<Pod>::namespaced(client.clone(), namespace);
+        let mut pods = Vec::new();
+        for selector in [COMPONENT_SELECTOR, "app=nvidia-operator-validator"] {
+            pods.extend(
+                api.list(&ListParams::default().labels(selector))
+                    .await?
+                    .items
+                    .iter()
+                    .map(|p| Arc::new(UpgradePod::of(p))),
+            );
+        }
+        pods
+    };
+    let template = |ds: &DaemonSet| ds.spec.as_ref().map(|s| s.template.clone());
+    let next_template = template(next);
+    let next_spec = next_template.as_ref().and_then(|t| t.spec.as_ref());
+    // A change of metadata or placement only leaves running pods as they are (decision 20):
+    // the pods' revisions then count as the new one's metadata-only predecessors.
+    let as_revision = |ds: &DaemonSet| json!({"spec": {"template": template(ds)}});
+    let metadata_only: BTreeSet<String> =
+        if machine::differs_only_in_metadata_or_placement(&as_revision(live), &as_revision(next)) {
+            pods.iter()
+                .filter_map(|p| p.driver.as_ref())
+                .filter(|(owner, _)| *owner == uid)
+                .filter_map(|(_, hash)| hash.clone())
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+    let desired = DesiredDriver {
+        daemon_set: live.name_any(),
+        // No pod carries it yet: every pod is on an older revision.
+        revision: "planned".to_owned(),
+        digest: next_spec
+            .and_then(driver::carried_config_digest)
+            .map(str::to_owned),
+        nvidia_digest: next_spec.map(crate::operands::nvidia_digest::digest),
+        metadata_only,
+        images: next_spec.map(prepull::pod_images).unwrap_or_default(),
+        handover: None,
+    };
+    let current = BTreeMap::from([(uid, desired)]);
+    let facts = cached_facts(nodes, &pods, &current, validator_expected);
+    let live_nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{GPU_PRESENT}=true")))
+        .await?
+        .items;
+    let mut facts = with_live(facts, &live_nodes);
+    for f in &mut facts {
+        // The images are pulled before the first cordon (super::prepull): the forecast starts
+        // from there.
+        f.prepull = prepull::Prepull::NotNeeded;
+    }
+    let (mut pools, _) = partition(&policies, nodes, facts);
+    let Some(pool) = pools.iter_mut().find(|p| p.name.is_empty()) else {
+        return Ok(None);
+    };
+    for f in &mut pool.nodes {
+        node_pods(
+            client,
+            &f.name.clone(),
+            &pool.policy,
+            &policies.runtime_class,
+            f,
+        )
+        .await?;
+    }
+    let forecast = forecast::forecast(&pool.nodes, &pool.policy);
+    Ok(Some((pool.policy.clone(), forecast)))
 }
 
 /// The managed nodes grouped into the machine's pools, each with its policy resolved against
