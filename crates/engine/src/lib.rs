@@ -16,6 +16,7 @@
 
 pub use gpu_operator_api as api;
 
+pub mod allocatable;
 pub mod by_model;
 pub mod facts;
 pub mod gpu_readiness;
