@@ -10,6 +10,7 @@ pub mod cleanup;
 pub mod doctor;
 /// `gpu-operator migrate --from-nvidia`: takes over a fleet NVIDIA's operator runs.
 pub mod migrate;
+pub mod plan;
 
 use std::io::Write;
 
@@ -69,6 +70,11 @@ pub enum Command {
     /// object touched, every pod it would restart, every field it would lose); `--apply` stops
     /// NVIDIA's operator and replaces its CRD. docs/migrate-from-nvidia.md.
     Migrate(migrate::MigrateArgs),
+    /// What applying a ClusterPolicy will do, before it is applied: the objects that change,
+    /// the DaemonSets whose pods roll and on how many nodes, the driver upgrade's cordons,
+    /// evictions and waves, the node labels that change, and the operands whose input is
+    /// invalid. Reads only (the policy is checked by a dry run). Also `kubectl gpu plan`.
+    Plan(plan::PlanArgs),
     /// Print a shell completion script: `source <(gpu-operator completion bash)`, or save it
     /// where the shell loads completions from. For `kubectl gpu <TAB>` (kubectl 1.26 or later),
     /// link this binary as `kubectl_complete-gpu` on PATH beside `kubectl-gpu`.
@@ -596,6 +602,7 @@ impl Cli {
             Command::Doctor(args) => doctor::run(&args, out),
             Command::Cleanup(args) => cleanup::run(&args, out),
             Command::Migrate(args) => migrate::run(&args, out),
+            Command::Plan(args) => plan::run(&args, out),
             Command::Completion(CompletionArgs { shell }) => {
                 use clap::CommandFactory;
                 let name = if invoked_as() == KUBECTL_PLUGIN {

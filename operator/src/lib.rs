@@ -18,6 +18,6 @@ pub mod run;
 
 // The pure stages, under the paths the runtime's modules and the tests name them by.
 pub use gpu_operator_engine::{
-    api, by_model, facts, gpu_readiness, json_diff, model, node_pools, nodes, operands, render,
-    sharing, takeover, teardown, validate,
+    allocatable, api, by_model, facts, gpu_readiness, json_diff, model, node_pools, nodes,
+    operands, render, sharing, takeover, teardown, validate,
 };

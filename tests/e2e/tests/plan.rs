@@ -1,0 +1,528 @@
+//! `gpu-operator plan` on the harness (docs/plan.md): each plan is made by a ServiceAccount that
+//! may only read and dry-run ClusterPolicies, then the policy is applied and what the plan
+//! predicted (the DaemonSets whose pods roll, the objects written, the cordons, evictions and
+//! waves of a driver rollout, the node labels) is compared with what the audit log and the nodes
+//! show happened. Every plan writes nothing but dry-run requests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use e2e::audit::{AuditEvent, AuditLog, Mark};
+use e2e::cluster::{service_account_token, unique_name};
+use e2e::session::{self, Setup, TIMEOUT};
+use e2e::{nodes, wait};
+use gpu_operator::api::State;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+const ROLLOUT: Duration = Duration::from_secs(300);
+/// Label of the workload namespaces these tests make.
+const WORKLOADS: &str = "gpu-operator.test/plan-workloads";
+
+/// Who makes the plans: a ServiceAccount that may read everything and create or update
+/// ClusterPolicies (the dry runs); its kubeconfig and audit username.
+struct Planner {
+    kubeconfig: PathBuf,
+    user: String,
+    role: String,
+}
+
+impl Planner {
+    async fn new(admin: &Client, namespace: &str) -> Planner {
+        let name = "planner";
+        let role = unique_name("plan-reader");
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace}}))
+                .unwrap();
+        Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &sa)
+            .await
+            .unwrap();
+        let cluster_role: ClusterRole = serde_json::from_value(json!({
+            "metadata": {"name": role},
+            "rules": [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["create", "update"]}
+            ]
+        }))
+        .unwrap();
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &cluster_role)
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        let token = service_account_token(admin, namespace, name).await.unwrap();
+        Planner {
+            kubeconfig: e2e::operator::write_token_kubeconfig(&role, &token).unwrap(),
+            user: e2e::audit::service_account_user(namespace, name),
+            role,
+        }
+    }
+
+    /// `gpu-operator plan -o json` for `policy`; also returns the text output.
+    fn plan(&self, namespace: &str, policy: &Value) -> (Value, String) {
+        let file = std::env::temp_dir().join(format!("{}.json", unique_name("plan")));
+        std::fs::write(&file, serde_json::to_vec(policy).unwrap()).unwrap();
+        let run = |output: &str| {
+            let out = Command::new(e2e::operator::binary().unwrap())
+                .args(["plan", "-f"])
+                .arg(&file)
+                .args(["-n", namespace, "-o", output, "--kubeconfig"])
+                .arg(&self.kubeconfig)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "plan failed: {stderr}\n{stdout}");
+            stdout
+        };
+        let json: Value = serde_json::from_str(&run("json")).unwrap();
+        let text = run("text");
+        eprintln!("plan:\n{text}");
+        (json, text)
+    }
+
+    /// The planner's requests since `mark`: none may change anything (a dry run stores nothing).
+    fn assert_no_write(&self, audit: &AuditLog, mark: Mark) -> usize {
+        let events = audit.of_user_since(mark, &self.user).unwrap();
+        assert!(
+            !events.is_empty(),
+            "the planner's requests are in the audit log"
+        );
+        let writes: Vec<String> = events
+            .iter()
+            .filter(|e| e.is_mutating() && !e.request_uri.contains("dryRun=All"))
+            .map(ToString::to_string)
+            .collect();
+        assert!(writes.is_empty(), "the plan wrote: {writes:?}");
+        events.len()
+    }
+
+    async fn remove(self, admin: &Client) {
+        let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+            .delete(&self.role, &DeleteParams::default())
+            .await;
+        let _ = Api::<ClusterRole>::all(admin.clone())
+            .delete(&self.role, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// The live policy with `patch` merged in (RFC 7386), as a user's file would hold it.
+async fn edited_policy(s: &Setup, patch: &Value) -> Value {
+    let live = session::policies(&s.admin).get(&s.policy).await.unwrap();
+    let mut policy = json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": live.name_any()},
+        "spec": serde_json::to_value(&live.spec).unwrap(),
+    });
+    merge(&mut policy, patch);
+    policy
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// Applies the file the plan read (the test's stand-in for `kubectl apply -f`).
+async fn apply(s: &Setup, policy: &Value) {
+    s.patch_policy(json!({"spec": policy["spec"]})).await;
+}
+
+/// The operand DaemonSets whose pods someone other than the operator deleted after `mark`
+/// (the DaemonSet controller rolling them), by DaemonSet name.
+fn rolled(
+    events: &[AuditEvent],
+    namespace: &str,
+    operator: &str,
+    names: &[String],
+) -> BTreeSet<String> {
+    events
+        .iter()
+        .filter(|e| e.verb == "delete" && e.resource() == "pods" && e.user.username != operator)
+        .filter(|e| e.object_ref.as_ref().and_then(|r| r.namespace.as_deref()) == Some(namespace))
+        .filter_map(|e| {
+            let pod = e.name()?;
+            names
+                .iter()
+                .filter(|ds| {
+                    pod.strip_prefix(ds.as_str())
+                        .is_some_and(|rest| rest.starts_with('-') && rest.len() == 6)
+                })
+                .max_by_key(|ds| ds.len())
+                .cloned()
+        })
+        .collect()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn gpu_node_names(admin: &Client) -> Vec<String> {
+    let mut names: Vec<String> = nodes::marked_gpu_nodes(admin)
+        .await
+        .unwrap()
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Removes what a driver rollout left on the nodes and the workload namespaces of a failed run.
+async fn clean(admin: &Client) {
+    let api = Api::<Node>::all(admin.clone());
+    for node in api.list(&ListParams::default()).await.unwrap().items {
+        let annotations: serde_json::Map<String, Value> = node
+            .annotations()
+            .keys()
+            .filter(|k| k.contains("driver-upgrade"))
+            .map(|k| (k.clone(), Value::Null))
+            .collect();
+        let patch = json!({
+            "metadata": {"labels": {STATE: null}, "annotations": annotations},
+            "spec": {"unschedulable": null}
+        });
+        api.patch(
+            &node.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    }
+    let namespaces = Api::<Namespace>::all(admin.clone());
+    let left = ListParams::default().labels(&format!("{WORKLOADS}=true"));
+    for ns in namespaces.list(&left).await.unwrap().items {
+        let _ = namespaces
+            .delete(&ns.name_any(), &DeleteParams::default())
+            .await;
+    }
+    wait::until_none_left(&namespaces, &left, TIMEOUT, "old workload namespaces gone")
+        .await
+        .unwrap();
+}
+
+/// A bare pod pinned to `node` (kwok runs it); with `gpu`, it requests one.
+fn workload(ns: &str, name: &str, node: &str, gpu: bool) -> Pod {
+    let mut container = json!({"name": "work", "image": "registry.example/train:1"});
+    if gpu {
+        container["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [container]}
+    }))
+    .unwrap()
+}
+
+/// Waits until every GPU node is upgrade-done with a driver pod running `tag`.
+async fn await_upgraded(s: &Setup, tag: &str, what: &str) {
+    let (admin, ns) = (s.admin.clone(), s.identity.namespace.clone());
+    wait::until(ROLLOUT, what, || {
+        let (admin, ns) = (admin.clone(), ns.clone());
+        async move {
+            let names = gpu_node_names(&admin).await;
+            let nodes = Api::<Node>::all(admin.clone());
+            let pods = Api::<Pod>::namespaced(admin.clone(), &ns)
+                .list(&ListParams::default().labels("app.kubernetes.io/component=nvidia-driver"))
+                .await?
+                .items;
+            for name in &names {
+                let node = nodes.get(name).await?;
+                let state = node.labels().get(STATE).cloned().unwrap_or_default();
+                let on_tag = pods.iter().any(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)
+                        && p.spec.as_ref().is_some_and(|s| {
+                            s.containers
+                                .iter()
+                                .any(|c| c.image.as_deref().is_some_and(|i| i.contains(tag)))
+                        })
+                });
+                if state != "upgrade-done" || !on_tag {
+                    return Ok(Err(format!("{name}: {state}, driver on {tag}: {on_tag}")));
+                }
+            }
+            Ok(Ok(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+}
+
+/// When each node was first seen cordoned, and the most seen cordoned at once.
+type Cordons = (BTreeMap<String, Instant>, usize);
+
+/// Samples every node's cordon every 50 ms: when each was first seen cordoned, and the most
+/// seen cordoned at once.
+fn sample_cordons(admin: Client) -> (Arc<Mutex<Cordons>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new((BTreeMap::new(), 0)));
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let api = Api::<Node>::all(admin);
+            loop {
+                if let Ok(list) = api.list(&ListParams::default()).await {
+                    let now = Instant::now();
+                    let cordoned: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+                        .map(ResourceExt::name_any)
+                        .collect();
+                    let mut seen = seen.lock().unwrap();
+                    seen.1 = seen.1.max(cordoned.len());
+                    for name in cordoned {
+                        seen.0.entry(name).or_insert(now);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test]
+async fn a_driver_bump_plan_predicts_the_rollouts_cordons_evictions_and_waves_that_happen() {
+    let Some(prepared) = session::builder().prepare().await else {
+        return;
+    };
+    clean(&prepared.admin).await;
+    let s = prepared
+        .start(json!({"driver": {"upgradePolicy": {
+            "autoUpgrade": true, "maxParallelUpgrades": 2, "maxUnavailable": "100%",
+            "podDeletion": {"force": true, "timeoutSeconds": 60},
+            "drain": {"enable": true, "force": true, "timeoutSeconds": 60}
+        }}}))
+        .await;
+    let admin = s.admin.clone();
+    let ns = s.identity.namespace.clone();
+    s.await_state(State::Ready, "policy ready").await;
+    await_upgraded(&s, "595.91.07", "every node upgrade-done before the plan").await;
+
+    // Workloads: a GPU pod on each of the first two GPU nodes, a CPU pod on the third.
+    let gpu_nodes = gpu_node_names(&admin).await;
+    assert_eq!(gpu_nodes.len(), 6, "{gpu_nodes:?}");
+    let ml = unique_name("ml");
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ml, "labels": {WORKLOADS: "true"}}}))
+            .unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(admin.clone(), &ml);
+    for pod in [
+        workload(&ml, "train-a", &gpu_nodes[0], true),
+        workload(&ml, "train-b", &gpu_nodes[1], true),
+        workload(&ml, "cache", &gpu_nodes[2], false),
+    ] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    // The plan, by a reader.
+    let planner = Planner::new(&admin, &ns).await;
+    let bump = json!({"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "600.10.01"}}});
+    let policy = edited_policy(&s, &bump).await;
+    let audit = AuditLog::from_env().unwrap();
+    let mark = audit.mark().unwrap();
+    let (plan, text) = planner.plan(&ns, &policy);
+    let requests = planner.assert_no_write(&audit, mark);
+    eprintln!("the plan made {requests} requests, none a write");
+
+    let upgrade = &plan["driverUpgrade"];
+    assert_eq!(upgrade["maxParallelUpgrades"], 2, "{plan:#}");
+    assert_eq!(upgrade["waves"], 3, "6 nodes, 2 at a time: {plan:#}");
+    let predicted: BTreeMap<String, (u64, bool, Vec<String>)> = upgrade["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().to_owned(),
+                (
+                    n["wave"].as_u64().unwrap_or(0),
+                    n["cordon"].as_bool().unwrap(),
+                    strings(&n["evicted"]),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        predicted.keys().cloned().collect::<Vec<_>>(),
+        gpu_nodes,
+        "every GPU node is in the rollout"
+    );
+    let predicted_evictions: BTreeSet<String> =
+        predicted.values().flat_map(|(_, _, e)| e.clone()).collect();
+    assert_eq!(
+        predicted_evictions,
+        BTreeSet::from([
+            format!("{ml}/train-a"),
+            format!("{ml}/train-b"),
+            format!("{ml}/cache")
+        ]),
+        "{text}"
+    );
+    assert_eq!(upgrade["evictionsByNamespace"][&ml], 3);
+    let rollouts: BTreeMap<String, String> = plan["rollouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["daemonSet"].as_str().unwrap().to_owned(),
+                r["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rollouts.get("nvidia-driver-daemonset").map(String::as_str),
+        Some("driver-upgrade"),
+        "{text}"
+    );
+    assert!(plan["verdicts"].as_array().unwrap().is_empty(), "{text}");
+
+    // Applied: what happens.
+    let daemon_sets: Vec<String> = s
+        .daemonsets()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let mark = audit.mark().unwrap();
+    let (cordons, sampler) = sample_cordons(admin.clone());
+    apply(&s, &policy).await;
+    await_upgraded(&s, "600.10.01", "every node upgraded to 600.10.01").await;
+    sampler.abort();
+    let operator = s.identity.username();
+    let events = audit.since(mark).unwrap();
+
+    // Evictions: exactly the predicted pods.
+    let evicted: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.user.username == operator && e.resource() == "pods/eviction")
+        .filter(|e| e.response_status.as_ref().and_then(|r| r.code) == Some(201))
+        .filter_map(|e| {
+            let r = e.object_ref.as_ref()?;
+            Some(format!(
+                "{}/{}",
+                r.namespace.as_deref()?,
+                r.name.as_deref()?
+            ))
+        })
+        .collect();
+    assert_eq!(evicted, predicted_evictions);
+
+    // Cordons: the predicted nodes, started wave by wave, never more than 2 at once.
+    let (first_cordon, most) = cordons.lock().unwrap().clone();
+    let cordoned: BTreeSet<String> = first_cordon
+        .keys()
+        .filter(|n| gpu_nodes.contains(n))
+        .cloned()
+        .collect();
+    let predicted_cordons: BTreeSet<String> = predicted
+        .iter()
+        .filter(|(_, (_, cordon, _))| *cordon)
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert_eq!(cordoned, predicted_cordons);
+    assert!(most <= 2, "{most} nodes cordoned at once");
+    let mut order: Vec<(&Instant, &String)> = first_cordon
+        .iter()
+        .filter(|(n, _)| gpu_nodes.contains(n))
+        .map(|(n, t)| (t, n))
+        .collect();
+    order.sort();
+    let waves: Vec<u64> = order.iter().map(|(_, n)| predicted[*n].0).collect();
+    eprintln!("cordon order {order:?}, predicted waves {waves:?}");
+    assert!(
+        waves.windows(2).all(|w| w[0] <= w[1]),
+        "nodes were cordoned out of their predicted waves: {order:?} vs {predicted:?}"
+    );
+
+    // Pods rolled by their DaemonSet: exactly the predicted `pods-roll` ones.
+    let predicted_rolls: BTreeSet<String> = rollouts
+        .iter()
+        .filter(|(_, outcome)| *outcome == "pods-roll")
+        .map(|(ds, _)| ds.clone())
+        .collect();
+    let mut rolled = rolled(&events, &ns, &operator, &daemon_sets);
+    rolled.remove("nvidia-driver-daemonset");
+    assert_eq!(rolled, predicted_rolls, "DaemonSets whose pods rolled");
+
+    // Objects the operator wrote: the predicted changes.
+    let written: BTreeSet<String> = events
+        .iter()
+        .filter(|e| {
+            e.user.username == operator && matches!(e.verb.as_str(), "patch" | "create" | "update")
+        })
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|r| r.subresource.is_none())
+        })
+        .filter(|e| e.resource() == "daemonsets")
+        .filter_map(|e| e.name().map(str::to_owned))
+        .collect();
+    let predicted_written: BTreeSet<String> = plan["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| {
+            o["object"]
+                .as_str()?
+                .strip_prefix(&format!("DaemonSet {ns}/"))
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(written, predicted_written, "DaemonSets the operator wrote");
+
+    planner.remove(&admin).await;
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    s.teardown().await;
+    clean(&admin).await;
+}
