@@ -118,6 +118,9 @@ pub struct DriverUpgrade {
     pub max_parallel_upgrades: usize,
     pub max_unavailable: usize,
     pub drain: bool,
+    /// The DaemonSet that pulls the new driver images on every node before the first cordon.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pre_pull: Option<String>,
     pub waves: usize,
     pub nodes: Vec<NodeUpgrade>,
     /// Pods evicted, counted by namespace.
@@ -344,7 +347,10 @@ pub async fn make(client: &Client, args: &PlanArgs) -> anyhow::Result<Plan> {
         )
         .await
         .context("forecasting the driver rollout")?;
-        plan.driver_upgrade = forecast.map(|(policy, f)| driver_upgrade(&policy, &f));
+        plan.driver_upgrade = forecast.map(|r| DriverUpgrade {
+            pre_pull: r.pre_pull,
+            ..driver_upgrade(&r.policy, &r.forecast)
+        });
     }
     plan.node_labels = node_labels(&after, &nodes);
     plan.allocatable = allocatable(before.as_ref(), &after, &nodes, &plan.node_labels);
@@ -618,6 +624,7 @@ fn driver_upgrade(
         max_parallel_upgrades: policy.max_parallel,
         max_unavailable: policy.max_unavailable,
         drain: policy.drain.is_some(),
+        pre_pull: None,
         waves: f.waves,
         nodes: f
             .nodes
@@ -860,6 +867,13 @@ pub fn text(plan: &Plan) -> String {
             u.max_unavailable,
             if u.drain { "on" } else { "off" }
         );
+        if let Some(pre_pull) = &u.pre_pull {
+            let _ = writeln!(
+                s,
+                "  first, DaemonSet {pre_pull} pulls the new driver images on every node (no node \
+                 is cordoned before its images are there)"
+            );
+        }
         for n in &u.nodes {
             let wave = n
                 .wave
@@ -923,3 +937,7 @@ pub fn text(plan: &Plan) -> String {
     }
     s
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -680,7 +680,10 @@ mod tests {
         let held: Vec<_> = (0..2)
             .map(|_| std::net::TcpListener::bind(("127.0.0.1", free_port().unwrap())).unwrap())
             .collect();
-        let held_ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        let held_ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
         // More than the window holds, so the allocation wraps past the held ports.
         for _ in 0..window.len() + 5 {
             let port = free_port().unwrap();

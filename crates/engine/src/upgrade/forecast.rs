@@ -30,7 +30,10 @@ pub enum Ending {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeForecast {
     pub name: String,
-    /// The wave its upgrade starts in, from 1; `None` when it never starts.
+    /// The wave its upgrade starts in, from 1; `None` when it never starts. Nodes take the
+    /// rollout's slots one at a time, in the order [`super::machine::plan`] gives them (by
+    /// name), so wave `k` holds the `k`-th group of `parallel` nodes to start: when the nodes
+    /// of a wave finish at different times, the next wave's nodes start as slots free up.
     pub wave: Option<usize>,
     /// Cordoned by the upgrade (a node cordoned before keeps its cordon and is not counted).
     pub cordoned: bool,
@@ -50,7 +53,7 @@ pub struct NodeForecast {
 pub struct Forecast {
     /// By node name.
     pub nodes: Vec<NodeForecast>,
-    /// How many waves the rollout takes: passes in which at least one node starts.
+    /// How many waves the rollout takes: the nodes that start, `parallel` at a time.
     pub waves: usize,
     /// Nodes the rollout may take at once now (maxParallelUpgrades within maxUnavailable).
     pub parallel: usize,
@@ -101,12 +104,12 @@ pub fn forecast(nodes: &[NodeFacts], policy: &Policy) -> Forecast {
             .collect();
         upgrades_available(&waiting, policy)
     };
-    let mut waves = 0;
+    // How many nodes have started so far: a node's place in the start order.
+    let mut starts = 0;
     // Any fixed start works: the machine only compares times it recorded itself.
     let mut now: i64 = 1_000_000_000;
     for _ in 0..MAX_PASSES {
         let steps = plan(&world, policy, now);
-        let mut started = false;
         let mut moved = false;
         for (name, step) in steps {
             let Some(&i) = index.get(&name) else {
@@ -119,8 +122,8 @@ pub fn forecast(nodes: &[NodeFacts], policy: &Policy) -> Forecast {
                     .next
                     .is_some_and(|s| s != UpgradeState::UpgradeRequired)
             {
-                started = true;
-                record.wave = Some(waves + 1);
+                record.wave = Some(starts / parallel.max(1) + 1);
+                starts += 1;
                 record.restart_only = step.next == Some(UpgradeState::PodRestartRequired);
             }
             if before == UpgradeState::WaitForJobsRequired && step.next.is_none() {
@@ -130,9 +133,6 @@ pub fn forecast(nodes: &[NodeFacts], policy: &Policy) -> Forecast {
                 moved = true;
             }
             moved |= take(node, &step, record, now);
-        }
-        if started {
-            waves += 1;
         }
         if !moved {
             break;
@@ -153,7 +153,7 @@ pub fn forecast(nodes: &[NodeFacts], policy: &Policy) -> Forecast {
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Forecast {
         nodes: out,
-        waves,
+        waves: starts.div_ceil(parallel.max(1)),
         parallel,
     }
 }

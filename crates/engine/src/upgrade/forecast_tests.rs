@@ -51,7 +51,11 @@ fn fleet(n: usize) -> Vec<NodeFacts> {
 
 #[test]
 fn max_parallel_upgrades_two_takes_six_nodes_in_three_waves_by_name() {
-    let nodes = fleet(6);
+    let mut nodes = fleet(6);
+    // gpu-1 takes a pass longer (a drain after its GPU pod): gpu-3 starts as gpu-2's slot frees,
+    // gpu-4 once gpu-1's does; the waves are the start order in groups of two.
+    nodes[0].gpu_pods = vec![pod("ml", "train-0", true)];
+    nodes[0].drain_pods = vec![pod("ml", "train-0", true), pod("web", "cache-0", true)];
     let f = forecast(
         &nodes,
         &policy(

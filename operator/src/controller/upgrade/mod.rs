@@ -491,6 +491,15 @@ pub async fn reconcile(
     })
 }
 
+/// A driver rollout as [`forecast_rollout`] foresees it.
+pub struct Rollout {
+    pub policy: machine::Policy,
+    pub forecast: forecast::Forecast,
+    /// The pre-pull DaemonSet that pulls the new images on every node before the first cordon,
+    /// when the nodes lack them.
+    pub pre_pull: Option<String>,
+}
+
 /// What the upgrade stage will do once the ClusterPolicy's driver DaemonSet `live` gets the
 /// template of `next` (`gpu-operator plan`): each node of `live`'s pods as the stage will see
 /// it then, forecast to the end of the rollout under the policy's upgrade rules
@@ -505,7 +514,7 @@ pub async fn forecast_rollout(
     live: &DaemonSet,
     next: &DaemonSet,
     validator_expected: bool,
-) -> Result<Option<(machine::Policy, forecast::Forecast)>, kube::Error> {
+) -> Result<Option<Rollout>, kube::Error> {
     let policies = Policies::of(Some(spec), &[]);
     if !policies.enabled() {
         return Ok(None);
@@ -562,6 +571,11 @@ pub async fn forecast_rollout(
         .await?
         .items;
     let mut facts = with_live(facts, &live_nodes);
+    // The pre-pull DaemonSet the stage will run first, where nodes lack the new images.
+    let pre_pull = (!prepull::wanted(&facts).is_empty())
+        .then(|| prepull::render(next))
+        .flatten()
+        .and_then(|ds| ds.metadata.name);
     for f in &mut facts {
         // The images are pulled before the first cordon (super::prepull): the forecast starts
         // from there.
@@ -582,7 +596,11 @@ pub async fn forecast_rollout(
         .await?;
     }
     let forecast = forecast::forecast(&pool.nodes, &pool.policy);
-    Ok(Some((pool.policy.clone(), forecast)))
+    Ok(Some(Rollout {
+        policy: pool.policy.clone(),
+        forecast,
+        pre_pull,
+    }))
 }
 
 /// The managed nodes grouped into the machine's pools, each with its policy resolved against
