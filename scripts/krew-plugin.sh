@@ -54,9 +54,12 @@ spec:
     kubectl gpu doctor reads the GPU nodes, the operands of the GPU operator and the
     ClusterPolicy, and names each fault with the command that fixes it: a missing toleration,
     a node that advertises no GPU, a validator that is not ready, a runtime without the
-    nvidia handler. kubectl gpu render prints what a policy deploys.
+    nvidia handler. kubectl gpu plan -f policy.yaml shows what applying a policy will do
+    (pods that roll, nodes a driver upgrade cordons and drains, labels and advertised GPUs
+    that change); kubectl gpu render prints what a policy deploys.
   caveats: |
-    Reads nodes, pods and the ClusterPolicy with your kubeconfig's credentials.
+    Reads nodes, pods and the ClusterPolicy with your kubeconfig's credentials; plan also
+    sends the policy as a dry run (it needs create and update on clusterpolicies).
   platforms:
   - selector:
       matchLabels:

@@ -694,6 +694,7 @@ mod tests {
                 "doctor",
                 "cleanup",
                 "migrate",
+                "plan",
                 "completion"
             ]
         );

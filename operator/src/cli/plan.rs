@@ -867,6 +867,11 @@ pub fn text(plan: &Plan) -> String {
             u.max_unavailable,
             if u.drain { "on" } else { "off" }
         );
+        let _ = writeln!(
+            s,
+            "  each node: cordon, evictions, the driver pod replaced, the validator pod restarted to \
+             validate it, uncordon"
+        );
         if let Some(pre_pull) = &u.pre_pull {
             let _ = writeln!(
                 s,

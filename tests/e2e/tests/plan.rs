@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::audit::{AuditEvent, AuditLog, Mark};
+use e2e::audit::{AuditLog, Mark};
 use e2e::cluster::{service_account_token, unique_name};
 use e2e::session::{self, Setup, TIMEOUT};
 use e2e::{nodes, wait};
@@ -158,28 +158,58 @@ async fn apply(s: &Setup, policy: &Value) {
     s.patch_policy(json!({"spec": policy["spec"]})).await;
 }
 
-/// The operand DaemonSets whose pods someone other than the operator deleted after `mark`
-/// (the DaemonSet controller rolling them), by DaemonSet name.
-fn rolled(
-    events: &[AuditEvent],
-    namespace: &str,
-    operator: &str,
-    names: &[String],
-) -> BTreeSet<String> {
-    events
+/// Each operand DaemonSet's pods in `namespace`, by DaemonSet name: their uids. The audit
+/// log leaves out the controller manager's requests (tests/cluster/manifests/audit-policy.yaml),
+/// so a roll is seen by its pods.
+async fn daemon_set_pods(admin: &Client, namespace: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in Api::<Pod>::namespaced(admin.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        let Some(owner) = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "DaemonSet")
+        else {
+            continue;
+        };
+        out.entry(owner.name.clone())
+            .or_default()
+            .insert(pod.uid().unwrap_or_default());
+    }
+    out
+}
+
+/// The DaemonSets whose pods were replaced between two readings, with how many went.
+fn replaced(
+    before: &BTreeMap<String, BTreeSet<String>>,
+    after: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, usize> {
+    before
         .iter()
-        .filter(|e| e.verb == "delete" && e.resource() == "pods" && e.user.username != operator)
-        .filter(|e| e.object_ref.as_ref().and_then(|r| r.namespace.as_deref()) == Some(namespace))
-        .filter_map(|e| {
-            let pod = e.name()?;
-            names
-                .iter()
-                .filter(|ds| {
-                    pod.strip_prefix(ds.as_str())
-                        .is_some_and(|rest| rest.starts_with('-') && rest.len() == 6)
-                })
-                .max_by_key(|ds| ds.len())
-                .cloned()
+        .filter_map(|(ds, pods)| {
+            let now = after.get(ds)?;
+            let gone = pods.difference(now).count();
+            (gone > 0).then(|| (ds.clone(), gone))
+        })
+        .collect()
+}
+
+/// The plan's `pods-roll` DaemonSets that have pods, with the node count it gives.
+fn planned_rolls(plan: &Value) -> BTreeMap<String, usize> {
+    plan["rollouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["outcome"] == "pods-roll" && r["nodes"].as_u64() != Some(0))
+        .map(|r| {
+            (
+                r["daemonSet"].as_str().unwrap().to_owned(),
+                usize::try_from(r["nodes"].as_u64().unwrap()).unwrap(),
+            )
         })
         .collect()
 }
@@ -430,15 +460,7 @@ async fn a_driver_bump_plan_predicts_the_rollouts_cordons_evictions_and_waves_th
     assert!(plan["verdicts"].as_array().unwrap().is_empty(), "{text}");
 
     // Applied: what happens.
-    let daemon_sets: Vec<String> = s
-        .daemonsets()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let pods_before = daemon_set_pods(&admin, &ns).await;
     let mark = audit.mark().unwrap();
     let (cordons, sampler) = sample_cordons(admin.clone());
     apply(&s, &policy).await;
@@ -493,15 +515,12 @@ async fn a_driver_bump_plan_predicts_the_rollouts_cordons_evictions_and_waves_th
         "nodes were cordoned out of their predicted waves: {order:?} vs {predicted:?}"
     );
 
-    // Pods rolled by their DaemonSet: exactly the predicted `pods-roll` ones.
-    let predicted_rolls: BTreeSet<String> = rollouts
-        .iter()
-        .filter(|(_, outcome)| *outcome == "pods-roll")
-        .map(|(ds, _)| ds.clone())
-        .collect();
-    let mut rolled = rolled(&events, &ns, &operator, &daemon_sets);
-    rolled.remove("nvidia-driver-daemonset");
-    assert_eq!(rolled, predicted_rolls, "DaemonSets whose pods rolled");
+    // Pods replaced: the driver's and validator's by the upgrade itself (it restarts each
+    // node's validator to validate the new driver); no other DaemonSet's, as the plan said.
+    let mut rolled = replaced(&pods_before, &daemon_set_pods(&admin, &ns).await);
+    assert_eq!(rolled.remove("nvidia-driver-daemonset"), Some(6));
+    rolled.remove("nvidia-operator-validator");
+    assert_eq!(rolled, planned_rolls(&plan), "DaemonSets whose pods rolled");
 
     // Objects the operator wrote: the predicted changes.
     let written: BTreeSet<String> = events
@@ -590,16 +609,9 @@ fn label_changes(
         .collect()
 }
 
-/// The DaemonSets the plan says roll, and those it says the operator writes.
-fn planned_daemon_sets(plan: &Value, ns: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-    let rolls = plan["rollouts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["outcome"] == "pods-roll")
-        .map(|r| r["daemonSet"].as_str().unwrap().to_owned())
-        .collect();
-    let written = plan["objects"]
+/// The DaemonSets the plan says the operator writes.
+fn planned_daemon_sets(plan: &Value, ns: &str) -> BTreeSet<String> {
+    plan["objects"]
         .as_array()
         .unwrap()
         .iter()
@@ -609,8 +621,7 @@ fn planned_daemon_sets(plan: &Value, ns: &str) -> (BTreeSet<String>, BTreeSet<St
                 .strip_prefix(&format!("DaemonSet {ns}/"))
                 .map(str::to_owned)
         })
-        .collect();
-    (rolls, written)
+        .collect()
 }
 
 /// Waits until every operand DaemonSet has rolled out its current template.
@@ -654,15 +665,7 @@ async fn plan_apply_compare(
     planner.assert_no_write(&audit, mark);
 
     let labels_before = layout_labels(&admin).await;
-    let daemon_sets: Vec<String> = s
-        .daemonsets()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let pods_before = daemon_set_pods(&admin, &ns).await;
     let mark = audit.mark().unwrap();
     apply(s, &policy).await;
     settled(s, &plan).await;
@@ -670,7 +673,7 @@ async fn plan_apply_compare(
     let operator = s.identity.username();
     let events = audit.since(mark).unwrap();
 
-    let (predicted_rolls, predicted_written) = planned_daemon_sets(&plan, &ns);
+    let predicted_written = planned_daemon_sets(&plan, &ns);
     let written: BTreeSet<String> = events
         .iter()
         .filter(|e| e.user.username == operator && e.resource() == "daemonsets")
@@ -679,9 +682,9 @@ async fn plan_apply_compare(
         .collect();
     assert_eq!(written, predicted_written, "DaemonSets the operator wrote");
     assert_eq!(
-        rolled(&events, &ns, &operator, &daemon_sets),
-        predicted_rolls,
-        "DaemonSets whose pods rolled"
+        replaced(&pods_before, &daemon_set_pods(&admin, &ns).await),
+        planned_rolls(&plan),
+        "DaemonSets whose pods rolled, and on how many nodes"
     );
     assert_eq!(
         label_changes(&labels_before, &layout_labels(&admin).await),
