@@ -361,7 +361,8 @@ async fn doctor_explains_dra_claims_and_the_scheduler_agrees() {
     for needle in [
         "claim gpu request gpu",
         "quantity('200Gi')",
-        &format!("{a100}: 8 devices (capacity[\"gpu.nvidia.com\"].memory is 81920Mi)"),
+        // The API server writes a quantity canonically: 81920Mi is published as 80Gi.
+        &format!("{a100}: 8 devices (capacity[\"gpu.nvidia.com\"].memory is 80Gi)"),
         &format!("{h100}: 8 devices (capacity[\"gpu.nvidia.com\"].memory is 81559Mi)"),
     ] {
         assert!(problem.contains(needle), "{needle} not in {problem}");

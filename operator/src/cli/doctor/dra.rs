@@ -556,6 +556,21 @@ pub fn diagnose(dra: &DraSnapshot, pod: &Pod, nodes: &[&Node]) -> Diagnosis {
         out.claims.push(report);
     }
 
+    // A claim already allocated pins the pod to its node: the others must fit there.
+    let pinned = out
+        .claims
+        .iter()
+        .filter(|c| c.state == "allocated" && !c.nodes.is_empty())
+        .map(|c| c.nodes.iter().cloned().collect::<BTreeSet<String>>())
+        .reduce(|a, b| a.intersection(&b).cloned().collect());
+    let node_names: Vec<String> = match pinned {
+        Some(pinned) => node_names
+            .into_iter()
+            .filter(|n| pinned.contains(n))
+            .collect(),
+        None => node_names,
+    };
+
     // Each request on each node.
     for node in &node_names {
         let devices: Vec<Published> = devices_on(dra, node).flat_map(published).collect();
@@ -881,14 +896,9 @@ fn request_faults(
         }
         return out;
     }
-    let holders: BTreeMap<&String, (&Vec<String>, usize)> = looks
-        .iter()
-        .flat_map(|(_, l)| &l.held)
-        .fold(BTreeMap::new(), |mut m, ((cns, c), (pods, devices))| {
-            let _ = cns;
-            m.entry(c).or_insert((pods, 0)).1 += devices.len();
-            m
-        });
+    // The holding claims, in name order (the fix names the first).
+    let holders: BTreeSet<&(String, String)> =
+        looks.iter().flat_map(|(_, l)| l.held.keys()).collect();
     let summary: Vec<String> = looks
         .iter()
         .filter(|(_, l)| !l.matching.is_empty())
@@ -911,12 +921,10 @@ fn request_faults(
         });
         return out;
     }
-    let mut claim_ns = ns.to_owned();
     let held_text: Vec<String> = looks
         .iter()
         .flat_map(|(_, l)| &l.held)
         .map(|((cns, c), (pods, devices))| {
-            claim_ns.clone_from(cns);
             format!(
                 "ResourceClaim {cns}/{c} (reserved for {}) holds {}",
                 if pods.is_empty() {
@@ -928,11 +936,10 @@ fn request_faults(
             )
         })
         .collect();
-    let first_holder = holders
-        .keys()
-        .next()
-        .map(|c| c.as_str())
-        .unwrap_or_default();
+    let (claim_ns, first_holder) = holders
+        .first()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .unwrap_or((ns, ""));
     out.push(Finding {
         check: DRA_DEVICES_ALLOCATED,
         problem: format!(

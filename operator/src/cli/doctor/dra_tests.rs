@@ -684,3 +684,46 @@ fn a_pod_without_claims_gets_no_dra_findings() {
     let d = diagnose(&s.dra, &p, &nodes(&s));
     assert!(d.claims.is_empty() && d.faults.is_empty() && d.hints.is_empty());
 }
+
+#[test]
+fn a_claim_already_allocated_pins_the_pods_other_claims_to_its_node() {
+    let mig_request = json!([request("mig", "mig.nvidia.com", None)]);
+    let mut s = snapshot();
+    s.dra.claims.push(claim(
+        "shared",
+        mig_request,
+        Some(("node-mig", &["gpu-0-mig-1g5gb-19-2"], "other")),
+    ));
+    s.dra.templates.push(template(
+        "whole",
+        json!([request("gpu", "gpu.nvidia.com", None)]),
+    ));
+    s.dra.claims.push(claim(
+        "both-gpu",
+        json!([request("gpu", "gpu.nvidia.com", None)]),
+        None,
+    ));
+    // One claim by name (allocated on node-mig), one from a template: whole GPUs exist only
+    // elsewhere, so the pod fits nowhere.
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "both", "namespace": NS},
+        "spec": {"containers": [{"name": "c"}],
+                 "resourceClaims": [{"name": "mig", "resourceClaimName": "shared"},
+                                    {"name": "gpu", "resourceClaimTemplateName": "whole"}]},
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "both-gpu"}]}}))
+    .unwrap();
+    let d = diagnose(&s.dra, &p, &nodes(&s));
+    assert_eq!(d.claims[0].state, "allocated");
+    assert_eq!(d.claims[1].state, "unsatisfiable");
+    assert_eq!(checks(&d), [DRA_NO_MATCHING_DEVICE]);
+    assert!(
+        d.faults[0].problem.contains("node-mig: 2 devices"),
+        "{:?}",
+        d.faults[0]
+    );
+    assert!(
+        !d.faults[0].problem.contains("node-a100"),
+        "{:?}",
+        d.faults[0]
+    );
+}
