@@ -432,6 +432,37 @@ async fn doctor_explains_dra_claims_and_the_scheduler_agrees() {
         (json!(2), json!(0))
     );
     assert_eq!(on_mig["heldBy"].as_array().unwrap().len(), 2);
+    // The devices the doctor calls held are exactly those the scheduler allocated to them.
+    let mut allocated: Vec<String> = Vec::new();
+    for claim in &holder_claims {
+        let c = resource_api(&admin, Some(&ns), "ResourceClaim")
+            .get(claim)
+            .await
+            .unwrap();
+        for r in c.data["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap()
+        {
+            allocated.push(format!(
+                "{}/{}/{}",
+                r["driver"].as_str().unwrap(),
+                r["pool"].as_str().unwrap(),
+                r["device"].as_str().unwrap()
+            ));
+        }
+    }
+    let mut held_devices: Vec<String> = on_mig["heldBy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["devices"].as_array().unwrap().clone())
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect();
+    allocated.sort();
+    held_devices.sort();
+    assert_eq!(held_devices, allocated);
+    println!("fits, before the scheduler:\n{}", fits.text);
+    println!("third-1g, before the scheduler:\n{}", third.text);
 
     // The scheduler agrees with each verdict.
     for pod in ["fits", "too-big", "no-h200", "third-1g"] {
@@ -468,6 +499,33 @@ async fn doctor_explains_dra_claims_and_the_scheduler_agrees() {
         placed.text
     );
     assert_eq!(placed.claim()["nodes"], json!([landed]), "{}", placed.text);
+    // The device it got is one of the 8 the doctor counted as matching and free there.
+    let fits_claim = placed.claim()["resourceClaim"].as_str().unwrap().to_owned();
+    let c = resource_api(&admin, Some(&ns), "ResourceClaim")
+        .get(&fits_claim)
+        .await
+        .unwrap();
+    let device = c.data["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        dra::gpu_devices(&a100, GpuModel::A100Sxm80Gb)
+            .iter()
+            .any(|d| d["name"] == json!(device)),
+        "{device}"
+    );
+    let on_a100 = fits.claim()["requests"][0]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == json!(a100))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (on_a100["matching"].clone(), on_a100["free"].clone()),
+        (json!(8), json!(8))
+    );
 
     // The device plugin advertising the same GPUs DRA publishes is a finding.
     nodes::advertise_gpus(&admin, &h100, Some(8)).await.unwrap();

@@ -511,9 +511,7 @@ pub fn diagnose(dra: &DraSnapshot, pod: &Pod, nodes: &[&Node]) -> Diagnosis {
                             "claim {entry} request {} names DeviceClass {} (spec.devices.requests[].exactly.deviceClassName), which does not exist",
                             request.name, exactly.device_class_name
                         ),
-                        fix: format!(
-                            "kubectl get deviceclasses  (the classes the DRA driver installs); set deviceClassName to one of them"
-                        ),
+                        fix: "kubectl get deviceclasses  (the classes the DRA driver installs); set deviceClassName to one of them".into(),
                     });
                     report.state = "unsatisfiable".into();
                     continue;
@@ -770,6 +768,10 @@ fn allocation_nodes(a: &k8s_openapi::api::resource::v1::AllocationResult) -> Vec
         .collect()
 }
 
+/// (a class's selector, where it is, its expression, `false` or the error): how rule-outs are
+/// grouped, the request's own selectors sorting first.
+type SelectorKey = (bool, String, String, String);
+
 /// The faults of one request that fits no node.
 fn request_faults(
     need: &Need,
@@ -824,8 +826,7 @@ fn request_faults(
     if looks.iter().all(|(_, l)| l.matching.is_empty()) {
         // Group by selector and outcome: which devices on which nodes, and what they have.
         // The request's own selectors first: what the user asked for is the likelier cause.
-        let mut by_selector: BTreeMap<(bool, String, String, String), Vec<(String, String)>> =
-            BTreeMap::new();
+        let mut by_selector: BTreeMap<SelectorKey, Vec<(String, String)>> = BTreeMap::new();
         for (node, l) in &looks {
             for (key, devices) in &l.ruled_out {
                 let mut has: Vec<&str> = devices.iter().map(|(_, h)| h.as_str()).collect();
