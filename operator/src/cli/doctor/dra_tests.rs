@@ -727,3 +727,30 @@ fn a_claim_already_allocated_pins_the_pods_other_claims_to_its_node() {
         d.faults[0]
     );
 }
+
+#[test]
+fn the_cluster_report_names_a_device_plugin_and_dra_conflict_without_a_pod() {
+    let mut s = snapshot();
+    s.nodes[1] = node("node-a100", Some(2), false);
+    let report = Report::of_cluster(&s);
+    let conflicts: Vec<&Finding> = report
+        .faults
+        .iter()
+        .filter(|f| f.check == DRA_DEVICE_PLUGIN_CONFLICT)
+        .collect();
+    assert_eq!(conflicts.len(), 1, "{:?}", report.faults);
+    assert!(
+        conflicts[0].problem.starts_with("node node-a100:"),
+        "{conflicts:?}"
+    );
+    // Without the device plugin's GPUs there is nothing to double-book.
+    let report = Report::of_cluster(&snapshot());
+    assert!(
+        report
+            .faults
+            .iter()
+            .all(|f| f.check != DRA_DEVICE_PLUGIN_CONFLICT),
+        "{:?}",
+        report.faults
+    );
+}
