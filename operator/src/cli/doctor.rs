@@ -8,7 +8,8 @@
 //! ([`Snapshot`] in, text and [`Finding`]s out); only [`run`] talks to the API server.
 //!
 //! Both modes start with the ClusterPolicy's own faults as its status reports them
-//! ([`policy`]); where a pod may go is judged by the scheduler's rules ([`affinity`]).
+//! ([`policy`]); where a pod may go is judged by the scheduler's rules ([`affinity`]); a pod's
+//! DRA ResourceClaims are judged against the published ResourceSlices ([`dra`]).
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -26,6 +27,7 @@ use crate::model::{MANAGED_BY_LABEL, MANAGER};
 use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys, places_operand};
 
 pub mod affinity;
+pub mod dra;
 pub mod policy;
 
 use affinity::tolerates;
@@ -104,6 +106,8 @@ pub struct Snapshot {
     pub other_policies: Vec<ClusterPolicy>,
     pub operator_namespace: String,
     pub nfd_worker_tolerations: Option<Vec<Toleration>>,
+    /// DRA's objects (the slices always, the rest with a pod name).
+    pub dra: dra::DraSnapshot,
 }
 
 /// One fault: a stable check name, what is wrong, and the command that fixes or explains it.
@@ -477,6 +481,8 @@ pub struct Report {
     pub nodes: Vec<NodeReport>,
     /// The pod explained (with a pod name).
     pub pod: Option<PodReport>,
+    /// The pod's DRA ResourceClaims, each with its state (with a pod name that has any).
+    pub resource_claims: Vec<dra::ClaimReport>,
     /// Every fault, in the order the text prints them; none means exit status 0.
     pub faults: Vec<Finding>,
     /// What does not keep GPU pods off but is worth knowing (a pod's preferred node affinity,
@@ -604,6 +610,7 @@ impl Report {
             }),
             faults: pod_findings(snapshot, pod),
             hints: pod_hints(snapshot, pod),
+            resource_claims: dra_diagnosis(snapshot, pod).claims,
             ..Report::empty(snapshot)
         }
     }
@@ -616,6 +623,7 @@ impl Report {
             gpu_memory_resource: snapshot.memory_resource(),
             nodes: Vec::new(),
             pod: None,
+            resource_claims: Vec::new(),
             faults: Vec::new(),
             hints: Vec::new(),
         }
@@ -626,7 +634,13 @@ impl Report {
         Ok(match format {
             Output::Text => {
                 let head = match &self.pod {
-                    Some(p) => format!("pod {}/{}: {}\n", p.namespace, p.name, p.state),
+                    Some(p) => format!(
+                        "pod {}/{}: {}\n{}",
+                        p.namespace,
+                        p.name,
+                        p.state,
+                        dra::claims_text(&self.resource_claims)
+                    ),
                     None => table_text(&self.nodes, self.gpu_memory_resource.as_deref()),
                 };
                 format!(
@@ -969,6 +983,7 @@ pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
         out.extend(readiness_finding(snapshot, node));
         out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
     }
+    out.extend(dra::conflicts(&snapshot.dra, &nodes));
     out.extend(runtime_class_finding(
         snapshot,
         &snapshot.runtime_class(),
@@ -1115,6 +1130,21 @@ fn pod_checklist(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     let pod_name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_else(|| "default".into());
 
+    // A pod whose GPUs come only from DRA claims needs no device plugin, GPU node label or
+    // validator of ours: its claims are judged against the published devices instead.
+    if requests.is_empty() && dra::has_claims(pod) {
+        out.extend(dra_diagnosis(snapshot, pod).faults);
+        if out.is_empty()
+            && let Some(message) = unschedulable(pod)
+        {
+            out.push(Finding {
+                check: UNSCHEDULABLE,
+                problem: format!("the scheduler says: {message}"),
+                fix: format!("kubectl -n {namespace} describe pod {pod_name}"),
+            });
+        }
+        return out;
+    }
     // 1. A GPU node exists that the pod's nodeSelector and required node affinity admit; if
     // none does, what keeps it off each one.
     let gpu_nodes = snapshot.gpu_nodes();
@@ -1244,7 +1274,9 @@ fn pod_checklist(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
             "the GPU runtime",
         ));
     }
-    // 8. What the scheduler says.
+    // 8. The pod's DRA ResourceClaims.
+    out.extend(dra_diagnosis(snapshot, pod).faults);
+    // 9. What the scheduler says.
     if out.is_empty()
         && let Some(message) = unschedulable(pod)
     {
@@ -1257,11 +1289,48 @@ fn pod_checklist(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     out
 }
 
+/// The nodes a DRA pod may go to: every node (DRA devices need no GPU label) that its
+/// `nodeSelector` and required node affinity admit, whose blocking taints it tolerates and that
+/// is not cordoned.
+fn dra_nodes<'a>(snapshot: &'a Snapshot, pod: &Pod) -> Vec<&'a Node> {
+    let mut nodes: Vec<&Node> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| {
+            affinity::selector_misses(pod, n).is_empty()
+                && affinity::affinity_misses(pod, n).is_none()
+                && affinity::untolerated(pod, n, affinity::blocks).is_empty()
+                && n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+        })
+        .collect();
+    nodes.sort_by_key(|n| n.name_any());
+    nodes
+}
+
+/// The DRA checks of `pod` ([`dra::diagnose`]); nothing for a pod without claims.
+fn dra_diagnosis(snapshot: &Snapshot, pod: &Pod) -> dra::Diagnosis {
+    if !dra::has_claims(pod) {
+        return dra::Diagnosis::default();
+    }
+    let mut diagnosis = dra::diagnose(&snapshot.dra, pod, &dra_nodes(snapshot, pod));
+    for what in &snapshot.dra.unreadable {
+        diagnosis.hints.push(Finding {
+            check: dra::DRA_NOT_EVALUATED,
+            problem: format!(
+                "the doctor may not read {what}: the pod's claims are judged without them"
+            ),
+            fix: format!("kubectl auth can-i list {what}  (grant the doctor's user list on it)"),
+        });
+    }
+    diagnosis
+}
+
 /// Hints for `pod`: the policy's, then what ranks the GPU nodes it may go to without keeping it
 /// off any (its preferred node affinity, PreferNoSchedule taints it does not tolerate). Never a
 /// reason for Pending, so never a fault.
 pub fn pod_hints(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     let mut out = policy_hints(snapshot);
+    out.extend(dra_diagnosis(snapshot, pod).hints);
     let pod_name = pod.name_any();
     let candidates = admitted(snapshot, pod);
     let open: Vec<&Node> = candidates
@@ -1451,6 +1520,7 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         .into_iter()
         .map(|r| r.name_any())
         .collect();
+    let dra = dra_snapshot(client, args.pod.is_some()).await?;
     Ok(Snapshot {
         nodes,
         operand_pods,
@@ -1459,7 +1529,124 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
         other_policies,
         operator_namespace,
         nfd_worker_tolerations,
+        dra,
     })
+}
+
+/// Every object of kind `K`; none where the API server does not serve its version (no DRA),
+/// and `what` added to `unreadable` where the user may not list it.
+async fn list_all<K>(
+    client: &Client,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    classify(
+        Api::<K>::all(client.clone())
+            .list(&ListParams::default())
+            .await,
+        what,
+        unreadable,
+    )
+}
+
+/// [`list_all`] for namespaced kinds, across every namespace.
+async fn list_everywhere<K>(
+    client: &Client,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    classify(
+        Api::<K>::all(client.clone())
+            .list(&ListParams::default())
+            .await,
+        what,
+        unreadable,
+    )
+}
+
+fn classify<K>(
+    listed: kube::Result<kube::core::ObjectList<K>>,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> anyhow::Result<Vec<K>>
+where
+    K: Clone,
+{
+    match listed {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            unreadable.push(what.to_owned());
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e).with_context(|| format!("listing {what}")),
+    }
+}
+
+/// DRA's objects: the ResourceSlices always (the device-plugin conflict is a cluster fault);
+/// with a pod, also the DeviceClasses, ResourceClaims, ResourceClaimTemplates and NVIDIA's
+/// ComputeDomains. A cluster without `resource.k8s.io/v1` has none of them.
+async fn dra_snapshot(client: &Client, with_pod: bool) -> anyhow::Result<dra::DraSnapshot> {
+    use k8s_openapi::api::resource::v1::{
+        DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+    };
+    let mut out = dra::DraSnapshot::default();
+    let mut unreadable = Vec::new();
+    out.slices =
+        list_all::<ResourceSlice>(client, "resourceslices.resource.k8s.io", &mut unreadable)
+            .await?;
+    if !with_pod {
+        // The cluster's checks skip what they may not read.
+        return Ok(out);
+    }
+    out.classes =
+        list_all::<DeviceClass>(client, "deviceclasses.resource.k8s.io", &mut unreadable).await?;
+    out.claims =
+        list_everywhere::<ResourceClaim>(client, "resourceclaims.resource.k8s.io", &mut unreadable)
+            .await?;
+    out.templates = list_everywhere::<ResourceClaimTemplate>(
+        client,
+        "resourceclaimtemplates.resource.k8s.io",
+        &mut unreadable,
+    )
+    .await?;
+    let gvk = kube::api::GroupVersionKind::gvk("resource.nvidia.com", "v1beta1", "ComputeDomain");
+    let domains = Api::<kube::api::DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&gvk),
+    )
+    .list(&ListParams::default())
+    .await;
+    out.compute_domains = match domains {
+        Ok(list) => Some(
+            list.items
+                .into_iter()
+                .filter_map(|d| serde_json::to_value(d).ok())
+                .collect(),
+        ),
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            unreadable.push("computedomains.resource.nvidia.com".into());
+            None
+        }
+        Err(e) => return Err(e).context("listing ComputeDomains"),
+    };
+    out.unreadable = unreadable;
+    Ok(out)
 }
 
 /// How a doctor run ended without a clean bill: [`Failure::exit_code`] is its exit status.

@@ -193,6 +193,7 @@ fn healthy() -> Snapshot {
         other_policies: Vec::new(),
         operator_namespace: "gpu-operator".into(),
         nfd_worker_tolerations: None,
+        dra: dra::DraSnapshot::default(),
     }
 }
 
