@@ -8,6 +8,8 @@
 pub mod cleanup;
 /// `gpu-operator doctor` (and `kubectl gpu doctor`): read-only diagnosis of GPU pods and nodes.
 pub mod doctor;
+#[cfg(test)]
+mod golden;
 /// `gpu-operator migrate --from-nvidia`: takes over a fleet NVIDIA's operator runs.
 pub mod migrate;
 pub mod plan;

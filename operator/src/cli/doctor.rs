@@ -1533,40 +1533,16 @@ async fn snapshot(client: &Client, args: &DoctorArgs) -> anyhow::Result<Snapshot
     })
 }
 
-/// Every object of kind `K`; none where the API server does not serve its version (no DRA),
-/// and `what` added to `unreadable` where the user may not list it.
+/// Every object of kind `K` (of every namespace, for a namespaced kind); none where the API
+/// server does not serve its version (no DRA), and `what` added to `unreadable` where the user
+/// may not list it.
 async fn list_all<K>(
     client: &Client,
     what: &str,
     unreadable: &mut Vec<String>,
 ) -> anyhow::Result<Vec<K>>
 where
-    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    classify(
-        Api::<K>::all(client.clone())
-            .list(&ListParams::default())
-            .await,
-        what,
-        unreadable,
-    )
-}
-
-/// [`list_all`] for namespaced kinds, across every namespace.
-async fn list_everywhere<K>(
-    client: &Client,
-    what: &str,
-    unreadable: &mut Vec<String>,
-) -> anyhow::Result<Vec<K>>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
     classify(
@@ -1616,9 +1592,9 @@ async fn dra_snapshot(client: &Client, with_pod: bool) -> anyhow::Result<dra::Dr
     out.classes =
         list_all::<DeviceClass>(client, "deviceclasses.resource.k8s.io", &mut unreadable).await?;
     out.claims =
-        list_everywhere::<ResourceClaim>(client, "resourceclaims.resource.k8s.io", &mut unreadable)
+        list_all::<ResourceClaim>(client, "resourceclaims.resource.k8s.io", &mut unreadable)
             .await?;
-    out.templates = list_everywhere::<ResourceClaimTemplate>(
+    out.templates = list_all::<ResourceClaimTemplate>(
         client,
         "resourceclaimtemplates.resource.k8s.io",
         &mut unreadable,

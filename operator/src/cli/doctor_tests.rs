@@ -2,6 +2,7 @@
 //! file) and each fault of the checklist made from it by one change.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::cli::golden::assert_golden;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateWaiting, ContainerStatus, NodeSpec, NodeStatus,
     PodCondition, PodSpec, PodStatus,
@@ -218,20 +219,6 @@ fn gpu_pod(extra: serde_json::Value) -> Pod {
 
 fn checks(findings: &[Finding]) -> Vec<&'static str> {
     findings.iter().map(|f| f.check).collect()
-}
-
-/// Compares `actual` with the golden file `testdata/<name>` (`UPDATE_GOLDEN=1` rewrites it).
-fn assert_golden(name: &str, actual: &str) {
-    let path = format!("{}/src/cli/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let golden = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}; write it with UPDATE_GOLDEN=1 and review"));
-    assert_eq!(
-        actual, golden,
-        "{name}: regenerate with UPDATE_GOLDEN=1 and review"
-    );
 }
 
 /// The report's text and `-o json` against `testdata/<name>.txt` and `<name>.json`.

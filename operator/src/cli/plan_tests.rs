@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::cli::golden::assert_golden;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -275,19 +276,5 @@ fn the_plan_reads_the_same_as_text_and_json() {
     assert_golden(
         "plan.json",
         &(serde_json::to_string_pretty(&plan).unwrap() + "\n"),
-    );
-}
-
-/// Compares `actual` with the golden file `testdata/<name>` (`UPDATE_GOLDEN=1` rewrites it).
-fn assert_golden(name: &str, actual: &str) {
-    let path = format!("{}/src/cli/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let golden = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}; write it with UPDATE_GOLDEN=1 and review"));
-    assert_eq!(
-        actual, golden,
-        "{name}: regenerate with UPDATE_GOLDEN=1 and review"
     );
 }

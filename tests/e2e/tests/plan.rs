@@ -735,6 +735,24 @@ fn planned_allocatable(plan: &Value) -> BTreeMap<String, BTreeMap<String, u64>> 
         .collect()
 }
 
+/// For each node of `product` (node -> (product, GPU count)): `resource`, `per_gpu` per GPU.
+fn each_gpu(
+    gpus: &BTreeMap<String, (String, u64)>,
+    product: &str,
+    resource: &str,
+    per_gpu: u64,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    gpus.iter()
+        .filter(|(_, (p, _))| p == product)
+        .map(|(n, (_, count))| {
+            (
+                n.clone(),
+                BTreeMap::from([(resource.to_owned(), per_gpu * count)]),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn sharing_mig_and_invalid_config_plans_predict_the_labels_rolls_and_verdicts_that_happen() {
     let Some(s) = session::start(json!({"mig": {"strategy": "mixed"}}), &[]).await else {
@@ -777,16 +795,8 @@ async fn sharing_mig_and_invalid_config_plans_predict_the_labels_rolls_and_verdi
         "layoutsByModel": {"Tesla-T4": {"sharing": "time-sliced-4"}}
     }});
     let plan = plan_apply_compare(&s, &planner, sharing.clone(), labels_as_planned).await;
-    let t4s: BTreeMap<String, BTreeMap<String, u64>> = gpus
-        .iter()
-        .filter(|(_, (product, _))| product == "Tesla-T4")
-        .map(|(n, (_, count))| {
-            (
-                n.clone(),
-                BTreeMap::from([("nvidia.com/gpu".to_owned(), 4 * count)]),
-            )
-        })
-        .collect();
+    // The device plugin's rule: each GPU advertised `replicas` times.
+    let t4s = each_gpu(&gpus, "Tesla-T4", "nvidia.com/gpu", 4);
     assert!(!t4s.is_empty());
     assert_eq!(planned_allocatable(&plan), t4s, "{plan:#}");
 
@@ -794,16 +804,8 @@ async fn sharing_mig_and_invalid_config_plans_predict_the_labels_rolls_and_verdi
     let mut mig = sharing.clone();
     mig["spec"]["layoutsByModel"]["NVIDIA-A100-SXM4-40GB"] = json!({"mig": "all-1g.5gb"});
     let plan = plan_apply_compare(&s, &planner, mig.clone(), labels_as_planned).await;
-    let a100s: BTreeMap<String, BTreeMap<String, u64>> = gpus
-        .iter()
-        .filter(|(_, (product, _))| product == "NVIDIA-A100-SXM4-40GB")
-        .map(|(n, (_, count))| {
-            (
-                n.clone(),
-                BTreeMap::from([("nvidia.com/mig-1g.5gb".to_owned(), 7 * count)]),
-            )
-        })
-        .collect();
+    // mig-parted's all-1g.5gb: seven 1g.5gb instances per A100-40GB.
+    let a100s = each_gpu(&gpus, "NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.5gb", 7);
     assert!(!a100s.is_empty());
     assert_eq!(planned_allocatable(&plan), a100s, "{plan:#}");
     assert!(plan["rollouts"].as_array().unwrap().is_empty(), "{plan:#}");

@@ -3,6 +3,7 @@
 //! is a golden file (`testdata/doctor-dra-*`, `UPDATE_GOLDEN=1` rewrites them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::cli::golden::assert_golden;
 use serde_json::{Value, json};
 
 use super::super::{Output, Report, Snapshot};
@@ -179,19 +180,6 @@ fn nodes(s: &Snapshot) -> Vec<&Node> {
 
 fn checks(d: &Diagnosis) -> Vec<&'static str> {
     d.faults.iter().map(|f| f.check).collect()
-}
-
-fn assert_golden(name: &str, actual: &str) {
-    let path = format!("{}/src/cli/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let golden = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}; write it with UPDATE_GOLDEN=1 and review"));
-    assert_eq!(
-        actual, golden,
-        "{name}: regenerate with UPDATE_GOLDEN=1 and review"
-    );
 }
 
 /// The doctor's whole report on `pod`, text and JSON, against `testdata/doctor-dra-<name>.*`.
