@@ -104,9 +104,12 @@ fn sample(
         let by_app = ListParams::default().labels("app=nvidia-operator-validator");
         loop {
             let now = Instant::now();
-            let (Ok(nodes), Ok(p), Ok(v)) = (
-                nodes_api.list(&ListParams::default()).await,
+            // The pod is read before the nodes: a pod seen bound and then its node seen still
+            // tainted was bound while the taint was there. Read the other way round, a lift and
+            // a binding between the two reads would look like a violation.
+            let (Ok(p), Ok(nodes), Ok(v)) = (
                 pods.get_opt(&pod).await,
+                nodes_api.list(&ListParams::default()).await,
                 validators.list(&by_app).await,
             ) else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
