@@ -45,7 +45,7 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 }
 
 /// How the plan compares: zero values equal absent, merge-keyed lists, extra live keys fine.
-const PLAN_RULES: Rules = Rules {
+pub const PLAN_RULES: Rules = Rules {
     zero_is_absent: true,
     merge_keyed_lists: true,
     extra_keys_count: |_| false,

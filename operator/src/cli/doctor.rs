@@ -1400,7 +1400,7 @@ pub fn pod_hints(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     out
 }
 
-fn strategy_name(s: MigStrategy) -> &'static str {
+pub(crate) fn strategy_name(s: MigStrategy) -> &'static str {
     match s {
         MigStrategy::None => "none",
         MigStrategy::Single => "single",

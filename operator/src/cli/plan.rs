@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use crate::api::ClusterPolicy;
 use crate::controller::preview::{Operator, Preview, Session};
 use crate::controller::upgrade::forecast::{Ending, Forecast};
-use crate::json_diff::{self, Difference, Rules};
+use crate::json_diff::{self, Difference};
 use crate::render::Outcome as Rendered;
 use crate::takeover::{self, Outcome};
 
@@ -379,14 +379,6 @@ fn verdicts(after: &Preview) -> Vec<Verdict> {
     invalid.chain(reported).collect()
 }
 
-/// How a rendered object compares with its live self: as the apply stage compares them (a
-/// field we set must hold our value; what others added is theirs).
-const AS_APPLIED: Rules = Rules {
-    zero_is_absent: true,
-    merge_keyed_lists: true,
-    extra_keys_count: |_| false,
-};
-
 fn key_of(object: &Value) -> String {
     let kind = object["kind"].as_str().unwrap_or_default();
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
@@ -411,7 +403,7 @@ pub fn field_changes(desired: &Value, live: &Value) -> Vec<String> {
     if let Some(meta) = desired["metadata"].as_object_mut() {
         meta.remove("ownerReferences");
     }
-    json_diff::differences("", &desired, live, &AS_APPLIED)
+    json_diff::differences("", &desired, live, &crate::controller::plan::PLAN_RULES)
         .iter()
         .map(|d| match d {
             Difference::Missing { path, wanted } => format!("{path}: none -> {}", short(wanted)),
