@@ -2,7 +2,9 @@
 //! Operator runs over to this operator with nothing restarted (docs/migrate-from-nvidia.md).
 //!
 //! A dry run by default: it reads the cluster and prints every object the takeover touches and
-//! what each change restarts (crate::takeover), and refuses, without `--force`, when our CRD
+//! what each change restarts (crate::takeover), then this operator's first pass over the policy
+//! as `gpu-operator plan` forecasts a change (cli::plan::consequences over
+//! controller::preview: objects, pods, driver rollout, node labels, advertised GPUs), and refuses, without `--force`, when our CRD
 //! would drop a field the stored ClusterPolicy holds. With `--apply` it stops NVIDIA's operator
 //! (its Deployment scaled to zero, its leader Lease released once no pod of it runs), keeps the
 //! ClusterPolicy out of NVIDIA's `helm uninstall` (and hands it to a release of our chart when
@@ -18,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -26,13 +28,14 @@ use kube::api::{
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
+use super::plan::Comparison;
 use crate::api::ClusterPolicy;
 use crate::api::crd::CRD_NAME;
 use crate::controller::coexist::NVIDIA_OPERATOR_LEASE;
 use crate::controller::plan::is_ours;
+use crate::controller::preview::Session;
 use crate::json_diff::{self, Rules};
-use crate::render::inputs::{RenderOptions, facts_for};
-use crate::takeover::{self, Outcome};
+use crate::takeover;
 
 /// Arguments of `gpu-operator migrate`.
 #[derive(Debug, clap::Args)]
@@ -88,7 +91,8 @@ pub fn run(args: &MigrateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         let client =
             super::doctor::client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
         let live = Live::read(&client, args).await?;
-        let plan = plan(&live, args)?;
+        let first_pass = FirstPass::read(&client, &live, args).await?;
+        let plan = plan(&live, &first_pass, args)?;
         out.write_all(plan.text.as_bytes())
             .context("writing the plan")?;
         if !plan.lost.is_empty() && !args.force {
@@ -120,11 +124,17 @@ struct Live {
     crd: Option<CustomResourceDefinition>,
     operator: Option<Deployment>,
     daemon_sets: Vec<DaemonSet>,
-    nodes: Vec<Node>,
-    config_maps: Vec<ConfigMap>,
-    /// `Kind namespace/name` of every object our render names, with its metadata if it exists.
-    existing: BTreeMap<String, Option<kube::api::ObjectMeta>>,
+}
+
+/// This operator's first pass over the taken-over policy, as `gpu-operator plan` forecasts a
+/// pass (controller::preview: the operator's own resolve, validate and render).
+struct FirstPass {
+    /// What it renders.
     rendered: Vec<Value>,
+    /// `Kind namespace/name` of every rendered object, with its metadata if it exists.
+    existing: BTreeMap<String, Option<kube::api::ObjectMeta>>,
+    /// What it changes: objects, pods, the driver rollout, node labels, advertised GPUs.
+    consequences: super::plan::Plan,
 }
 
 fn policy_api(client: &Client) -> Api<DynamicObject> {
@@ -194,67 +204,47 @@ impl Live {
             .into_iter()
             .filter(|d| d.owner_references().iter().any(|o| o.uid == policy_uid))
             .collect();
-        let nodes = Api::<Node>::all(client.clone())
-            .list(&ListParams::default())
-            .await
-            .context("listing Nodes")?
-            .items;
-        let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .list(&ListParams::default())
-            .await
-            .with_context(|| format!("listing ConfigMaps in {ns}"))?
-            .items;
-        let mut live = Live {
+        Ok(Live {
             policy,
             policy_name,
             policy_uid,
             crd,
             operator,
             daemon_sets,
-            nodes,
-            config_maps,
-            existing: BTreeMap::new(),
-            rendered: Vec::new(),
-        };
-        live.rendered = live.render(ns)?;
-        for object in &live.rendered {
-            let (key, meta) = existing(client, object).await?;
-            live.existing.insert(key, meta);
-        }
-        Ok(live)
+        })
     }
+}
 
-    /// Our render of the live policy over the live cluster's facts.
-    fn render(&self, namespace: &str) -> anyhow::Result<Vec<Value>> {
-        let policy: ClusterPolicy = serde_json::from_value(self.policy.clone())
+impl FirstPass {
+    async fn read(client: &Client, live: &Live, args: &MigrateArgs) -> anyhow::Result<Self> {
+        let policy: ClusterPolicy = serde_json::from_value(live.policy.clone())
             .context("reading the ClusterPolicy as this operator's API")?;
-        // NFD that already runs (a master labelled the nodes) is left to run: ours is not
-        // rendered (decision 16).
-        let nfd_running = self.nodes.iter().any(|n| {
-            n.annotations()
-                .keys()
-                .any(|k| k.starts_with("nfd.node.kubernetes.io/"))
-        });
-        let options = RenderOptions {
-            namespace: namespace.to_owned(),
-            runtime: None,
-            openshift: false,
-            os_tag: None,
-            service_monitor_api: false,
-            nfd_running,
-            sharing_config: None,
-            mig_config: None,
-            dcgm_metrics: None,
-            config_maps: self.config_maps.clone(),
-            nodes: self.nodes.clone(),
-            driver_toolkit: None,
+        let operator = super::plan::operator_settings(client, &args.namespace).await?;
+        let session = Session::open(client, operator).await?;
+        let after = session.preview(&policy).await?;
+        let rendered = super::plan::rendered_objects(&after)?;
+        let mut existing_objects = BTreeMap::new();
+        for object in &rendered {
+            let (key, meta) = existing(client, object).await?;
+            existing_objects.insert(key, meta);
+        }
+        let compared = Comparison {
+            planned: &policy,
+            after: &after,
+            // Nothing of ours runs yet: every object is compared with what NVIDIA's left.
+            before: None,
+            live_daemon_sets: &live.daemon_sets,
         };
-        let mut facts = facts_for(&policy, &options).context("reading the cluster's facts")?;
-        facts.os_tag = crate::operands::driver_os::primary_os(&facts.gpu_nodes, None);
-        let validated = crate::validate::validate(&policy, &facts);
-        crate::render::render(&validated, &facts)
-            .to_json()
-            .context("rendering the policy")
+        let consequences = super::plan::Plan {
+            policy: live.policy_name.clone(),
+            change: "takeover".to_owned(),
+            ..super::plan::consequences(client, &args.namespace, &session, compared).await?
+        };
+        Ok(FirstPass {
+            rendered,
+            existing: existing_objects,
+            consequences,
+        })
     }
 }
 
@@ -350,7 +340,7 @@ fn crd_is_ours(crd: &CustomResourceDefinition) -> bool {
     !matches!(verdict, crate::crd_upgrade::Verdict::Foreign { .. })
 }
 
-fn plan(live: &Live, args: &MigrateArgs) -> anyhow::Result<Plan> {
+fn plan(live: &Live, first_pass: &FirstPass, args: &MigrateArgs) -> anyhow::Result<Plan> {
     let mut text = String::new();
     let mut line = |s: String| {
         text.push_str(&s);
@@ -403,7 +393,7 @@ fn plan(live: &Live, args: &MigrateArgs) -> anyhow::Result<Plan> {
             args.namespace
         )),
     }
-    let desired: Vec<DaemonSet> = live
+    let desired: Vec<DaemonSet> = first_pass
         .rendered
         .iter()
         .filter(|o| o["kind"] == "DaemonSet")
@@ -416,10 +406,14 @@ fn plan(live: &Live, args: &MigrateArgs) -> anyhow::Result<Plan> {
         text.push_str(&s);
         text.push('\n');
     };
-    for object in live.rendered.iter().filter(|o| o["kind"] != "DaemonSet") {
+    for object in first_pass
+        .rendered
+        .iter()
+        .filter(|o| o["kind"] != "DaemonSet")
+    {
         let (kind, namespace, name) = key_of(object);
         let key = describe_key(&kind, namespace.as_deref(), &name);
-        let what = match live.existing.get(&key).cloned().flatten() {
+        let what = match first_pass.existing.get(&key).cloned().flatten() {
             None => "created".to_owned(),
             Some(meta)
                 if meta
@@ -441,18 +435,13 @@ fn plan(live: &Live, args: &MigrateArgs) -> anyhow::Result<Plan> {
         };
         line(format!("{key}: {what}"));
     }
-    let restarted: Vec<&str> = daemon_set_plan
+    let forecast = &first_pass.consequences;
+    // What restarts pods: a template that rolls, a driver whose installation differs.
+    let restarted: Vec<&str> = forecast
+        .rollouts
         .iter()
-        .filter(|p| {
-            matches!(
-                p.outcome,
-                Outcome::PodsRoll
-                    | Outcome::Driver {
-                        installation_kept: false
-                    }
-            )
-        })
-        .map(|p| p.name.as_str())
+        .filter(|r| r.outcome == "pods-roll" || r.outcome == "driver-upgrade")
+        .map(|r| r.daemon_set.as_str())
         .collect();
     if restarted.is_empty() {
         line("Pods restarted by the takeover: none".to_owned());
@@ -462,7 +451,17 @@ fn plan(live: &Live, args: &MigrateArgs) -> anyhow::Result<Plan> {
             restarted.join(", ")
         ));
     }
-    line("Nodes: no label, taint or cordon is changed by the takeover".to_owned());
+    if forecast.node_labels.is_empty() && forecast.driver_upgrade.is_none() {
+        line("Nodes: no label, taint or cordon is changed by the takeover".to_owned());
+    } else {
+        line("Nodes: changed by the takeover (below)".to_owned());
+    }
+    line(String::new());
+    line(
+        "This operator's first pass over the policy, as `gpu-operator plan` reports a change:"
+            .to_owned(),
+    );
+    text.push_str(&super::plan::text(forecast));
     Ok(Plan { text, lost })
 }
 

@@ -106,7 +106,8 @@ pub struct ObjectChange {
 pub struct Rollout {
     pub daemon_set: String,
     /// `pods-start` (new DaemonSet), `pods-roll`, `pods-stay` (OnDelete), `driver-upgrade`,
-    /// `pods-removed` (DaemonSet deleted).
+    /// `driver-kept` (its pods already run the installation rendered), `pods-removed`
+    /// (DaemonSet deleted).
     pub outcome: String,
     /// Nodes whose pods start, roll or go.
     pub nodes: usize,
@@ -254,7 +255,10 @@ async fn as_stored(
 
 /// How our operator runs, read from its Deployment in `namespace` (its container's `*_IMAGE`
 /// environment and `--metrics-secure`); defaults when none is found.
-async fn operator_settings(client: &Client, namespace: &str) -> anyhow::Result<Operator> {
+pub(crate) async fn operator_settings(
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<Operator> {
     let deployments = Api::<Deployment>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
@@ -306,6 +310,64 @@ pub async fn make(client: &Client, args: &PlanArgs) -> anyhow::Result<Plan> {
         Some(live) => Some(session.preview(live).await?),
         None => None,
     };
+    let live_daemon_sets: Vec<DaemonSet> = session
+        .daemon_sets()
+        .iter()
+        .map(|d| (**d).clone())
+        .collect();
+    let change = if live.is_some() { "update" } else { "create" }.to_owned();
+    if let Some(active) = active.map(|a| a.name_any()).filter(|a| *a != name) {
+        // An ignored policy changes nothing but its own status.
+        return Ok(Plan {
+            version: 1,
+            policy: name,
+            change,
+            ignored_for: Some(active),
+            verdicts: verdicts(&after),
+            notes: after.notes.clone(),
+            ..Plan::default()
+        });
+    }
+    let compared = Comparison {
+        planned: &planned,
+        after: &after,
+        before: before.as_ref(),
+        live_daemon_sets: &live_daemon_sets,
+    };
+    Ok(Plan {
+        policy: name,
+        change,
+        ..consequences(client, &args.namespace, &session, compared).await?
+    })
+}
+
+/// One policy's pass against the cluster as it runs now.
+pub struct Comparison<'a> {
+    /// The policy as it would be stored.
+    pub planned: &'a ClusterPolicy,
+    /// The pass for it.
+    pub after: &'a Preview,
+    /// The pass for the policy in force now, if there is one of that name.
+    pub before: Option<&'a Preview>,
+    /// The operand DaemonSets running now: ours, or NVIDIA's on a takeover.
+    pub live_daemon_sets: &'a [DaemonSet],
+}
+
+/// What the pass of `compared.after` changes: objects, pod rollouts, the driver rollout
+/// forecast, node labels and advertised GPUs, with the verdicts and notes of its validate and
+/// resolve. `policy` and `change` are left for the caller to name.
+pub async fn consequences(
+    client: &Client,
+    namespace: &str,
+    session: &Session,
+    compared: Comparison<'_>,
+) -> anyhow::Result<Plan> {
+    let Comparison {
+        planned,
+        after,
+        before,
+        live_daemon_sets,
+    } = compared;
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -313,24 +375,12 @@ pub async fn make(client: &Client, args: &PlanArgs) -> anyhow::Result<Plan> {
         .items;
     let mut plan = Plan {
         version: 1,
-        policy: name.clone(),
-        change: if live.is_some() { "update" } else { "create" }.to_owned(),
-        ignored_for: active.map(|a| a.name_any()).filter(|a| *a != name),
-        verdicts: verdicts(&after),
+        verdicts: verdicts(after),
         notes: after.notes.clone(),
         ..Plan::default()
     };
-    if plan.ignored_for.is_some() {
-        // An ignored policy changes nothing but its own status.
-        return Ok(plan);
-    }
-    plan.objects = object_changes(client, &after, before.as_ref()).await?;
-    let live_daemon_sets: Vec<DaemonSet> = session
-        .daemon_sets()
-        .iter()
-        .map(|d| (**d).clone())
-        .collect();
-    let (rollouts, driver) = rollouts(&after, before.as_ref(), &live_daemon_sets, session.nodes());
+    plan.objects = object_changes(client, after, before).await?;
+    let (rollouts, driver) = rollouts(after, before, live_daemon_sets, session.nodes());
     plan.rollouts = rollouts;
     if let Some((live, next)) = driver {
         let validator_expected = live_daemon_sets
@@ -338,7 +388,7 @@ pub async fn make(client: &Client, args: &PlanArgs) -> anyhow::Result<Plan> {
             .any(|d| d.name_any() == crate::operands::validator::NAME);
         let forecast = crate::controller::upgrade::forecast_rollout(
             client,
-            &args.namespace,
+            namespace,
             &planned.spec,
             session.nodes(),
             &live,
@@ -352,8 +402,8 @@ pub async fn make(client: &Client, args: &PlanArgs) -> anyhow::Result<Plan> {
             ..driver_upgrade(&r.policy, &r.forecast)
         });
     }
-    plan.node_labels = node_labels(&after, &nodes);
-    plan.allocatable = allocatable(before.as_ref(), &after, &nodes, &plan.node_labels);
+    plan.node_labels = node_labels(after, &nodes);
+    plan.allocatable = allocatable(before, after, &nodes, &plan.node_labels);
     Ok(plan)
 }
 
@@ -443,7 +493,7 @@ async fn live_object(client: &Client, object: &Value) -> anyhow::Result<Option<V
     }
 }
 
-fn rendered_objects(preview: &Preview) -> anyhow::Result<Vec<Value>> {
+pub(crate) fn rendered_objects(preview: &Preview) -> anyhow::Result<Vec<Value>> {
     preview
         .desired
         .operands
@@ -456,6 +506,19 @@ fn rendered_objects(preview: &Preview) -> anyhow::Result<Vec<Value>> {
             all.extend(objects.context("serialising the rendered objects")?);
             Ok(all)
         })
+}
+
+/// What the apply sends for `object` over `live`, when not `object` itself: a DaemonSet adopted
+/// from NVIDIA's operator keeps its live pod template (controller::apply's
+/// `ScopedApi::adopted`).
+fn sent_over(object: &Value, live: &Value) -> Option<Value> {
+    if object["kind"] != "DaemonSet" {
+        return None;
+    }
+    let desired: DaemonSet = serde_json::from_value(object.clone()).ok()?;
+    let live: DaemonSet = serde_json::from_value(live.clone()).ok()?;
+    let sent = takeover::keep_adopted_template(&desired, &live)?;
+    serde_json::to_value(sent).ok()
 }
 
 /// Every object the apply would create or change, and those of operands the policy turns off
@@ -476,7 +539,8 @@ async fn object_changes(
                 fields: Vec::new(),
             }),
             Some(live) => {
-                let fields = field_changes(object, &live);
+                let sent = sent_over(object, &live);
+                let fields = field_changes(sent.as_ref().unwrap_or(object), &live);
                 if !fields.is_empty() {
                     changes.push(ObjectChange {
                         object: key,
@@ -583,6 +647,15 @@ fn rollouts(
             (Outcome::Created, _, Some(ours)) => ("pods-start", selected(ours, nodes)),
             (Outcome::PodsRoll, Some(l), _) => ("pods-roll", scheduled(l)),
             (Outcome::PodsStay, Some(l), _) => ("pods-stay", scheduled(l)),
+            // NVIDIA's digest of our template is the one its pods carry: they run what we
+            // render, and the upgrade stage leaves them (takeover::Outcome::Driver).
+            (
+                Outcome::Driver {
+                    installation_kept: true,
+                },
+                Some(l),
+                _,
+            ) => ("driver-kept", scheduled(l)),
             (Outcome::Driver { .. }, Some(l), Some(ours)) => {
                 driver = Some((l.clone(), ours.clone()));
                 ("driver-upgrade", scheduled(l))
@@ -845,6 +918,10 @@ pub fn text(plan: &Plan) -> String {
             "pods-roll" => "template changes: pods roll (RollingUpdate)",
             "pods-stay" => "template changes; OnDelete: pods stay until deleted",
             "driver-upgrade" => "driver template changes: the driver upgrade replaces its pods",
+            "driver-kept" => {
+                "driver template changes; its pods already run the installation rendered: \
+                 nothing restarts"
+            }
             "pods-removed" => "turned off: DaemonSet and pods removed",
             other => other,
         };

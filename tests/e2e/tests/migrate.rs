@@ -643,6 +643,18 @@ async fn a_fleet_nvidias_operator_runs_is_taken_over_with_nothing_restarted() {
         );
     }
     assert!(plan.contains("NVIDIA's, replaced by ours"), "{plan}");
+    // The rest is `gpu-operator plan`'s forecast of the first pass: no pod restarts, no driver
+    // rollout, and no pod template changes (the kept templates are what the apply sends).
+    let forecast = plan
+        .split_once("This operator's first pass over the policy")
+        .map(|(_, f)| f)
+        .unwrap_or_else(|| panic!("no forecast of the first pass:\n{plan}"));
+    assert!(forecast.contains("\nPods:\n  no pod restarts\n"), "{plan}");
+    assert!(!forecast.contains("Driver upgrade:"), "{plan}");
+    assert!(
+        !forecast.lines().any(|l| l.contains("spec.template.spec")),
+        "a pod template change forecast:\n{plan}"
+    );
     let operator_api = Api::<Deployment>::namespaced(admin.clone(), &ns);
     let replicas = |d: Deployment| d.spec.unwrap().replicas;
     assert_eq!(
