@@ -13,11 +13,12 @@ source "$cluster/lib.sh"
 export E2E_REQUIRE_CLUSTER=1
 
 # E2E_SUITE picks the test files: core (`make test`, what CI runs), long (`make test-long`: the
-# suites that run for minutes or need the release tools: a registry, oras, opm, OLM's catalog
-# operator, krew, runc), or all (the default).
+# suites that run for minutes, load the control plane or need the release tools: a registry,
+# oras, opm, OLM's catalog operator, krew, runc), or all (the default).
 suite=${E2E_SUITE:-all}
 case $suite in core | long | all) ;; *) echo "e2e.sh: E2E_SUITE=$suite: one of core, long, all" >&2; exit 2 ;; esac
-long_suites=(chaos release olm_catalog krew)
+# config_map_memory is a load test (thousands of large ConfigMaps, about 100 s).
+long_suites=(chaos release olm_catalog krew config_map_memory)
 is_long() { [[ " ${long_suites[*]} " == *" $1 "* ]]; }
 for name in "${long_suites[@]}"; do
   [[ -f $root/tests/e2e/tests/$name.rs ]] || { echo "e2e.sh: long suite $name: no tests/e2e/tests/$name.rs" >&2; exit 2; }
