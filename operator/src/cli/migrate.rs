@@ -225,8 +225,12 @@ impl FirstPass {
         let rendered = super::plan::rendered_objects(&after)?;
         let mut existing_objects = BTreeMap::new();
         for object in &rendered {
-            let (key, meta) = existing(client, object).await?;
-            existing_objects.insert(key, meta);
+            let meta = super::plan::live_object(client, object)
+                .await?
+                .map(|o| serde_json::from_value(o["metadata"].clone()))
+                .transpose()
+                .context("reading an object's metadata")?;
+            existing_objects.insert(super::plan::key_of(object), meta);
         }
         let compared = Comparison {
             planned: &policy,
@@ -245,45 +249,6 @@ impl FirstPass {
             existing: existing_objects,
             consequences,
         })
-    }
-}
-
-fn key_of(object: &Value) -> (String, Option<String>, String) {
-    let kind = object["kind"].as_str().unwrap_or_default().to_owned();
-    let namespace = object["metadata"]["namespace"].as_str().map(str::to_owned);
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    (kind, namespace, name)
-}
-
-fn describe_key(kind: &str, namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) => format!("{kind} {ns}/{name}"),
-        None => format!("{kind} {name}"),
-    }
-}
-
-/// Whether one rendered object exists, and its metadata.
-async fn existing(
-    client: &Client,
-    object: &Value,
-) -> anyhow::Result<(String, Option<kube::api::ObjectMeta>)> {
-    let (kind, namespace, name) = key_of(object);
-    let key = describe_key(&kind, namespace.as_deref(), &name);
-    let api_version = object["apiVersion"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
-    match api.get_metadata_opt(&name).await {
-        Ok(meta) => Ok((key, meta.map(|m| m.metadata))),
-        // A kind the cluster does not serve (the ServiceMonitor API, say): nothing to adopt.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok((key, None)),
-        Err(e) => Err(e).with_context(|| format!("reading {key}")),
     }
 }
 
@@ -411,8 +376,7 @@ fn plan(live: &Live, first_pass: &FirstPass, args: &MigrateArgs) -> anyhow::Resu
         .iter()
         .filter(|o| o["kind"] != "DaemonSet")
     {
-        let (kind, namespace, name) = key_of(object);
-        let key = describe_key(&kind, namespace.as_deref(), &name);
+        let key = super::plan::key_of(object);
         let what = match first_pass.existing.get(&key).cloned().flatten() {
             None => "created".to_owned(),
             Some(meta)

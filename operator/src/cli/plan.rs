@@ -429,7 +429,8 @@ fn verdicts(after: &Preview) -> Vec<Verdict> {
     invalid.chain(reported).collect()
 }
 
-fn key_of(object: &Value) -> String {
+/// `Kind namespace/name`, or `Kind name` for a cluster-scoped object.
+pub(crate) fn key_of(object: &Value) -> String {
     let kind = object["kind"].as_str().unwrap_or_default();
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     match object["metadata"]["namespace"].as_str() {
@@ -475,7 +476,7 @@ pub fn field_changes(desired: &Value, live: &Value) -> Vec<String> {
 }
 
 /// Reads `object` as it is live, if it exists.
-async fn live_object(client: &Client, object: &Value) -> anyhow::Result<Option<Value>> {
+pub(crate) async fn live_object(client: &Client, object: &Value) -> anyhow::Result<Option<Value>> {
     let api_version = object["apiVersion"].as_str().unwrap_or_default();
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let kind = object["kind"].as_str().unwrap_or_default();
