@@ -380,7 +380,7 @@ pub async fn consequences(
         ..Plan::default()
     };
     plan.objects = object_changes(client, after, before).await?;
-    let (rollouts, driver) = rollouts(after, before, live_daemon_sets, session.nodes());
+    let (rollouts, driver) = rollouts(after, before, live_daemon_sets, &nodes);
     plan.rollouts = rollouts;
     if let Some((live, next)) = driver {
         let validator_expected = live_daemon_sets
@@ -585,15 +585,53 @@ async fn object_changes(
     Ok(changes)
 }
 
-/// Nodes whose labels `ds`'s node selector matches.
-fn selected(ds: &DaemonSet, nodes: &[Arc<crate::nodes::NodeView>]) -> usize {
-    let selector = ds
+/// Taints the DaemonSet controller tolerates for every pod it places (its default
+/// tolerations), by key and effect; `network-unavailable` only for host-network pods.
+const DAEMON_SET_TOLERATED: [(&str, &str); 6] = [
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+    ("node.kubernetes.io/unreachable", "NoExecute"),
+    ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+    ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+    ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+];
+const NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
+
+/// Nodes the DaemonSet controller would run a pod of `ds` on: its node selector and required
+/// node affinity admit the node and every NoSchedule or NoExecute taint is tolerated, with the
+/// controller's own tolerations added (the scheduler's rules, as doctor applies them:
+/// cli::doctor::affinity).
+pub fn selected(ds: &DaemonSet, nodes: &[Node]) -> usize {
+    use super::doctor::affinity::{affinity_misses, blocks, selector_misses, untolerated};
+    let template = ds
         .spec
         .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.node_selector.clone())
+        .map(|s| s.template.clone())
         .unwrap_or_default();
-    nodes.iter().filter(|n| n.matches(&selector)).count()
+    let host_network = template
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        status: None,
+    };
+    let controller_tolerates = |taint: &k8s_openapi::api::core::v1::Taint| {
+        DAEMON_SET_TOLERATED
+            .iter()
+            .any(|(key, effect)| taint.key == *key && taint.effect == *effect)
+            || (host_network && taint.key == NETWORK_UNAVAILABLE && taint.effect == "NoSchedule")
+    };
+    nodes
+        .iter()
+        .filter(|node| selector_misses(&pod, node).is_empty())
+        .filter(|node| affinity_misses(&pod, node).is_none())
+        .filter(|node| {
+            untolerated(&pod, node, |t| blocks(t) && !controller_tolerates(t)).is_empty()
+        })
+        .count()
 }
 
 fn scheduled(ds: &DaemonSet) -> usize {
@@ -609,7 +647,7 @@ fn rollouts(
     after: &Preview,
     before: Option<&Preview>,
     live: &[DaemonSet],
-    nodes: &[Arc<crate::nodes::NodeView>],
+    nodes: &[Node],
 ) -> (Vec<Rollout>, Option<(DaemonSet, DaemonSet)>) {
     // DaemonSets of operands the policy turns off (their pods go); a frozen operand's stay.
     let removed: Vec<String> = before

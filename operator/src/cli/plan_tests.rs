@@ -278,3 +278,81 @@ fn the_plan_reads_the_same_as_text_and_json() {
         &(serde_json::to_string_pretty(&plan).unwrap() + "\n"),
     );
 }
+
+fn placed_node(name: &str, labels: Value, taints: Value) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_new_daemon_set_counts_the_nodes_the_daemon_set_controller_would_place_a_pod_on() {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "plugin"},
+        "spec": {
+            "selector": {},
+            "template": {"spec": {
+                "containers": [],
+                "nodeSelector": {"nvidia.com/gpu.deploy.device-plugin": "true"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "pool", "operator": "NotIn", "values": ["excluded"]}]}]}}},
+            }},
+        },
+    }))
+    .unwrap();
+    let gpu = json!({"nvidia.com/gpu.deploy.device-plugin": "true"});
+    let nodes = [
+        placed_node("plain", gpu.clone(), json!([])),
+        // Tolerated by the template, by the controller's own tolerations (a cordon), or only
+        // ranked (PreferNoSchedule): placed.
+        placed_node(
+            "gpu-tainted",
+            gpu.clone(),
+            json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        ),
+        placed_node(
+            "cordoned",
+            gpu.clone(),
+            json!([{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]),
+        ),
+        placed_node(
+            "preferred-off",
+            gpu.clone(),
+            json!([{"key": "x", "effect": "PreferNoSchedule"}]),
+        ),
+        // Kept off: an untolerated taint, the selector, the required affinity.
+        placed_node(
+            "dedicated",
+            gpu.clone(),
+            json!([{"key": "dedicated", "value": "infra", "effect": "NoExecute"}]),
+        ),
+        placed_node("cpu", json!({}), json!([])),
+        placed_node(
+            "excluded",
+            json!({"nvidia.com/gpu.deploy.device-plugin": "true", "pool": "excluded"}),
+            json!([]),
+        ),
+    ];
+    assert_eq!(selected(&ds, &nodes), 4);
+    // network-unavailable is the controller's to tolerate only for host-network pods.
+    let unavailable = [placed_node(
+        "no-network",
+        gpu,
+        json!([{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]),
+    )];
+    assert_eq!(selected(&ds, &unavailable), 0);
+    let mut host = ds.clone();
+    host.spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_network = Some(true);
+    assert_eq!(selected(&host, &unavailable), 1);
+}
