@@ -80,6 +80,7 @@ pub async fn label(
         &mut memory.attempts,
         grace,
         &labeller::Wanted {
+            sandbox: crate::workload::Sandbox::of(&policy.spec),
             mig_default_layout: mig_default_layout(&policy.spec),
             mig_by_model: &|node: &NodeView| crate::by_model::names_mig_layout(&policy.spec, node),
             runtime_of: &|node: &str| runtimes.get(node),

@@ -18,10 +18,11 @@ use tokio::sync::Semaphore;
 use crate::controller::owner::{self, LabelAttempts};
 use crate::facts::{NodeRuntime, RuntimeFlavour};
 use crate::nodes::{
-    Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
+    Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes_for, mig_config_default,
     runtime_flavour_label,
 };
 use crate::operands::toolkit_flavour::{self, Placement};
+use crate::workload::Sandbox;
 
 /// How soon to retry a node whose patch met a newer version (kwok or a kubelet updated its
 /// status meanwhile). Such an update changes no label we read, so no watch event would wake us.
@@ -35,7 +36,7 @@ fn changes_for(
     grace: Duration,
     wanted: &Wanted<'_>,
 ) -> LabelPatch {
-    let mut changes = desired_label_changes(node, gone_for, grace);
+    let mut changes = desired_label_changes_for(node, gone_for, grace, &wanted.sandbox);
     if !(wanted.mig_by_model)(node) {
         changes.extend(mig_config_default(node, wanted.mig_default_layout));
     }
@@ -55,6 +56,8 @@ fn changes_for(
 
 /// What the policy and the resolved facts want on GPU nodes besides decision 2's labels.
 pub struct Wanted<'a> {
+    /// `spec.sandboxWorkloads`: each node's workload type and so its deploy keys.
+    pub sandbox: Sandbox,
     /// The default MIG layout (decision 7).
     pub mig_default_layout: Option<&'a str>,
     /// Whether `spec.layoutsByModel` gives the node a MIG layout: the node-pool stage writes
