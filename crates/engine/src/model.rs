@@ -233,11 +233,17 @@ pub enum Operand {
     DraValidator,
     /// The driver DaemonSets of one NVIDIADriver pool (never rendered by a ClusterPolicy).
     NvidiaDriver,
+    /// The sandbox validator on virtual machine nodes.
+    SandboxValidator,
+    /// The VFIO manager on `vm-passthrough` nodes.
+    VfioManager,
+    /// KubeVirt's GPU device plugin on virtual machine nodes.
+    SandboxDevicePlugin,
 }
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 13] = [
+    pub const ALL: [Operand; 16] = [
         Operand::RuntimeClasses,
         Operand::OperatorMetrics,
         Operand::Nfd,
@@ -251,6 +257,9 @@ impl Operand {
         Operand::Gfd,
         Operand::MigManager,
         Operand::NodeStatusExporter,
+        Operand::SandboxValidator,
+        Operand::VfioManager,
+        Operand::SandboxDevicePlugin,
     ];
 
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).
