@@ -151,6 +151,34 @@ pub fn managed_deploy_keys() -> impl Iterator<Item = &'static str> {
     nodes::DEPLOY_KEYS.into_iter().chain(SANDBOX_DEPLOY_KEYS)
 }
 
+/// Whether operand pods of each stack are still on a node: the container stack's (the driver
+/// above all, which holds the GPUs) and the VFIO manager's (which holds them bound to vfio-pci).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackPodsLeft {
+    pub container: bool,
+    pub vfio: bool,
+}
+
+/// Orders a switch of a node's workload type, which NVIDIA's labeller does in one patch
+/// (docs/operand-facts.md §20.2): the leaving stack's keys come off at once, but the arriving
+/// stack's owner of the GPUs is labelled only once the other's pods are gone. `vfio-manager`
+/// waits for the container stack to leave; `driver` waits for the VFIO manager to leave, so
+/// the GPUs are unbound before a driver loads. Returns whether a key was held back (the caller
+/// looks again shortly: pod departures are not all watched).
+pub fn order_switch(patch: &mut nodes::LabelPatch, left: StackPodsLeft) -> bool {
+    let mut held = false;
+    for (key, waits) in [
+        (DEPLOY_VFIO_MANAGER, left.container),
+        (nodes::DEPLOY_DRIVER, left.vfio),
+    ] {
+        if waits && matches!(patch.get(key), Some(Some(_))) {
+            patch.remove(key);
+            held = true;
+        }
+    }
+    held
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -314,6 +342,63 @@ mod tests {
             kubevirt.deploy_keys(SandboxWorkload::VmPassthrough, false),
             first
         );
+    }
+
+    fn switch_patch(to_vm: bool) -> nodes::LabelPatch {
+        let (add, remove) = if to_vm {
+            (DEPLOY_VFIO_MANAGER, nodes::DEPLOY_DRIVER)
+        } else {
+            (nodes::DEPLOY_DRIVER, DEPLOY_VFIO_MANAGER)
+        };
+        nodes::LabelPatch::from([
+            (add.to_owned(), Some("true".to_owned())),
+            (remove.to_owned(), None),
+            (DEPLOY_SANDBOX_VALIDATOR.to_owned(), Some("true".to_owned())),
+        ])
+    }
+
+    #[test]
+    fn vfio_manager_is_labelled_only_once_no_container_stack_pod_is_left() {
+        let mut patch = switch_patch(true);
+        let held = order_switch(
+            &mut patch,
+            StackPodsLeft {
+                container: true,
+                vfio: false,
+            },
+        );
+        assert!(held);
+        assert_eq!(patch.get(DEPLOY_VFIO_MANAGER), None);
+        // The container stack's keys still come off, and other VM keys still go on.
+        assert_eq!(patch.get(nodes::DEPLOY_DRIVER), Some(&None));
+        assert!(patch.contains_key(DEPLOY_SANDBOX_VALIDATOR));
+        let mut gone = switch_patch(true);
+        assert!(!order_switch(&mut gone, StackPodsLeft::default()));
+        assert_eq!(gone, switch_patch(true));
+    }
+
+    #[test]
+    fn the_driver_is_labelled_only_once_no_vfio_manager_pod_is_left() {
+        let mut patch = switch_patch(false);
+        assert!(order_switch(
+            &mut patch,
+            StackPodsLeft {
+                container: false,
+                vfio: true,
+            },
+        ));
+        assert_eq!(patch.get(nodes::DEPLOY_DRIVER), None);
+        assert_eq!(patch.get(DEPLOY_VFIO_MANAGER), Some(&None));
+        // The container stack's own pods never hold back its own driver.
+        let mut own = switch_patch(false);
+        assert!(!order_switch(
+            &mut own,
+            StackPodsLeft {
+                container: true,
+                vfio: false,
+            },
+        ));
+        assert!(own.contains_key(nodes::DEPLOY_DRIVER));
     }
 
     #[test]

@@ -73,6 +73,23 @@ pub async fn label(
         .filter(|p| p.ready && !p.deleting)
         .filter_map(|p| Some((p.node.clone()?, p.daemon_set.clone())))
         .collect();
+    // Container-stack pods the operator watches (driver, validator, toolkit), by node. The
+    // VFIO manager's pods are not watched yet, so a switch back to containers is not held.
+    let container_pods: HashSet<String> = deps
+        .stores
+        .upgrade_pods
+        .snapshot()
+        .iter()
+        .filter(|p| p.driver.is_some() || p.validator)
+        .filter_map(|p| p.node.clone())
+        .chain(
+            deps.stores
+                .toolkit_pods
+                .snapshot()
+                .iter()
+                .filter_map(|p| p.node.clone()),
+        )
+        .collect();
     let labelling = labeller::label_nodes(
         &deps.client,
         nodes,
@@ -88,6 +105,11 @@ pub async fn label(
             toolkit_ready: &|node: &str, daemon_set: &str| {
                 ready_toolkit_pods.contains(&(node.to_owned(), daemon_set.to_owned()))
             },
+            stack_pods_left: &|node: &str| crate::workload::StackPodsLeft {
+                container: container_pods.contains(node),
+                vfio: false,
+            },
+            held_back: Default::default(),
         },
         gate,
     )
