@@ -73,8 +73,8 @@ pub async fn label(
         .filter(|p| p.ready && !p.deleting)
         .filter_map(|p| Some((p.node.clone()?, p.daemon_set.clone())))
         .collect();
-    // Container-stack pods the operator watches (driver, validator, toolkit), by node. The
-    // VFIO manager's pods are not watched yet, so a switch back to containers is not held.
+    // Container-stack pods the operator watches (driver, validator, toolkit), and VFIO manager
+    // pods, by node: a workload type switch waits for the leaving stack's.
     let container_pods: HashSet<String> = deps
         .stores
         .upgrade_pods
@@ -89,6 +89,13 @@ pub async fn label(
                 .iter()
                 .filter_map(|p| p.node.clone()),
         )
+        .collect();
+    let vfio_pods: HashSet<String> = deps
+        .stores
+        .vfio_pods
+        .snapshot()
+        .iter()
+        .filter_map(|p| p.node.clone())
         .collect();
     let labelling = labeller::label_nodes(
         &deps.client,
@@ -107,7 +114,7 @@ pub async fn label(
             },
             stack_pods_left: &|node: &str| crate::workload::StackPodsLeft {
                 container: container_pods.contains(node),
-                vfio: false,
+                vfio: vfio_pods.contains(node),
             },
             held_back: Default::default(),
         },
