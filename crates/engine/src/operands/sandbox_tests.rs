@@ -157,6 +157,27 @@ fn vfio_manager_unloads_the_driver_without_evicting_then_binds_and_unbinds_on_st
 }
 
 #[test]
+fn vfio_managers_driver_manager_pulls_with_its_own_settings_and_host_root_stays_the_mount() {
+    let spec = "{sandboxWorkloads: {enabled: true}, hostPaths: {rootFS: /custom}, \
+        vfioManager: {enabled: true, imagePullPolicy: Always, \
+        driverManager: {imagePullPolicy: Never, imagePullSecrets: [dm-secret]}}}";
+    let p = pod(&daemon_set(spec, &facts(), Operand::VfioManager));
+    let manager = container(&p, "k8s-driver-manager");
+    assert_eq!(manager.image_pull_policy.as_deref(), Some("Never"));
+    let main = container(&p, "nvidia-vfio-manager");
+    assert_eq!(main.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(env(&main, "HOST_ROOT").as_deref(), Some("/host"));
+    assert_eq!(host_path(&p, "host-root").0, "/custom");
+    let secrets: Vec<String> = p
+        .image_pull_secrets
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(secrets, ["dm-secret"]);
+}
+
+#[test]
 fn vfio_manager_may_patch_nodes_but_reads_pods_only_in_its_namespace() {
     let spec = "{sandboxWorkloads: {enabled: true}, vfioManager: {enabled: true}}";
     let objects = objects(spec, &facts(), Operand::VfioManager);

@@ -156,6 +156,9 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     // taking over NVIDIA's needs the same one (decision 1).
     if let Some(spec) = daemon_set.spec.as_mut() {
         spec.selector.match_labels = Some(common::string_map(&[(SELECTOR_LABEL, NAME)]));
+        if let Some(pod) = spec.template.spec.as_mut() {
+            own_settings(pod, vfio);
+        }
     }
     objects.daemon_sets.push(daemon_set);
     objects.dynamic.extend(openshift::scc(
@@ -165,6 +168,38 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         facts,
     ));
     Some(objects)
+}
+
+/// What the shared DaemonSet rules set for every container but this operand needs otherwise:
+/// the driver manager pulls with `vfioManager.driverManager`'s policy and secrets, and
+/// `vfio-manage` finds the host root where it is mounted (`/host`), wherever
+/// `hostPaths.rootFS` puts it on the host.
+fn own_settings(pod: &mut PodSpec, vfio: &VfioManagerSpec) {
+    let manager_image = vfio.driver_manager.as_ref().map(|m| &m.image);
+    for c in pod.init_containers.iter_mut().flatten() {
+        if c.name == MANAGER_CONTAINER {
+            c.image_pull_policy = Some(common::pull_policy(manager_image));
+        }
+    }
+    for c in &mut pod.containers {
+        if c.name == MAIN_CONTAINER {
+            common::set_env(
+                c.env.get_or_insert_with(Vec::new),
+                env("HOST_ROOT", "/host"),
+            );
+        }
+    }
+    let secrets = manager_image
+        .and_then(|i| i.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|name| !name.is_empty());
+    for name in secrets {
+        let list = pod.image_pull_secrets.get_or_insert_with(Vec::new);
+        if !list.iter().any(|r| &r.name == name) {
+            list.push(k8s_openapi::api::core::v1::LocalObjectReference { name: name.clone() });
+        }
+    }
 }
 
 /// The k8s-driver-manager init container: unloads the NVIDIA driver, if loaded, once the
