@@ -19,5 +19,5 @@ pub mod run;
 // The pure stages, under the paths the runtime's modules and the tests name them by.
 pub use gpu_operator_engine::{
     allocatable, api, by_model, facts, gpu_readiness, json_diff, model, node_pools, nodes,
-    operands, render, sharing, takeover, teardown, validate,
+    operands, render, sharing, takeover, teardown, validate, workload,
 };

@@ -126,7 +126,7 @@ const UPGRADE_CRD_OFF: &str = "--upgrade-crd=false";
 
 /// Every image a policy can name. [`in_bundle`] matches on the kind without a wildcard, so a new
 /// variant does not compile until it is listed there, next to this list.
-const IMAGE_KINDS: [ImageKind; 21] = [
+const IMAGE_KINDS: [ImageKind; 22] = [
     ImageKind::Driver,
     ImageKind::DriverManager,
     ImageKind::Toolkit,
@@ -145,14 +145,15 @@ const IMAGE_KINDS: [ImageKind; 21] = [
     ImageKind::VgpuManager,
     ImageKind::VgpuDeviceManager,
     ImageKind::VfioManager,
+    ImageKind::VfioDriverManager,
     ImageKind::KataManager,
     ImageKind::CcManager,
     ImageKind::Nfd,
 ];
 
 /// Whether the bundle names the kind's image: every image the operator pins and may deploy.
-/// The others (sandbox, vGPU, confidential computing, the CUDA init container) have no pinned
-/// image; a policy that enables them must name one.
+/// The others (the KubeVirt device plugin, vGPU, Kata, confidential computing, the CUDA init
+/// container) have no pinned image; a policy that enables them must name one.
 const fn in_bundle(kind: ImageKind) -> bool {
     match kind {
         ImageKind::Driver
@@ -167,13 +168,14 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::Validator
         | ImageKind::Gds
         | ImageKind::GdrCopy
-        | ImageKind::Nfd => kind.pinned().is_some(),
+        | ImageKind::Nfd
+        | ImageKind::VfioManager
+        | ImageKind::VfioDriverManager => kind.pinned().is_some(),
         ImageKind::InitContainer
         | ImageKind::SandboxDevicePlugin
         | ImageKind::KataSandboxDevicePlugin
         | ImageKind::VgpuManager
         | ImageKind::VgpuDeviceManager
-        | ImageKind::VfioManager
         | ImageKind::KataManager
         | ImageKind::CcManager => false,
     }

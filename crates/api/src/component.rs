@@ -137,12 +137,12 @@ impl Component {
             | Component::NodeStatusExporter
             | Component::Nfd
             | Component::Gds
-            | Component::GdrCopy => true,
-            Component::SandboxDevicePlugin
-            | Component::KataSandboxDevicePlugin
+            | Component::GdrCopy
+            | Component::SandboxDevicePlugin
+            | Component::VfioManager => true,
+            Component::KataSandboxDevicePlugin
             | Component::VgpuManager
             | Component::VgpuDeviceManager
-            | Component::VfioManager
             | Component::KataManager
             | Component::CcManager => false,
         }
@@ -327,7 +327,16 @@ mod tests {
         };
         assert!(with.is_enabled(Component::VfioManager));
         assert!(!with.is_enabled(Component::VgpuManager));
-        assert_eq!(with.unsupported_enabled(), [Component::VfioManager]);
+        // The VFIO manager is deployed (operands::vfio_manager); the vGPU manager is not yet.
+        assert!(with.unsupported_enabled().is_empty());
+        let vgpu = ClusterPolicySpec {
+            vgpu_manager: Some(crate::VgpuManagerSpec {
+                enabled: Some(true),
+                ..Default::default()
+            }),
+            ..with
+        };
+        assert_eq!(vgpu.unsupported_enabled(), [Component::VgpuManager]);
     }
 
     #[test]

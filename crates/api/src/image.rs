@@ -56,6 +56,9 @@ pub enum ImageKind {
     VgpuDeviceManager,
     /// `spec.vfioManager`.
     VfioManager,
+    /// `spec.vfioManager.driverManager`, the k8s-driver-manager init container of the VFIO
+    /// manager.
+    VfioDriverManager,
     /// `spec.kataManager`.
     KataManager,
     /// `spec.ccManager`.
@@ -86,6 +89,7 @@ impl ImageKind {
             ImageKind::VgpuManager => "spec.vgpuManager",
             ImageKind::VgpuDeviceManager => "spec.vgpuDeviceManager",
             ImageKind::VfioManager => "spec.vfioManager",
+            ImageKind::VfioDriverManager => "spec.vfioManager.driverManager",
             ImageKind::KataManager => "spec.kataManager",
             ImageKind::CcManager => "spec.ccManager",
             ImageKind::Nfd => "spec.nfd",
@@ -97,7 +101,7 @@ impl ImageKind {
     pub const fn env_var(self) -> &'static str {
         match self {
             ImageKind::Driver => "DRIVER_IMAGE",
-            ImageKind::DriverManager => "DRIVER_MANAGER_IMAGE",
+            ImageKind::DriverManager | ImageKind::VfioDriverManager => "DRIVER_MANAGER_IMAGE",
             ImageKind::Toolkit => "CONTAINER_TOOLKIT_IMAGE",
             ImageKind::DevicePlugin => "DEVICE_PLUGIN_IMAGE",
             ImageKind::Gfd => "GFD_IMAGE",
@@ -125,7 +129,8 @@ impl ImageKind {
     pub const fn pinned(self) -> Option<&'static str> {
         match self {
             ImageKind::Driver => Some("nvcr.io/nvidia/driver:595.91.07"),
-            ImageKind::DriverManager => {
+            // vfio-manage ships in the driver-manager image (docs/operand-facts.md §20.4).
+            ImageKind::DriverManager | ImageKind::VfioDriverManager | ImageKind::VfioManager => {
                 Some("nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0")
             }
             ImageKind::Toolkit => Some("nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"),
@@ -143,12 +148,13 @@ impl ImageKind {
             ImageKind::Gds => Some("nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4"),
             ImageKind::GdrCopy => Some("nvcr.io/nvidia/cloud-native/gdrdrv:v2.6"),
             ImageKind::Nfd => Some("registry.k8s.io/nfd/node-feature-discovery:v0.19.0"),
+            // KubeVirt's device plugin is not pinned yet: the bundle lists pinned images by
+            // digest (scripts/image-digests.yaml) and its digest is not recorded there.
             ImageKind::InitContainer
             | ImageKind::SandboxDevicePlugin
             | ImageKind::KataSandboxDevicePlugin
             | ImageKind::VgpuManager
             | ImageKind::VgpuDeviceManager
-            | ImageKind::VfioManager
             | ImageKind::KataManager
             | ImageKind::CcManager => None,
         }
@@ -322,6 +328,11 @@ impl ClusterPolicySpec {
             ImageKind::VgpuManager => self.vgpu_manager.as_ref().map(|s| &s.image),
             ImageKind::VgpuDeviceManager => self.vgpu_device_manager.as_ref().map(|s| &s.image),
             ImageKind::VfioManager => self.vfio_manager.as_ref().map(|s| &s.image),
+            ImageKind::VfioDriverManager => self
+                .vfio_manager
+                .as_ref()
+                .and_then(|v| v.driver_manager.as_ref())
+                .map(|m| &m.image),
             ImageKind::KataManager => self.kata_manager.as_ref().map(|s| &s.image),
             ImageKind::CcManager => self.cc_manager.as_ref().map(|s| &s.image),
             ImageKind::Nfd => self.nfd.as_ref().map(|s| &s.image),

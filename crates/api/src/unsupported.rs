@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 12] = [
+pub const NOT_ACTED_ON: [(&str, &str); 10] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -44,20 +44,12 @@ pub const NOT_ACTED_ON: [(&str, &str); 12] = [
         "deprecated: the DCGM engine is reached through its Service",
     ),
     (
-        "spec.validator.vfioPCI",
-        "sandbox workloads are not supported, so there is no VFIO check",
-    ),
-    (
         "spec.validator.vgpuManager",
-        "sandbox workloads are not supported, so there is no vGPU manager check",
+        "vGPU (vm-vgpu) is not supported yet, so there is no vGPU manager check",
     ),
     (
         "spec.validator.vgpuDevices",
-        "sandbox workloads are not supported, so there is no vGPU devices check",
-    ),
-    (
-        "spec.sandboxWorkloads",
-        "sandbox (virtual machine) workloads are not supported; nodes run containers",
+        "vGPU (vm-vgpu) is not supported yet, so there is no vGPU devices check",
     ),
     (
         "spec.gds.args",
@@ -156,6 +148,7 @@ impl ClusterPolicySpec {
                 found.extend(paths.into_iter().map(|path| Unsupported { path, why }));
             }
         }
+        found.extend(sandbox_modes_not_acted_on(self));
         // As in NVIDIA's operator, the CRD hands the driver to the NVIDIADrivers, whose own
         // usePrecompiled decides for their pools.
         if self
@@ -172,6 +165,31 @@ impl ClusterPolicySpec {
         }
         found
     }
+}
+
+/// The sandbox settings this operator reads but cannot serve yet: kata mode (no Kata device
+/// plugin) and vm-vgpu as the default type (no vGPU managers). vm-passthrough in kubevirt mode
+/// is served (the engine's vfio_manager, sandbox_device_plugin and sandbox_validator operands).
+fn sandbox_modes_not_acted_on(spec: &ClusterPolicySpec) -> Vec<Unsupported> {
+    let Some(sandbox) = spec.sandbox_workloads.as_ref().filter(|s| s.is_enabled()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if sandbox.mode() == super::SandboxMode::Kata {
+        out.push(Unsupported {
+            path: "spec.sandboxWorkloads.mode".to_owned(),
+            why: "kata mode is not supported yet: vm-passthrough nodes get the Kata device \
+                  plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off",
+        });
+    }
+    if sandbox.default_workload == Some(super::SandboxWorkload::VmVgpu) {
+        out.push(Unsupported {
+            path: "spec.sandboxWorkloads.defaultWorkload".to_owned(),
+            why: "vm-vgpu is not supported yet: such nodes lose the container stack and get no \
+                  vGPU manager or vGPU device manager",
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -211,7 +229,7 @@ mod tests {
              interval: 30s}}}, driver: {upgradePolicy: {autoUpgrade: true, drain: {enable: true}}, \
              livenessProbe: {periodSeconds: 10}}, dcgmExporter: {enablePodLabels: true, \
              podLabelAllowlistRegex: ['^app$']}, dcgm: {hostPort: 5555}, psp: {enabled: true}, \
-             validator: {vfioPCI: {env: [{name: A, value: b}]}, plugin: {env: [{name: C}]}}}",
+             validator: {vgpuManager: {env: [{name: A, value: b}]}, plugin: {env: [{name: C}]}}}",
         );
         assert_eq!(
             got,
@@ -219,7 +237,7 @@ mod tests {
                 "spec.operator.defaultRuntime",
                 "spec.psp.enabled",
                 "spec.dcgm.hostPort",
-                "spec.validator.vfioPCI.env",
+                "spec.validator.vgpuManager.env",
             ]
         );
     }
@@ -263,13 +281,37 @@ mod tests {
                 "spec.kataSandboxDevicePlugin is accepted but not acted on by this operator \
                  (enabled, but this operator does not deploy it)",
                 "spec.validator.vgpuDevices.env is accepted but not acted on by this operator \
-                 (sandbox workloads are not supported, so there is no vGPU devices check)",
-                "spec.sandboxWorkloads.enabled is accepted but not acted on by this operator \
-                 (sandbox (virtual machine) workloads are not supported; nodes run containers)",
+                 (vGPU (vm-vgpu) is not supported yet, so there is no vGPU devices check)",
                 "spec.sandboxWorkloads.mode is accepted but not acted on by this operator \
-                 (sandbox (virtual machine) workloads are not supported; nodes run containers)",
+                 (kata mode is not supported yet: vm-passthrough nodes get the Kata device \
+                 plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off)",
             ]
         );
+    }
+
+    #[test]
+    fn vm_passthrough_in_kubevirt_mode_is_acted_on_and_vgpu_and_kata_are_reported() {
+        let served = "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-passthrough, \
+             mode: kubevirt}, vfioManager: {enabled: true, driverManager: {env: [{name: A}]}}, \
+             sandboxDevicePlugin: {enabled: true}, validator: {vfioPCI: {env: [{name: B}]}}}";
+        assert_eq!(paths(served), Vec::<String>::new());
+        assert_eq!(
+            paths("{sandboxWorkloads: {enabled: true, defaultWorkload: vm-vgpu}}"),
+            ["spec.sandboxWorkloads.defaultWorkload"]
+        );
+        assert_eq!(
+            paths(
+                "{sandboxWorkloads: {enabled: true, mode: kata}, vgpuManager: {enabled: true}, \
+                 ccManager: {enabled: true}}"
+            ),
+            [
+                "spec.vgpuManager",
+                "spec.ccManager",
+                "spec.sandboxWorkloads.mode"
+            ]
+        );
+        // Off, nothing of it is acted on and nothing asks for anything.
+        assert!(paths("{sandboxWorkloads: {enabled: false, mode: kata}}").is_empty());
     }
 
     #[test]

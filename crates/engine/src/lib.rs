@@ -35,3 +35,4 @@ pub mod takeover;
 pub mod teardown;
 pub mod upgrade;
 pub mod validate;
+pub mod workload;

@@ -233,11 +233,17 @@ pub enum Operand {
     DraValidator,
     /// The driver DaemonSets of one NVIDIADriver pool (never rendered by a ClusterPolicy).
     NvidiaDriver,
+    /// The sandbox validator on virtual machine nodes.
+    SandboxValidator,
+    /// The VFIO manager on `vm-passthrough` nodes.
+    VfioManager,
+    /// KubeVirt's GPU device plugin on virtual machine nodes.
+    SandboxDevicePlugin,
 }
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 13] = [
+    pub const ALL: [Operand; 16] = [
         Operand::RuntimeClasses,
         Operand::OperatorMetrics,
         Operand::Nfd,
@@ -251,6 +257,9 @@ impl Operand {
         Operand::Gfd,
         Operand::MigManager,
         Operand::NodeStatusExporter,
+        Operand::SandboxValidator,
+        Operand::VfioManager,
+        Operand::SandboxDevicePlugin,
     ];
 
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).
@@ -354,6 +363,15 @@ mod tests {
             .collect();
         from_operands.insert(nodes::DEPLOY_CLIENT);
         let listed: Vec<&str> = nodes::DEPLOY_KEYS.to_vec();
-        assert_eq!(listed, from_operands.into_iter().collect::<Vec<_>>());
+        // The container stack's keys are exactly its operands'; every operand's key is managed
+        // (virtual machine keys without an operand of ours yet are written as NVIDIA does).
+        let container: Vec<&str> = from_operands
+            .iter()
+            .copied()
+            .filter(|k| !crate::workload::SANDBOX_DEPLOY_KEYS.contains(k))
+            .collect();
+        assert_eq!(listed, container);
+        let managed: BTreeSet<&str> = crate::workload::managed_deploy_keys().collect();
+        assert!(from_operands.is_subset(&managed), "{from_operands:?}");
     }
 }

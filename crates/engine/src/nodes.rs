@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::workload::{Sandbox, managed_deploy_keys};
+
 /// NFD labels that mark a node with an NVIDIA PCI device (vendor 0x10de, any class, 3D
 /// controller, VGA controller).
 pub const NFD_GPU_LABELS: [&str; 3] = [
@@ -81,8 +83,11 @@ pub const DEPLOY_DRA_VALIDATOR: &str = "nvidia.com/gpu.deploy.dra-validator";
 pub const DEPLOY_MIG_MANAGER: &str = "nvidia.com/gpu.deploy.mig-manager";
 pub const DEPLOY_NODE_STATUS_EXPORTER: &str = "nvidia.com/gpu.deploy.node-status-exporter";
 
-/// Every deploy key the operator manages, in NVIDIA's spelling, sorted: the operands' keys
-/// ([`crate::model::Operand::deploy_label`], a test keeps the two equal) and [`DEPLOY_CLIENT`].
+/// The container stack's deploy keys and [`DEPLOY_CLIENT`], in NVIDIA's spelling, sorted: what a
+/// container node carries (mig-manager only where MIG-capable). With the virtual machine
+/// operands' keys ([`crate::workload::SANDBOX_DEPLOY_KEYS`]) they are every key the labeller
+/// manages ([`crate::workload::managed_deploy_keys`]; a test keeps them equal to the operands'
+/// [`crate::model::Operand::deploy_label`]s and the client key).
 pub const DEPLOY_KEYS: [&str; 10] = [
     DEPLOY_CLIENT,
     DEPLOY_TOOLKIT,
@@ -225,6 +230,7 @@ pub fn is_read_label(key: &str) -> bool {
             DRIVER_UPGRADE_SKIP,
             DRIVER_POOL,
             DRIVER_VARIANT,
+            crate::workload::WORKLOAD_CONFIG,
         ]
         .contains(&key)
 }
@@ -278,15 +284,29 @@ impl NodeView {
 /// A label change for one node: `Some(value)` sets, `None` removes.
 pub type LabelPatch = BTreeMap<String, Option<String>>;
 
-/// The labels to change on `node` so it carries what decision 2 asks for.
-///
-/// `gpu_gone_for` is how long the node has been without NFD's GPU labels while still marked as
-/// a GPU node (`None` if it has them); the node is unmarked only once that exceeds `grace`,
-/// since NFD restarts remove and re-add labels.
+/// The labels to change on `node` so it carries what decision 2 asks for, without sandbox
+/// workloads (every GPU node a container node): [`desired_label_changes_for`] with
+/// [`Sandbox::DISABLED`].
 pub fn desired_label_changes(
     node: &NodeView,
     gpu_gone_for: Option<Duration>,
     grace: Duration,
+) -> LabelPatch {
+    desired_label_changes_for(node, gpu_gone_for, grace, &Sandbox::DISABLED)
+}
+
+/// The labels to change on `node` so it carries what decision 2 asks for: the deploy keys of
+/// its workload type under `sandbox` ([`Sandbox::deploy_keys_of`]), every other managed key
+/// removed where it holds a value of ours.
+///
+/// `gpu_gone_for` is how long the node has been without NFD's GPU labels while still marked as
+/// a GPU node (`None` if it has them); the node is unmarked only once that exceeds `grace`,
+/// since NFD restarts remove and re-add labels.
+pub fn desired_label_changes_for(
+    node: &NodeView,
+    gpu_gone_for: Option<Duration>,
+    grace: Duration,
+    sandbox: &Sandbox,
 ) -> LabelPatch {
     let mut patch = LabelPatch::new();
     if !node.has_nfd_gpu() && node.is_gpu_node() && gpu_gone_for.is_none_or(|gone| gone < grace) {
@@ -298,7 +318,7 @@ pub fn desired_label_changes(
         if node.labels.contains_key(GPU_PRESENT) {
             patch.insert(GPU_PRESENT.to_string(), None);
         }
-        for key in deploy_keys() {
+        for key in managed_deploy_keys() {
             if node.labels.contains_key(key) {
                 patch.insert(key.to_string(), None);
             }
@@ -311,16 +331,16 @@ pub fn desired_label_changes(
     }
     if node.label(DEPLOY_OPERANDS) == Some("false") {
         // Taken out of everything: remove our deploy keys (a `false` someone set stays).
-        for key in deploy_keys() {
+        for key in managed_deploy_keys() {
             if node.label(key).is_some_and(|v| is_our_deploy_value(key, v)) {
                 patch.insert(key.to_string(), None);
             }
         }
         return patch;
     }
-    let mig_capable = node.label(MIG_CAPABLE) == Some("true");
-    for key in deploy_keys() {
-        let wanted = key != DEPLOY_MIG_MANAGER || mig_capable;
+    let wanted_keys = sandbox.deploy_keys_of(node);
+    for key in managed_deploy_keys() {
+        let wanted = wanted_keys.contains(key);
         match (wanted, node.label(key)) {
             // Absent or empty: ours to set (the toolkit's and driver's exact values are
             // operands::toolkit_flavour::place's). Any value not ours (`false`,
@@ -786,6 +806,91 @@ mod tests {
             loss.next_deadline(GRACE, t0 + GRACE + Duration::from_secs(1)),
             None
         );
+    }
+
+    fn kubevirt(default_workload: crate::api::SandboxWorkload) -> Sandbox {
+        Sandbox {
+            enabled: true,
+            default_workload,
+            mode: crate::api::SandboxMode::Kubevirt,
+        }
+    }
+
+    #[test]
+    fn a_vm_passthrough_node_gets_the_vm_set_and_loses_the_container_stack() {
+        use crate::workload::{DEPLOY_SANDBOX_VALIDATOR, DEPLOY_VFIO_MANAGER, WORKLOAD_CONFIG};
+        let mut labels = vec![
+            (NFD_GPU_LABELS[0], "true"),
+            (GPU_PRESENT, "true"),
+            (MIG_CAPABLE, "true"),
+            (WORKLOAD_CONFIG, "vm-passthrough"),
+            // Someone else's value on a key the type no longer asks for stays.
+            (DEPLOY_DCGM, "false"),
+        ];
+        labels.extend(
+            deploy_keys()
+                .filter(|k| *k != DEPLOY_DCGM)
+                .map(|k| (k, "true")),
+        );
+        let sandbox = kubevirt(crate::api::SandboxWorkload::Container);
+        let patch = desired_label_changes_for(&node(&labels), None, GRACE, &sandbox);
+        for key in deploy_keys().filter(|k| *k != DEPLOY_CLIENT && *k != DEPLOY_DCGM) {
+            assert_eq!(set(&patch, key), Some(None), "{key}");
+        }
+        assert_eq!(set(&patch, DEPLOY_DCGM), None);
+        assert_eq!(set(&patch, DEPLOY_CLIENT), None, "kept as it is");
+        assert_eq!(set(&patch, DEPLOY_VFIO_MANAGER), Some(Some("true")));
+        assert_eq!(set(&patch, DEPLOY_SANDBOX_VALIDATOR), Some(Some("true")));
+        assert_eq!(
+            set(&patch, crate::workload::DEPLOY_SANDBOX_DEVICE_PLUGIN),
+            Some(Some("true"))
+        );
+    }
+
+    #[test]
+    fn a_node_without_a_workload_label_gets_the_default_type() {
+        use crate::workload::DEPLOY_VFIO_MANAGER;
+        let plain = node(&[(NFD_GPU_LABELS[0], "true")]);
+        let vm = kubevirt(crate::api::SandboxWorkload::VmPassthrough);
+        let patch = desired_label_changes_for(&plain, None, GRACE, &vm);
+        assert_eq!(set(&patch, DEPLOY_VFIO_MANAGER), Some(Some("true")));
+        assert_eq!(set(&patch, DEPLOY_DRIVER), None);
+        let container = kubevirt(crate::api::SandboxWorkload::Container);
+        assert_eq!(
+            desired_label_changes_for(&plain, None, GRACE, &container),
+            desired_label_changes(&plain, None, GRACE),
+        );
+    }
+
+    #[test]
+    fn sandbox_keys_come_off_a_node_switched_back_to_containers_and_off_a_node_taken_out() {
+        use crate::workload::{DEPLOY_VFIO_MANAGER, WORKLOAD_CONFIG};
+        let vm_labelled = [
+            (NFD_GPU_LABELS[0], "true"),
+            (GPU_PRESENT, "true"),
+            (WORKLOAD_CONFIG, "container"),
+            (DEPLOY_VFIO_MANAGER, "true"),
+            (
+                crate::workload::DEPLOY_SANDBOX_VALIDATOR,
+                "paused-for-vgpu-change",
+            ),
+        ];
+        let sandbox = kubevirt(crate::api::SandboxWorkload::VmPassthrough);
+        let patch = desired_label_changes_for(&node(&vm_labelled), None, GRACE, &sandbox);
+        assert_eq!(set(&patch, DEPLOY_VFIO_MANAGER), Some(None));
+        assert_eq!(set(&patch, crate::workload::DEPLOY_SANDBOX_VALIDATOR), None);
+        assert_eq!(set(&patch, DEPLOY_DRIVER), Some(Some("true")));
+        let mut out = vm_labelled.to_vec();
+        out.push((DEPLOY_OPERANDS, "false"));
+        let patch = desired_label_changes_for(&node(&out), None, GRACE, &sandbox);
+        assert_eq!(set(&patch, DEPLOY_VFIO_MANAGER), Some(None));
+        assert_eq!(patch.len(), 1, "{patch:?}");
+    }
+
+    #[test]
+    fn the_workload_label_is_kept_in_the_node_cache() {
+        let v = node(&[(crate::workload::WORKLOAD_CONFIG, "vm-vgpu")]);
+        assert_eq!(v.label(crate::workload::WORKLOAD_CONFIG), Some("vm-vgpu"));
     }
 
     #[test]

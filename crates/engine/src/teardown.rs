@@ -22,10 +22,11 @@ use serde_json::{Map, Value, json};
 
 use crate::api::NodePoolTaint;
 use crate::node_pools::{RECORD_ANNOTATION, Record};
-use crate::nodes::{GPU_PRESENT, deploy_keys};
+use crate::nodes::GPU_PRESENT;
 use crate::upgrade::machine::{
     INITIAL_UNSCHEDULABLE_ANNOTATION, NODE_ANNOTATIONS, STATE_LABEL, UpgradeState,
 };
+use crate::workload::managed_deploy_keys;
 
 /// The finalizer the operator keeps on the ClusterPolicy in force, so that its teardown can
 /// clean the nodes before the policy goes.
@@ -102,7 +103,7 @@ pub fn plan(node: &Node, options: Options) -> NodeCleanup {
             out.labels.push(key.clone());
         }
     }
-    let marks = deploy_keys().chain((!options.keep_gpu_present).then_some(GPU_PRESENT));
+    let marks = managed_deploy_keys().chain((!options.keep_gpu_present).then_some(GPU_PRESENT));
     for key in marks {
         if labels
             .get(key)

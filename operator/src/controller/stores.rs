@@ -324,6 +324,9 @@ pub struct Stores {
     pub upgrade_pods: ViewCache<UpgradePod>,
     /// Container-toolkit pods, for nodes moving between runtime flavours.
     pub toolkit_pods: ViewCache<ToolkitPod>,
+    /// VFIO manager pods (the toolkit pods' view fits them), for nodes switching back to
+    /// containers: the driver waits until they are gone (workload::order_switch).
+    pub vfio_pods: ViewCache<ToolkitPod>,
     /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]).
     pub config_maps: Store<ConfigMap>,
     /// Everyone else's: see [`super::config_maps`].
@@ -664,6 +667,19 @@ impl Stores {
             ToolkitPod::of,
         );
 
+        let vfio_pods = ViewCache::default();
+        let vfio_pod_changes = vfio_pods.watch(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default()
+                .labels(&format!(
+                    "{}={}",
+                    "name",
+                    crate::operands::vfio_manager::NAME
+                ))
+                .page_size(NODE_PAGE_SIZE),
+            ToolkitPod::of,
+        );
+
         let mut triggers = vec![
             ds_changes,
             deploy_changes,
@@ -676,6 +692,7 @@ impl Stores {
             rc_changes,
             node_changes,
             toolkit_pod_changes,
+            vfio_pod_changes,
         ];
         triggers.extend(upgrade_pod_watches);
         let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);
@@ -685,6 +702,7 @@ impl Stores {
             nodes,
             upgrade_pods,
             toolkit_pods,
+            vfio_pods,
             config_maps,
             user_config_maps,
             daemon_sets,
@@ -714,6 +732,7 @@ impl Stores {
         self.nodes.wait_until_ready().await;
         self.upgrade_pods.wait_until_ready().await;
         self.toolkit_pods.wait_until_ready().await;
+        self.vfio_pods.wait_until_ready().await;
         self.user_config_maps.wait_until_ready().await;
         // Every kind of operand object has a store.
         for kind in Kind::ALL {

@@ -22,9 +22,12 @@ pub mod nvidia_driver;
 pub mod openshift;
 pub mod operator_metrics;
 pub mod runtime_classes;
+pub mod sandbox_device_plugin;
+pub mod sandbox_validator;
 pub mod toolkit;
 pub mod toolkit_flavour;
 pub mod validator;
+pub mod vfio_manager;
 
 #[cfg(test)]
 mod dcgm_exporter_tests;
@@ -42,6 +45,8 @@ mod driver_toolkit_tests;
 mod mig_manager_tests;
 #[cfg(test)]
 mod nfd_tests;
+#[cfg(test)]
+mod sandbox_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
@@ -129,6 +134,9 @@ pub const fn descriptor(operand: Operand) -> &'static Descriptor {
         Operand::DcgmExporterDra => &dcgm_exporter::DRA_DESCRIPTOR,
         Operand::DraValidator => &validator::DRA_DESCRIPTOR,
         Operand::NvidiaDriver => &nvidia_driver::DESCRIPTOR,
+        Operand::SandboxValidator => &sandbox_validator::DESCRIPTOR,
+        Operand::VfioManager => &vfio_manager::DESCRIPTOR,
+        Operand::SandboxDevicePlugin => &sandbox_device_plugin::DESCRIPTOR,
     }
 }
 

@@ -228,20 +228,12 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
         ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (
-            "spec.validator.vfioPCI",
-            json!({"validator": {"vfioPCI": {"env": [{"name": "X", "value": "1"}]}}}),
-        ),
-        (
             "spec.validator.vgpuManager",
             json!({"validator": {"vgpuManager": {"env": [{"name": "X", "value": "1"}]}}}),
         ),
         (
             "spec.validator.vgpuDevices",
             json!({"validator": {"vgpuDevices": {"env": [{"name": "X", "value": "1"}]}}}),
-        ),
-        (
-            "spec.sandboxWorkloads",
-            json!({"sandboxWorkloads": {"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kata"}}),
         ),
         (
             "spec.gds.args",

@@ -329,8 +329,11 @@ fn selectors_are_contained_in_template_labels() {
                 if op.deploy_label().is_some() {
                     let name = name.unwrap();
                     let mut expected = BTreeMap::from([("app".to_owned(), name.clone())]);
-                    if op == Operand::Validator {
+                    if op == Operand::Validator || op == Operand::SandboxValidator {
                         expected.insert(PART_OF_LABEL.to_owned(), PART_OF.to_owned());
+                    }
+                    if op == Operand::VfioManager {
+                        expected = BTreeMap::from([("name".to_owned(), name.clone())]);
                     }
                     if op == Operand::Gfd {
                         expected.insert(PART_OF_LABEL.to_owned(), gfd::SELECTOR_PART_OF.to_owned());
@@ -543,6 +546,15 @@ fn every_file_an_operand_waits_for_is_written_by_a_validator_stage() {
                     .and_then(|e| e.value.clone());
                 let runs_validator = c.args.iter().flatten().any(|a| a == "nvidia-validator");
                 if let (Some(component), true) = (component, runs_validator) {
+                    let sandbox = crate::operands::sandbox_validator::files_written(&component);
+                    if !sandbox.is_empty() {
+                        written.extend(
+                            sandbox
+                                .iter()
+                                .map(|f| format!("/run/nvidia/validations/{f}")),
+                        );
+                        continue;
+                    }
                     let stage = Stage::ALL
                         .iter()
                         .find(|s| s.component() == component)

@@ -35,11 +35,16 @@ fn disabled_operands_render_nothing_and_report_disabled() {
         let s = state(spec, &facts());
         for op_state in &s.operands {
             let disabled = matches!(op_state.outcome, Outcome::Disabled);
-            // The node-status exporter and the operator's ServiceMonitor are off unless asked for.
+            // The node-status exporter, the operator's ServiceMonitor and the virtual machine
+            // operands are off unless asked for.
             let expected = off.contains(&op_state.operand)
                 || matches!(
                     op_state.operand,
-                    Operand::NodeStatusExporter | Operand::OperatorMetrics
+                    Operand::NodeStatusExporter
+                        | Operand::OperatorMetrics
+                        | Operand::SandboxValidator
+                        | Operand::VfioManager
+                        | Operand::SandboxDevicePlugin
                 );
             assert_eq!(disabled, expected, "{spec}: {}", op_state.operand.name());
         }

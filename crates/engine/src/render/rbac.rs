@@ -502,9 +502,19 @@ fn leader_election_rules() -> Vec<PolicyRule> {
 /// A ClusterPolicy spec with every operand on and every option that adds RBAC: DCGM and the
 /// node-status exporter enabled, NFD deployed, a sharing config (config-manager in the device
 /// plugin, MPS daemon and GFD pods) named `sharing` with key `default`, DCGM exporter pod labels
-/// (its pod-reading ClusterRole) and ServiceMonitor. The e2e API-contract test deploys it too.
+/// (its pod-reading ClusterRole) and ServiceMonitor, and sandbox workloads in kubevirt mode
+/// with the VFIO manager and the sandbox device plugin (its image named: none is pinned; every
+/// node still defaults to containers). The e2e API-contract test deploys it too.
 pub fn every_rbac_variant() -> serde_json::Value {
     serde_json::json!({
+        "sandboxWorkloads": {"enabled": true, "defaultWorkload": "container", "mode": "kubevirt"},
+        "vfioManager": {"enabled": true},
+        "sandboxDevicePlugin": {
+            "enabled": true,
+            "repository": "nvcr.io/nvidia",
+            "image": "kubevirt-gpu-device-plugin",
+            "version": "v1.6.0",
+        },
         "dcgm": {"enabled": true},
         "nodeStatusExporter": {"enabled": true},
         "nfd": {"enabled": true},

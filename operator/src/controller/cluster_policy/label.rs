@@ -73,6 +73,30 @@ pub async fn label(
         .filter(|p| p.ready && !p.deleting)
         .filter_map(|p| Some((p.node.clone()?, p.daemon_set.clone())))
         .collect();
+    // Container-stack pods the operator watches (driver, validator, toolkit), and VFIO manager
+    // pods, by node: a workload type switch waits for the leaving stack's.
+    let container_pods: HashSet<String> = deps
+        .stores
+        .upgrade_pods
+        .snapshot()
+        .iter()
+        .filter(|p| p.driver.is_some() || p.validator)
+        .filter_map(|p| p.node.clone())
+        .chain(
+            deps.stores
+                .toolkit_pods
+                .snapshot()
+                .iter()
+                .filter_map(|p| p.node.clone()),
+        )
+        .collect();
+    let vfio_pods: HashSet<String> = deps
+        .stores
+        .vfio_pods
+        .snapshot()
+        .iter()
+        .filter_map(|p| p.node.clone())
+        .collect();
     let labelling = labeller::label_nodes(
         &deps.client,
         nodes,
@@ -80,6 +104,7 @@ pub async fn label(
         &mut memory.attempts,
         grace,
         &labeller::Wanted {
+            sandbox: crate::workload::Sandbox::of(&policy.spec),
             mig_default_layout: mig_default_layout(&policy.spec),
             mig_by_model: &|node: &NodeView| crate::by_model::names_mig_layout(&policy.spec, node),
             runtime_of: &|node: &str| runtimes.get(node),
@@ -87,6 +112,11 @@ pub async fn label(
             toolkit_ready: &|node: &str, daemon_set: &str| {
                 ready_toolkit_pods.contains(&(node.to_owned(), daemon_set.to_owned()))
             },
+            stack_pods_left: &|node: &str| crate::workload::StackPodsLeft {
+                container: container_pods.contains(node),
+                vfio: vfio_pods.contains(node),
+            },
+            held_back: Default::default(),
         },
         gate,
     )

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::Client;
@@ -18,14 +19,18 @@ use tokio::sync::Semaphore;
 use crate::controller::owner::{self, LabelAttempts};
 use crate::facts::{NodeRuntime, RuntimeFlavour};
 use crate::nodes::{
-    Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes, mig_config_default,
+    Breaker, GpuLabelLoss, LabelPatch, NodeView, desired_label_changes_for, mig_config_default,
     runtime_flavour_label,
 };
 use crate::operands::toolkit_flavour::{self, Placement};
+use crate::workload::{Sandbox, StackPodsLeft, order_switch};
 
 /// How soon to retry a node whose patch met a newer version (kwok or a kubelet updated its
 /// status meanwhile). Such an update changes no label we read, so no watch event would wake us.
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+
+/// How soon to look again at a node whose workload type switch waits for pods to leave.
+const SWITCH_RETRY: Duration = Duration::from_secs(5);
 
 /// What `node` needs: decision 2's labels, the default MIG layout (decision 7), its runtime
 /// flavour and the toolkit DaemonSet that serves it.
@@ -35,14 +40,14 @@ fn changes_for(
     grace: Duration,
     wanted: &Wanted<'_>,
 ) -> LabelPatch {
-    let mut changes = desired_label_changes(node, gone_for, grace);
+    let mut changes = desired_label_changes_for(node, gone_for, grace, &wanted.sandbox);
     if !(wanted.mig_by_model)(node) {
         changes.extend(mig_config_default(node, wanted.mig_default_layout));
     }
     let runtime = (wanted.runtime_of)(&node.name);
     changes.extend(runtime_flavour_label(node, runtime.map(|r| r.label())));
     let ready = |daemon_set: &str| (wanted.toolkit_ready)(&node.name, daemon_set);
-    toolkit_flavour::place(
+    let mut changes = toolkit_flavour::place(
         node,
         changes,
         &Placement {
@@ -50,11 +55,17 @@ fn changes_for(
             runtime,
             ready: &ready,
         },
-    )
+    );
+    if order_switch(&mut changes, (wanted.stack_pods_left)(&node.name)) {
+        wanted.held_back.store(true, Ordering::Relaxed);
+    }
+    changes
 }
 
 /// What the policy and the resolved facts want on GPU nodes besides decision 2's labels.
 pub struct Wanted<'a> {
+    /// `spec.sandboxWorkloads`: each node's workload type and so its deploy keys.
+    pub sandbox: Sandbox,
     /// The default MIG layout (decision 7).
     pub mig_default_layout: Option<&'a str>,
     /// Whether `spec.layoutsByModel` gives the node a MIG layout: the node-pool stage writes
@@ -66,6 +77,10 @@ pub struct Wanted<'a> {
     pub toolkit_primary: RuntimeFlavour,
     /// Whether the named toolkit DaemonSet's pod on the node is ready (node, DaemonSet).
     pub toolkit_ready: &'a (dyn Fn(&str, &str) -> bool + Sync),
+    /// Which stacks' operand pods are still on the node, to order a workload type switch.
+    pub stack_pods_left: &'a (dyn Fn(&str) -> StackPodsLeft + Sync),
+    /// Set when a switch held a key back: the pass looks again shortly.
+    pub held_back: AtomicBool,
 }
 
 /// What labelling found beyond the writes: when to look again, and the label-loss breaker.
@@ -134,6 +149,13 @@ pub async fn label_nodes(
         Some(Instant::now() + CONFLICT_RETRY)
     } else {
         (writes.pending > 0).then_some(now + CONFLICT_RETRY)
+    };
+    // A switch waiting for the leaving stack's pods: not every departure is watched.
+    let retry = if wanted.held_back.load(Ordering::Relaxed) {
+        let switch = now + SWITCH_RETRY;
+        Some(retry.map_or(switch, |r| r.min(switch)))
+    } else {
+        retry
     };
     let grace_deadline = loss.next_deadline(grace, now);
     if !breaker.held_back.is_empty() {
