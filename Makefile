@@ -37,8 +37,8 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: tools ## end-to-end tests on a fresh harness (started and stopped here), all but the long suites
-	E2E_SUITE=core tests/e2e.sh
+e2e: tools ## end-to-end tests on two fresh harnesses side by side (started and stopped here), all but the long suites
+	E2E_SUITE=core E2E_LANES=2 tests/e2e.sh
 
 .PHONY: e2e-long
 e2e-long: harness release-tools olm-catalog-tools ## the long end-to-end suites on a fresh harness: chaos, release, olm_catalog, krew, config_map_memory

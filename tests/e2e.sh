@@ -24,9 +24,6 @@ for name in "${long_suites[@]}"; do
   [[ -f $root/tests/e2e/tests/$name.rs ]] || { echo "e2e.sh: long suite $name: no tests/e2e/tests/$name.rs" >&2; exit 2; }
 done
 
-# A harness left behind by an interrupted run is stopped first.
-if [[ -f "$HARNESS_DIR/pids" ]]; then "$cluster/down.sh"; fi
-
 # Build the tests and the operator binary they run before the harness starts, so compile time
 # is not spent with it running. The tests run a copy of the binary (GPU_OPERATOR_BIN), so a
 # build from another checkout that shares the target directory cannot swap it mid-run.
@@ -39,27 +36,112 @@ for line in sys.stdin:
         print(m["executable"])')
 cp "$built" "$operator_bin" && chmod 755 "$operator_bin"
 export GPU_OPERATOR_BIN=${GPU_OPERATOR_BIN:-$operator_bin}
-(cd "$root" && cargo test -p e2e --tests --no-run --quiet)
-
-"$cluster/up.sh" >/dev/null
-trap '"$cluster/down.sh"; rm -f "$operator_bin"' EXIT
-# shellcheck source=/dev/null
-source "$HARNESS_DIR/env"
-export HARNESS_PORT_BASE
-
-# The standard fleet: 6 GPU nodes (2 each of T4, A100-40GB, H100), half of them tainted like
-# real GPU pools, and one CPU-only node.
-"$cluster/nodes.sh" 3 --prefix gpu
-"$cluster/nodes.sh" 3 --prefix gpu-tainted --taint --cpu-nodes 0
+# The test binaries, by test file name, built once: each lane runs them directly (cargo would
+# hold the build directory's lock while one lane's tests run).
+declare -A binary
+while read -r name path; do binary[$name]=$path; done < <(
+  cd "$root" && cargo test -p e2e --tests --no-run --quiet --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])'
+)
 
 cd "$root"
 # The test files of the suite asked for, in order; the chaos run restarts the API server and
-# etcd, so it goes last and no other test meets a control plane it left behind.
+# etcd, so it goes last (in the one lane the long suites run in) and no other test meets a
+# control plane it left behind.
 targets=()
 for file in tests/e2e/tests/*.rs; do
   name=$(basename "$file" .rs)
   if is_long "$name"; then kind=long; else kind=core; fi
-  if [[ $suite == all || $suite == "$kind" ]] && [[ $name != chaos ]]; then targets+=(--test "$name"); fi
+  if [[ $suite == all || $suite == "$kind" ]] && [[ $name != chaos ]]; then targets+=("$name"); fi
 done
-if ((${#targets[@]})); then cargo test -p e2e "${targets[@]}" -- --test-threads=1 "$@"; fi
-if [[ $suite != core ]]; then cargo test -p e2e --test chaos -- --test-threads=1 "$@"; fi
+if [[ $suite != core ]]; then targets+=(chaos); fi
+
+# E2E_LANES harnesses run the files side by side (`make e2e`: 2), each with its own control
+# plane (ports HARNESS_PORT_BASE + 100 * lane), fleet and temp folder, so no test sees
+# another's cluster. The tests wait on the control plane far more than they compute, so two
+# lanes take about half the time. Files go to the lane with the least work so far, longest
+# first, by their usual seconds on a warm machine (weights below; a file not listed counts 30).
+lanes=${E2E_LANES:-1}
+if [[ $suite != core ]]; then lanes=1; fi
+declare -A weight=(
+  [resilience]=220 [upgrade]=180 [apply]=180 [migrate]=150 [plan]=130 [controller]=125
+  [sharing]=115 [helm]=75 [gpu_readiness]=65 [nvidia_driver]=60 [hostile_tenant]=55
+  [by_model]=45 [driver_toolkit]=36 [teardown]=33 [steady]=33 [dra]=32 [render]=31
+  [contract]=30 [precompiled]=26 [nfd]=21 [node_pools]=21 [olm]=20 [doctor]=20 [shipped]=20
+  [runtime_flavours]=19 [openshift]=19 [olm_install]=18 [confine]=18 [probes]=13 [harness]=12
+  [nfd_real]=11 [service_monitor]=9 [crd]=3 [monitoring]=3
+)
+declare -a load lane_of
+for ((i = 0; i < lanes; i++)); do load[i]=0 lane_of[i]=""; done
+mapfile -t by_weight < <(for t in "${targets[@]}"; do echo "${weight[$t]:-30} $t"; done | sort -s -rn -k1,1 | awk '{print $2}')
+for t in "${by_weight[@]}"; do
+  best=0
+  for ((i = 1; i < lanes; i++)); do ((load[i] < load[best])) && best=$i; done
+  lane_of[best]+=" $t"
+  load[best]=$((load[best] + ${weight[$t]:-30}))
+done
+
+# One lane: its harness and fleet, then its files in name order, every file run even after a
+# failure; stops its harness however it ends.
+run_lane() {
+  local lane=$1 mine=" ${lane_of[$1]} " failed=() child=
+  shift
+  export HARNESS_PORT_BASE=$((base_port + 100 * lane))
+  # The lane's harness folder, where lib.sh puts it for these ports (a harness an interrupted
+  # run left there is stopped first).
+  HARNESS_DIR=$(bash -c "unset HARNESS_DIR; source '$cluster/lib.sh'; echo \"\$HARNESS_DIR\"")
+  export HARNESS_DIR
+  trap '"$cluster/down.sh" >/dev/null 2>&1 || true' EXIT
+  trap 'kill "$child" 2>/dev/null; exit 143' TERM
+  "$cluster/down.sh" >/dev/null 2>&1 || true
+  "$cluster/up.sh" >/dev/null
+  # shellcheck source=/dev/null
+  source "$HARNESS_DIR/env"
+  # Files the tests write to the temp folder (kubeconfigs by name, say) stay in the lane's.
+  export TMPDIR=$lanes_tmp/lane-$lane
+  mkdir -p "$TMPDIR"
+  # The standard fleet: 6 GPU nodes (2 each of T4, A100-40GB, H100), half of them tainted
+  # like real GPU pools, and one CPU-only node.
+  "$cluster/nodes.sh" 3 --prefix gpu
+  "$cluster/nodes.sh" 3 --prefix gpu-tainted --taint --cpu-nodes 0
+  # Tests run where cargo runs them: in the package's folder.
+  cd "$root/tests/e2e"
+  for t in "${targets[@]}"; do
+    [[ $mine == *" $t "* ]] || continue
+    echo "     Running tests/$t.rs (${binary[$t]})"
+    "${binary[$t]}" --test-threads=1 "$@" &
+    child=$!
+    wait "$child" || failed+=("$t")
+  done
+  if ((${#failed[@]})); then
+    echo "e2e.sh: lane $lane: failed: ${failed[*]}"
+    return 1
+  fi
+}
+
+base_port=$HARNESS_PORT_BASE
+lanes_tmp=$(mktemp -d -t gpu-operator-e2e-lanes.XXXXXX)
+trap 'kill "${lane_pids[@]}" 2>/dev/null; wait; rm -rf "$operator_bin" "$lanes_tmp"' EXIT
+lane_pids=()
+for ((i = 0; i < lanes; i++)); do
+  if ((lanes == 1)); then
+    run_lane 0 "$@" &
+  else
+    echo "e2e.sh: lane $i (ports $((base_port + 100 * i))+, about ${load[i]}s):${lane_of[i]}"
+    run_lane "$i" "$@" >"$lanes_tmp/lane-$i.log" 2>&1 &
+  fi
+  lane_pids+=($!)
+done
+status=0
+for ((i = 0; i < lanes; i++)); do
+  if ! wait "${lane_pids[i]}"; then status=1; fi
+  if ((lanes > 1)); then
+    echo "e2e.sh: ---- lane $i ----"
+    cat "$lanes_tmp/lane-$i.log"
+  fi
+done
+exit "$status"
