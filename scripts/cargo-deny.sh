@@ -23,8 +23,10 @@ if [[ ! -x $dest/bin/cargo-deny ]]; then
   log "building cargo-deny $version from crates.io (once)"
   mkdir -p "$cache"
   tmp=$(mktemp -d "$cache/.cargo-deny.XXXXXX")
-  # Its own target folder: the workspace's build cache is left alone.
-  if ! cargo install cargo-deny --version "$version" --locked --root "$tmp" --target-dir "$tmp/target" --quiet; then
+  # Its own target folder: the workspace's build cache is left alone. Unoptimised (--debug):
+  # it checks one Cargo.lock in seconds either way, and an optimised build of its few hundred
+  # crates cost a cold CI run minutes.
+  if ! cargo install cargo-deny --version "$version" --locked --debug --root "$tmp" --target-dir "$tmp/target" --quiet; then
     rm -rf "$tmp"
     log "building cargo-deny failed"
     exit 1
