@@ -96,7 +96,7 @@ run_lane() {
   HARNESS_DIR=$(bash -c "unset HARNESS_DIR; source '$cluster/lib.sh'; echo \"\$HARNESS_DIR\"")
   export HARNESS_DIR
   trap '"$cluster/down.sh" >/dev/null 2>&1 || true' EXIT
-  trap 'kill "$child" 2>/dev/null; exit 143' TERM
+  trap 'kill "$child" 2>/dev/null || true; exit 143' TERM
   "$cluster/down.sh" >/dev/null 2>&1 || true
   "$cluster/up.sh" >/dev/null
   # shellcheck source=/dev/null
@@ -125,7 +125,7 @@ run_lane() {
 
 base_port=$HARNESS_PORT_BASE
 lanes_tmp=$(mktemp -d -t gpu-operator-e2e-lanes.XXXXXX)
-trap 'kill "${lane_pids[@]}" 2>/dev/null; wait; rm -rf "$operator_bin" "$lanes_tmp"' EXIT
+trap 'kill "${lane_pids[@]}" 2>/dev/null || true; wait || true; rm -rf "$operator_bin" "$lanes_tmp"' EXIT
 lane_pids=()
 for ((i = 0; i < lanes; i++)); do
   if ((lanes == 1)); then
