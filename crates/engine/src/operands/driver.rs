@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar, ExecAction,
-    KeyToPath, Lifecycle, LifecycleHandler, LocalObjectReference, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe,
-    SecretEnvSource, SecretVolumeSource, Volume, VolumeMount,
+    KeyToPath, LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource,
+    SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -1331,19 +1331,7 @@ fn driver_container(
             .as_ref()
             .map(|custom| probe(HEALTH_PROBE, HEALTH_PROBE_TIMING, Some(custom))),
         // The validator must not see a stale ready file while the driver is replaced.
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(vec![
-                        "sh".to_owned(),
-                        "-c".to_owned(),
-                        ready_files.to_owned(),
-                    ]),
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(common::pre_stop_exec(&["sh", "-c", ready_files])),
         ..common::container(MAIN_CONTAINER, image, &["nvidia-driver"], &["init"])
     }
 }

@@ -9,7 +9,7 @@
 //! (`cc-manager-validation`) wait for operands this operator does not deploy yet, and their
 //! settings are reported as not acted on (crates/api/src/unsupported.rs).
 
-use k8s_openapi::api::core::v1::{Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::common::{
     self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, PART_OF, PART_OF_LABEL,
@@ -133,15 +133,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         env: (!main_env.is_empty()).then_some(main_env),
         volume_mounts: Some(vec![validations()]),
         security_context: Some(common::privileged()),
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(vec!["sh".to_owned(), "-c".to_owned(), clean_up]),
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(common::pre_stop_exec(&["sh", "-c", &clean_up])),
         ..common::container(
             MAIN_CONTAINER,
             &common::image(policy, ImageKind::Validator),

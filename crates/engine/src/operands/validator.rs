@@ -3,9 +3,7 @@
 //! `/run/nvidia/validations/<stage>-ready`, the files other operands' init containers wait for
 //! (docs/operand-facts.md §3, §7). Also the validation init containers other operands reuse.
 
-use k8s_openapi::api::core::v1::{
-    Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Container, PodSpec, VolumeMount};
 
 use super::common::{
     self, DRIVER_INSTALL_DIR_VOLUME, DRIVER_VALIDATION_CONTAINER, GpuAccess, HOST_DEV_CHAR_VOLUME,
@@ -366,15 +364,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         volume_mounts: Some(vec![validations()]),
         security_context: Some(common::privileged()),
         // The hidden .driver-* files belong to the driver container and are not matched.
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(vec!["sh".to_owned(), "-c".to_owned(), clean_up]),
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(common::pre_stop_exec(&["sh", "-c", &clean_up])),
         ..common::container(
             MAIN_CONTAINER,
             &common::image(policy, ImageKind::Validator),

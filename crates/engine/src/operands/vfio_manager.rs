@@ -5,9 +5,7 @@
 //! when the pod stops (docs/operand-facts.md §20.2, §20.4). On with sandbox workloads and
 //! `vfioManager.enabled`.
 
-use k8s_openapi::api::core::v1::{
-    Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::common::{
@@ -82,15 +80,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             mount(HOST_LIB_MODULES, "/lib/modules").read_only(),
             mount(HOST_ROOT_VOLUME, "/host"),
         ]),
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(["vfio-manage", "unbind", "--all"].map(str::to_owned).into()),
-                }),
-                ..LifecycleHandler::default()
-            }),
-            ..Lifecycle::default()
-        }),
+        lifecycle: Some(common::pre_stop_exec(&["vfio-manage", "unbind", "--all"])),
         ..common::container(
             MAIN_CONTAINER,
             &common::image(policy, ImageKind::VfioManager),

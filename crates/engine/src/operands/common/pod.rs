@@ -151,3 +151,17 @@ impl MountExt for VolumeMount {
         self
     }
 }
+
+/// A container lifecycle whose `preStop` hook runs `command` (argv, no shell of its own).
+pub fn pre_stop_exec(command: &[&str]) -> k8s_openapi::api::core::v1::Lifecycle {
+    use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(command.iter().map(|s| (*s).to_owned()).collect()),
+            }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    }
+}
