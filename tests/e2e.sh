@@ -74,6 +74,7 @@ declare -A weight=(
   [contract]=30 [precompiled]=26 [nfd]=21 [node_pools]=21 [olm]=20 [doctor]=20 [shipped]=20
   [runtime_flavours]=19 [openshift]=19 [olm_install]=18 [confine]=18 [probes]=13 [harness]=12
   [nfd_real]=11 [service_monitor]=9 [crd]=3 [monitoring]=3
+  [sandbox]=60
 )
 declare -a load lane_of
 for ((i = 0; i < lanes; i++)); do load[i]=0 lane_of[i]=""; done

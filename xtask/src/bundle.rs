@@ -126,7 +126,7 @@ const UPGRADE_CRD_OFF: &str = "--upgrade-crd=false";
 
 /// Every image a policy can name. [`in_bundle`] matches on the kind without a wildcard, so a new
 /// variant does not compile until it is listed there, next to this list.
-const IMAGE_KINDS: [ImageKind; 22] = [
+const IMAGE_KINDS: [ImageKind; 23] = [
     ImageKind::Driver,
     ImageKind::DriverManager,
     ImageKind::Toolkit,
@@ -146,6 +146,7 @@ const IMAGE_KINDS: [ImageKind; 22] = [
     ImageKind::VgpuDeviceManager,
     ImageKind::VfioManager,
     ImageKind::VfioDriverManager,
+    ImageKind::VgpuDriverManager,
     ImageKind::KataManager,
     ImageKind::CcManager,
     ImageKind::Nfd,
@@ -170,7 +171,8 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::GdrCopy
         | ImageKind::Nfd
         | ImageKind::VfioManager
-        | ImageKind::VfioDriverManager => kind.pinned().is_some(),
+        | ImageKind::VfioDriverManager
+        | ImageKind::VgpuDriverManager => kind.pinned().is_some(),
         ImageKind::InitContainer
         | ImageKind::SandboxDevicePlugin
         | ImageKind::KataSandboxDevicePlugin

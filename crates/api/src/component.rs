@@ -139,12 +139,12 @@ impl Component {
             | Component::Gds
             | Component::GdrCopy
             | Component::SandboxDevicePlugin
-            | Component::VfioManager => true,
-            Component::KataSandboxDevicePlugin
+            | Component::VfioManager
             | Component::VgpuManager
-            | Component::VgpuDeviceManager
-            | Component::KataManager
-            | Component::CcManager => false,
+            | Component::VgpuDeviceManager => true,
+            Component::KataSandboxDevicePlugin | Component::KataManager | Component::CcManager => {
+                false
+            }
         }
     }
 
@@ -327,16 +327,22 @@ mod tests {
         };
         assert!(with.is_enabled(Component::VfioManager));
         assert!(!with.is_enabled(Component::VgpuManager));
-        // The VFIO manager is deployed (operands::vfio_manager); the vGPU manager is not yet.
+        // The VFIO manager and the vGPU managers are deployed (operands::vfio_manager,
+        // vgpu_manager, vgpu_device_manager); the CC manager is not yet.
         assert!(with.unsupported_enabled().is_empty());
         let vgpu = ClusterPolicySpec {
             vgpu_manager: Some(crate::VgpuManagerSpec {
                 enabled: Some(true),
                 ..Default::default()
             }),
+            cc_manager: Some(crate::CcManagerSpec {
+                enabled: Some(true),
+                ..Default::default()
+            }),
             ..with
         };
-        assert_eq!(vgpu.unsupported_enabled(), [Component::VgpuManager]);
+        assert!(vgpu.is_enabled(Component::VgpuManager));
+        assert_eq!(vgpu.unsupported_enabled(), [Component::CcManager]);
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub enum ImageKind {
     KataSandboxDevicePlugin,
     /// `spec.vgpuManager`.
     VgpuManager,
+    /// `spec.vgpuManager.driverManager`, the k8s-driver-manager init container of the vGPU
+    /// manager.
+    VgpuDriverManager,
     /// `spec.vgpuDeviceManager`.
     VgpuDeviceManager,
     /// `spec.vfioManager`.
@@ -87,6 +90,7 @@ impl ImageKind {
             ImageKind::SandboxDevicePlugin => "spec.sandboxDevicePlugin",
             ImageKind::KataSandboxDevicePlugin => "spec.kataSandboxDevicePlugin",
             ImageKind::VgpuManager => "spec.vgpuManager",
+            ImageKind::VgpuDriverManager => "spec.vgpuManager.driverManager",
             ImageKind::VgpuDeviceManager => "spec.vgpuDeviceManager",
             ImageKind::VfioManager => "spec.vfioManager",
             ImageKind::VfioDriverManager => "spec.vfioManager.driverManager",
@@ -101,7 +105,9 @@ impl ImageKind {
     pub const fn env_var(self) -> &'static str {
         match self {
             ImageKind::Driver => "DRIVER_IMAGE",
-            ImageKind::DriverManager | ImageKind::VfioDriverManager => "DRIVER_MANAGER_IMAGE",
+            ImageKind::DriverManager
+            | ImageKind::VfioDriverManager
+            | ImageKind::VgpuDriverManager => "DRIVER_MANAGER_IMAGE",
             ImageKind::Toolkit => "CONTAINER_TOOLKIT_IMAGE",
             ImageKind::DevicePlugin => "DEVICE_PLUGIN_IMAGE",
             ImageKind::Gfd => "GFD_IMAGE",
@@ -130,7 +136,10 @@ impl ImageKind {
         match self {
             ImageKind::Driver => Some("nvcr.io/nvidia/driver:595.91.07"),
             // vfio-manage ships in the driver-manager image (docs/operand-facts.md §20.4).
-            ImageKind::DriverManager | ImageKind::VfioDriverManager | ImageKind::VfioManager => {
+            ImageKind::DriverManager
+            | ImageKind::VfioDriverManager
+            | ImageKind::VgpuDriverManager
+            | ImageKind::VfioManager => {
                 Some("nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0")
             }
             ImageKind::Toolkit => Some("nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"),
@@ -326,6 +335,11 @@ impl ClusterPolicySpec {
                 self.kata_sandbox_device_plugin.as_ref().map(|s| &s.image)
             }
             ImageKind::VgpuManager => self.vgpu_manager.as_ref().map(|s| &s.image),
+            ImageKind::VgpuDriverManager => self
+                .vgpu_manager
+                .as_ref()
+                .and_then(|v| v.driver_manager.as_ref())
+                .map(|m| &m.image),
             ImageKind::VgpuDeviceManager => self.vgpu_device_manager.as_ref().map(|s| &s.image),
             ImageKind::VfioManager => self.vfio_manager.as_ref().map(|s| &s.image),
             ImageKind::VfioDriverManager => self

@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 10] = [
+pub const NOT_ACTED_ON: [(&str, &str); 9] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -44,12 +44,8 @@ pub const NOT_ACTED_ON: [(&str, &str); 10] = [
         "deprecated: the DCGM engine is reached through its Service",
     ),
     (
-        "spec.validator.vgpuManager",
-        "vGPU (vm-vgpu) is not supported yet, so there is no vGPU manager check",
-    ),
-    (
-        "spec.validator.vgpuDevices",
-        "vGPU (vm-vgpu) is not supported yet, so there is no vGPU devices check",
+        "spec.vgpuManager.kernelModuleConfig",
+        "the vGPU manager does not mount kernel module parameters yet; set them in the image",
     ),
     (
         "spec.gds.args",
@@ -149,6 +145,7 @@ impl ClusterPolicySpec {
             }
         }
         found.extend(sandbox_modes_not_acted_on(self));
+        found.extend(vgpu_manager_not_acted_on(self));
         // As in NVIDIA's operator, the CRD hands the driver to the NVIDIADrivers, whose own
         // usePrecompiled decides for their pools.
         if self
@@ -168,8 +165,8 @@ impl ClusterPolicySpec {
 }
 
 /// The sandbox settings this operator reads but cannot serve yet: kata mode (no Kata device
-/// plugin) and vm-vgpu as the default type (no vGPU managers). vm-passthrough in kubevirt mode
-/// is served (the engine's vfio_manager, sandbox_device_plugin and sandbox_validator operands).
+/// plugin). vm-passthrough and vm-vgpu in kubevirt mode are served (the engine's vfio_manager,
+/// vgpu_manager, vgpu_device_manager, sandbox_device_plugin and sandbox_validator operands).
 fn sandbox_modes_not_acted_on(spec: &ClusterPolicySpec) -> Vec<Unsupported> {
     let Some(sandbox) = spec.sandbox_workloads.as_ref().filter(|s| s.is_enabled()) else {
         return Vec::new();
@@ -182,14 +179,30 @@ fn sandbox_modes_not_acted_on(spec: &ClusterPolicySpec) -> Vec<Unsupported> {
                   plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off",
         });
     }
-    if sandbox.default_workload == Some(super::SandboxWorkload::VmVgpu) {
-        out.push(Unsupported {
-            path: "spec.sandboxWorkloads.defaultWorkload".to_owned(),
-            why: "vm-vgpu is not supported yet: such nodes lose the container stack and get no \
-                  vGPU manager or vGPU device manager",
-        });
-    }
     out
+}
+
+/// The vGPU manager with `driver.useNvidiaDriverCRD`: as in NVIDIA's operator, the
+/// ClusterPolicy's vGPU manager is skipped and an NVIDIADriver of driverType vgpu-host-manager
+/// deploys the host driver instead.
+fn vgpu_manager_not_acted_on(spec: &ClusterPolicySpec) -> Option<Unsupported> {
+    let sandbox_on = spec
+        .sandbox_workloads
+        .as_ref()
+        .is_some_and(|s| s.is_enabled());
+    let crd = spec
+        .driver
+        .as_ref()
+        .is_some_and(|d| d.uses_nvidia_driver_crd());
+    let on = spec
+        .vgpu_manager
+        .as_ref()
+        .is_some_and(|v| v.enabled == Some(true));
+    (sandbox_on && crd && on).then(|| Unsupported {
+        path: "spec.vgpuManager".to_owned(),
+        why: "with driver.useNvidiaDriverCRD the ClusterPolicy's vGPU manager is not deployed: \
+              create an NVIDIADriver with driverType vgpu-host-manager for the vm-vgpu nodes",
+    })
 }
 
 #[cfg(test)]
@@ -229,7 +242,7 @@ mod tests {
              interval: 30s}}}, driver: {upgradePolicy: {autoUpgrade: true, drain: {enable: true}}, \
              livenessProbe: {periodSeconds: 10}}, dcgmExporter: {enablePodLabels: true, \
              podLabelAllowlistRegex: ['^app$']}, dcgm: {hostPort: 5555}, psp: {enabled: true}, \
-             validator: {vgpuManager: {env: [{name: A, value: b}]}, plugin: {env: [{name: C}]}}}",
+             vgpuManager: {kernelModuleConfig: {name: kmc}}, validator: {plugin: {env: [{name: C}]}}}",
         );
         assert_eq!(
             got,
@@ -237,7 +250,7 @@ mod tests {
                 "spec.operator.defaultRuntime",
                 "spec.psp.enabled",
                 "spec.dcgm.hostPort",
-                "spec.validator.vgpuManager.env",
+                "spec.vgpuManager.kernelModuleConfig.name",
             ]
         );
     }
@@ -271,7 +284,7 @@ mod tests {
         let got = spec(
             "{gds: {enabled: true, version: '2.29'}, sandboxWorkloads: {enabled: true, mode: kata}, \
              kataSandboxDevicePlugin: {enabled: true, hostNetwork: true}, \
-             sandboxDevicePlugin: {enabled: true}, validator: {vgpuDevices: {env: [{name: X}]}}}",
+             sandboxDevicePlugin: {enabled: true}, gdrcopy: {args: [y]}}",
         )
         .unsupported_fields();
         let rendered: Vec<String> = got.iter().map(ToString::to_string).collect();
@@ -280,8 +293,8 @@ mod tests {
             [
                 "spec.kataSandboxDevicePlugin is accepted but not acted on by this operator \
                  (enabled, but this operator does not deploy it)",
-                "spec.validator.vgpuDevices.env is accepted but not acted on by this operator \
-                 (vGPU (vm-vgpu) is not supported yet, so there is no vGPU devices check)",
+                "spec.gdrcopy.args is accepted but not acted on by this operator \
+                 (NVIDIA's operator does not pass them to the gdrcopy sidecar either)",
                 "spec.sandboxWorkloads.mode is accepted but not acted on by this operator \
                  (kata mode is not supported yet: vm-passthrough nodes get the Kata device \
                  plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off)",
@@ -290,28 +303,38 @@ mod tests {
     }
 
     #[test]
-    fn vm_passthrough_in_kubevirt_mode_is_acted_on_and_vgpu_and_kata_are_reported() {
+    fn vm_passthrough_and_vgpu_in_kubevirt_mode_are_acted_on_and_kata_is_reported() {
         let served = "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-passthrough, \
              mode: kubevirt}, vfioManager: {enabled: true, driverManager: {env: [{name: A}]}}, \
              sandboxDevicePlugin: {enabled: true}, validator: {vfioPCI: {env: [{name: B}]}}}";
         assert_eq!(paths(served), Vec::<String>::new());
-        assert_eq!(
-            paths("{sandboxWorkloads: {enabled: true, defaultWorkload: vm-vgpu}}"),
-            ["spec.sandboxWorkloads.defaultWorkload"]
-        );
+        let vgpu = "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-vgpu}, \
+             vgpuManager: {enabled: true, driverManager: {env: [{name: A}]}}, \
+             vgpuDeviceManager: {enabled: true, config: {name: c, default: d}}, \
+             validator: {vgpuManager: {env: [{name: B}]}, vgpuDevices: {env: [{name: C}]}}}";
+        assert_eq!(paths(vgpu), Vec::<String>::new());
         assert_eq!(
             paths(
                 "{sandboxWorkloads: {enabled: true, mode: kata}, vgpuManager: {enabled: true}, \
                  ccManager: {enabled: true}}"
             ),
-            [
-                "spec.vgpuManager",
-                "spec.ccManager",
-                "spec.sandboxWorkloads.mode"
-            ]
+            ["spec.ccManager", "spec.sandboxWorkloads.mode"]
         );
         // Off, nothing of it is acted on and nothing asks for anything.
         assert!(paths("{sandboxWorkloads: {enabled: false, mode: kata}}").is_empty());
+    }
+
+    #[test]
+    fn the_vgpu_manager_is_reported_while_nvidiadrivers_deploy_the_host_driver() {
+        let with_crd = "{sandboxWorkloads: {enabled: true}, vgpuManager: {enabled: true}, \
+             driver: {useNvidiaDriverCRD: true}}";
+        let got = spec(with_crd).unsupported_fields();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].path, "spec.vgpuManager");
+        assert!(got[0].why.contains("driverType vgpu-host-manager"));
+        assert!(
+            paths("{sandboxWorkloads: {enabled: true}, vgpuManager: {enabled: true}}").is_empty()
+        );
     }
 
     #[test]

@@ -239,11 +239,15 @@ pub enum Operand {
     VfioManager,
     /// KubeVirt's GPU device plugin on virtual machine nodes.
     SandboxDevicePlugin,
+    /// The vGPU host driver on `vm-vgpu` nodes.
+    VgpuManager,
+    /// The vGPU device manager on `vm-vgpu` nodes.
+    VgpuDeviceManager,
 }
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 16] = [
+    pub const ALL: [Operand; 18] = [
         Operand::RuntimeClasses,
         Operand::OperatorMetrics,
         Operand::Nfd,
@@ -257,6 +261,8 @@ impl Operand {
         Operand::Gfd,
         Operand::MigManager,
         Operand::NodeStatusExporter,
+        Operand::VgpuManager,
+        Operand::VgpuDeviceManager,
         Operand::SandboxValidator,
         Operand::VfioManager,
         Operand::SandboxDevicePlugin,

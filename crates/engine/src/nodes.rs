@@ -231,6 +231,7 @@ pub fn is_read_label(key: &str) -> bool {
             DRIVER_POOL,
             DRIVER_VARIANT,
             crate::workload::WORKLOAD_CONFIG,
+            crate::sharing::vgpu::VGPU_CONFIG_LABEL,
         ]
         .contains(&key)
 }

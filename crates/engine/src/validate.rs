@@ -113,10 +113,15 @@ fn resolve_image(
     facts: &ClusterFacts,
 ) -> Result<String, String> {
     let resolved = spec.resolve_image(kind, env).map_err(|e| {
-        let user = if kind == ImageKind::Validator {
-            " (the validation init containers use the validator image)"
-        } else {
-            ""
+        let user = match kind {
+            ImageKind::Validator => " (the validation init containers use the validator image)",
+            ImageKind::VgpuManager => {
+                " (NVIDIA publishes no vGPU manager image: build one from the vGPU host driver \
+                 package, push it to your registry and set spec.vgpuManager.repository, \
+                 spec.vgpuManager.image (NVIDIA's name is vgpu-manager) and \
+                 spec.vgpuManager.version)"
+            }
+            _ => "",
         };
         format!(
             "{e}{user}; set the fields or the operator's {} variable",

@@ -17,6 +17,7 @@ use crate::model::{OPERAND_LABEL, Operand};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
 use crate::operands::{
     device_plugin, driver, driver_os, driver_toolkit, mig_manager, toolkit, toolkit_flavour,
+    vgpu_device_manager, vgpu_manager,
 };
 
 /// The objects of the operator namespace that facts are read from, by name.
@@ -71,6 +72,7 @@ pub fn assemble(
     let sharing_source = present(sharing_config_name(spec));
     let mig_config = present(mig_config_name(spec));
     let dcgm_metrics = present(dcgm_metrics_name(spec));
+    let vgpu_config = present(vgpu_device_manager::custom_config_name(spec));
     // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
     let driver_config_maps = spec
         .driver
@@ -116,6 +118,15 @@ pub fn assemble(
         sharing_last_good: last_good(objects),
         mig_config,
         dcgm_metrics,
+        vgpu_config,
+        vgpu_live_config: vgpu_device_manager::live_config(
+            objects.daemon_set(vgpu_device_manager::NAME).as_deref(),
+            |name| objects.config_map(name),
+        ),
+        vgpu_manager_live_os: objects
+            .daemon_set(vgpu_manager::NAME)
+            .as_deref()
+            .and_then(vgpu_manager::live_os),
         driver_config_maps,
         gpu_nodes: observed.gpu_nodes,
         image_env: observed.image_env,
@@ -165,6 +176,7 @@ pub fn config_map_names(spec: &ClusterPolicySpec) -> Vec<&str> {
         sharing_config_name(spec),
         mig_config_name(spec),
         dcgm_metrics_name(spec),
+        vgpu_device_manager::custom_config_name(spec),
     ]
     .into_iter()
     .flatten()
@@ -419,6 +431,7 @@ mod tests {
             "devicePlugin: {config: {name: ts}}\n\
              migManager: {config: {name: my-mig}}\n\
              dcgmExporter: {config: {name: metrics}}\n\
+             vgpuDeviceManager: {config: {name: my-vgpu}}\n\
              driver: {repoConfig: {configMapName: repos}, certConfig: {name: certs},\n\
                       kernelModuleConfig: {name: modules}}\n",
         );
@@ -429,7 +442,7 @@ mod tests {
         let mut listed = config_map_names(&spec);
         listed.sort_unstable();
         assert_eq!(read, listed);
-        assert_eq!(read.len(), 6, "{read:?}");
+        assert_eq!(read.len(), 7, "{read:?}");
     }
 
     #[test]

@@ -157,6 +157,14 @@ pub struct ClusterFacts {
     pub mig_config: Option<ConfigMapData>,
     /// The ConfigMap named by `dcgmExporter.config.name`, if set and present.
     pub dcgm_metrics: Option<ConfigMapData>,
+    /// The ConfigMap named by `vgpuDeviceManager.config.name`, if set, not our default, and
+    /// present.
+    pub vgpu_config: Option<ConfigMapData>,
+    /// The vGPU config copy the live vGPU device manager mounts ("last good").
+    pub vgpu_live_config: crate::operands::vgpu_device_manager::LiveConfig,
+    /// The OS suffix of the image the live `nvidia-vgpu-manager-daemonset` runs: that OS keeps
+    /// the plain name when the vm-vgpu nodes run several.
+    pub vgpu_manager_live_os: Option<String>,
     /// The ConfigMaps named by `driver.repoConfig.configMapName`, `driver.certConfig.name` and
     /// `driver.kernelModuleConfig.name` that are present, by name: the driver mounts each key as
     /// its own file, so render needs the keys (validate marks the driver invalid when one is

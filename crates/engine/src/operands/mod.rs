@@ -28,6 +28,8 @@ pub mod toolkit;
 pub mod toolkit_flavour;
 pub mod validator;
 pub mod vfio_manager;
+pub mod vgpu_device_manager;
+pub mod vgpu_manager;
 
 #[cfg(test)]
 mod dcgm_exporter_tests;
@@ -55,6 +57,8 @@ mod toolkit_flavour_tests;
 mod toolkit_tests;
 #[cfg(test)]
 mod validator_tests;
+#[cfg(test)]
+mod vgpu_tests;
 
 use crate::api::{ClusterPolicySpec, Component, ImageKind};
 use crate::facts::ClusterFacts;
@@ -137,6 +141,8 @@ pub const fn descriptor(operand: Operand) -> &'static Descriptor {
         Operand::SandboxValidator => &sandbox_validator::DESCRIPTOR,
         Operand::VfioManager => &vfio_manager::DESCRIPTOR,
         Operand::SandboxDevicePlugin => &sandbox_device_plugin::DESCRIPTOR,
+        Operand::VgpuManager => &vgpu_manager::DESCRIPTOR,
+        Operand::VgpuDeviceManager => &vgpu_device_manager::DESCRIPTOR,
     }
 }
 

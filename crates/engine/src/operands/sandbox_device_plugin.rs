@@ -2,10 +2,10 @@
 //! `nvidia-sandbox-device-plugin-daemonset`, KubeVirt's GPU device plugin, on `vm-passthrough`
 //! and `vm-vgpu` nodes. It advertises GPUs bound to vfio-pci (and vGPU mediated devices) to the
 //! kubelet, one resource per GPU model named from the PCI ID database; it reads no settings
-//! (docs/operand-facts.md §20.4, §20.7). Its init container holds it until the sandbox validator
-//! has found the node's GPUs bound to vfio-pci. NVIDIA's second wait, for vGPU devices, comes
-//! with vGPU support: nothing here writes `vgpu-devices-ready` yet. On with sandbox workloads in
-//! `kubevirt` mode and `sandboxDevicePlugin.enabled`.
+//! (docs/operand-facts.md §20.4, §20.7). Its init containers hold it until the sandbox validator
+//! has found the node's GPUs bound to vfio-pci (`vm-passthrough`) or its vGPU devices created
+//! (`vm-vgpu`): it discovers devices once, at start. On with sandbox workloads in `kubevirt`
+//! mode and `sandboxDevicePlugin.enabled`.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -39,6 +39,7 @@ pub const NAME: &str = "nvidia-sandbox-device-plugin-daemonset";
 pub const SERVICE_ACCOUNT: &str = "nvidia-sandbox-device-plugin";
 pub const MAIN_CONTAINER: &str = "nvidia-sandbox-device-plugin-ctr";
 pub const VFIO_PCI_VALIDATION: &str = "vfio-pci-validation";
+pub const VGPU_DEVICES_VALIDATION: &str = "vgpu-devices-validation";
 
 const DEVICE_PLUGINS: &str = "device-plugin";
 const DEV_VFIO: &str = "vfio";
@@ -102,12 +103,20 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
     let pod = PodSpec {
         service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
-        init_containers: Some(vec![wait_for(
-            policy,
-            VFIO_PCI_VALIDATION,
-            "vm-passthrough",
-            "vfio-pci-ready",
-        )]),
+        init_containers: Some(vec![
+            wait_for(
+                policy,
+                VFIO_PCI_VALIDATION,
+                "vm-passthrough",
+                "vfio-pci-ready",
+            ),
+            wait_for(
+                policy,
+                VGPU_DEVICES_VALIDATION,
+                "vm-vgpu",
+                "vgpu-devices-ready",
+            ),
+        ]),
         containers: vec![main],
         volumes: Some(vec![
             // NVIDIA does not apply the kubelet root setting to this path (§20.4).

@@ -210,7 +210,11 @@ fn sandbox_device_plugin_waits_for_the_validator_and_mounts_vfio_devices() {
         .flatten()
         .map(|c| c.name.clone())
         .collect();
-    assert_eq!(init, ["vfio-pci-validation"]);
+    assert_eq!(init, ["vfio-pci-validation", "vgpu-devices-validation"]);
+    let vgpu = container(&p, "vgpu-devices-validation");
+    let script = vgpu.args.unwrap()[0].clone();
+    assert!(script.contains("\"vm-vgpu\""), "{script}");
+    assert!(script.contains("vgpu-devices-ready"), "{script}");
     let wait = container(&p, "vfio-pci-validation");
     assert_eq!(
         wait.image.as_deref(),
@@ -247,13 +251,7 @@ fn sandbox_validator_checks_carry_the_default_type_and_the_users_step_env() {
         Some("vm-passthrough")
     );
     assert_eq!(env(&vfio, "WITH_WORKLOAD").as_deref(), Some("false"));
-    for unsupported in [
-        "cc-manager-validation",
-        "vgpu-manager-validation",
-        "vgpu-devices-validation",
-    ] {
-        assert!(!has_container(&p, unsupported), "{unsupported}");
-    }
+    assert!(!has_container(&p, "cc-manager-validation"));
     // driver-install-path is not moved by hostPaths.driverInstallDir.
     let moved = daemon_set(
         "{sandboxWorkloads: {enabled: true}, hostPaths: {driverInstallDir: /opt/driver}}",

@@ -4,10 +4,10 @@
 //! files the sandbox device plugin waits for; its preStop removes them (docs/operand-facts.md
 //! §20.4, §20.8). On whenever sandbox workloads are (it has no switch of its own).
 //!
-//! Only the VFIO check (`vfio-pci-validation`) is rendered: the vGPU checks
-//! (`vgpu-manager-validation`, `vgpu-devices-validation`) and the confidential-computing one
-//! (`cc-manager-validation`) wait for operands this operator does not deploy yet, and their
-//! settings are reported as not acted on (crates/api/src/unsupported.rs).
+//! The VFIO check (`vfio-pci-validation`) and the vGPU checks (`vgpu-manager-validation`, then
+//! `vgpu-devices-validation`) are rendered; each passes at once on nodes of another type. The
+//! confidential-computing one (`cc-manager-validation`) waits for an operand this operator does
+//! not deploy yet.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -42,6 +42,8 @@ pub const NAME: &str = "nvidia-sandbox-validator";
 pub const SERVICE_ACCOUNT: &str = "nvidia-sandbox-validator";
 pub const MAIN_CONTAINER: &str = "nvidia-sandbox-validator";
 pub const VFIO_PCI_VALIDATION: &str = "vfio-pci-validation";
+pub const VGPU_MANAGER_VALIDATION: &str = "vgpu-manager-validation";
+pub const VGPU_DEVICES_VALIDATION: &str = "vgpu-devices-validation";
 
 /// NVIDIA names this volume apart from `driver-install-dir`, so `hostPaths.driverInstallDir`
 /// does not move it (§20.4).
@@ -52,6 +54,13 @@ const DRIVER_INSTALL_PATH: &str = "driver-install-path";
 pub fn files_written(component: &str) -> &'static [&'static str] {
     match component {
         "vfio-pci" => &["workload-type", "vfio-pci-ready"],
+        // `host-vgpu-manager-ready` instead when the host runs its own vGPU manager.
+        "vgpu-manager" => &[
+            "workload-type",
+            "vgpu-manager-ready",
+            "host-vgpu-manager-ready",
+        ],
+        "vgpu-devices" => &["workload-type", "vgpu-devices-ready"],
         _ => &[],
     }
 }
@@ -115,13 +124,36 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             .read_only()
             .host_to_container()
     };
-    let init = vec![validation(
-        policy,
-        VFIO_PCI_VALIDATION,
-        "vfio-pci",
-        validator.and_then(|v| v.vfio_pci.as_ref()),
-        vec![host_root(), validations()],
-    )];
+    // In NVIDIA's order: vgpu-devices waits for the devices the vGPU device manager creates
+    // once vgpu-manager has passed.
+    let init = vec![
+        validation(
+            policy,
+            VFIO_PCI_VALIDATION,
+            "vfio-pci",
+            validator.and_then(|v| v.vfio_pci.as_ref()),
+            vec![host_root(), validations()],
+        ),
+        validation(
+            policy,
+            VGPU_MANAGER_VALIDATION,
+            "vgpu-manager",
+            validator.and_then(|v| v.vgpu_manager.as_ref()),
+            vec![
+                host_root(),
+                // nvidia-smi of the containerised vGPU manager, when the host has none.
+                mount(DRIVER_INSTALL_PATH, common::DEFAULT_DRIVER_INSTALL_DIR).host_to_container(),
+                validations(),
+            ],
+        ),
+        validation(
+            policy,
+            VGPU_DEVICES_VALIDATION,
+            "vgpu-devices",
+            validator.and_then(|v| v.vgpu_devices.as_ref()),
+            vec![validations()],
+        ),
+    ];
 
     let mut main_env = Vec::new();
     merge_user_env(

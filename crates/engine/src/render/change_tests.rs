@@ -228,12 +228,8 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
         ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (
-            "spec.validator.vgpuManager",
-            json!({"validator": {"vgpuManager": {"env": [{"name": "X", "value": "1"}]}}}),
-        ),
-        (
-            "spec.validator.vgpuDevices",
-            json!({"validator": {"vgpuDevices": {"env": [{"name": "X", "value": "1"}]}}}),
+            "spec.vgpuManager.kernelModuleConfig",
+            json!({"vgpuManager": {"kernelModuleConfig": {"name": "modules"}}}),
         ),
         (
             "spec.gds.args",

@@ -692,11 +692,15 @@ fn config_hash_annotation_is_on_exactly_the_config_driven_pod_templates() {
                         | Operand::MigManager
                         | Operand::DcgmExporter
                         | Operand::Nfd
+                        | Operand::VgpuDeviceManager
                 );
                 if !config_driven {
                     assert!(!has, "{case}: {} has a config hash", op.name());
                 }
-                if matches!(op, Operand::MigManager | Operand::Nfd) {
+                if matches!(
+                    op,
+                    Operand::MigManager | Operand::Nfd | Operand::VgpuDeviceManager
+                ) {
                     assert!(has, "{case}: {} lacks a config hash", op.name());
                 }
             }

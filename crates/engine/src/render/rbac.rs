@@ -503,8 +503,9 @@ fn leader_election_rules() -> Vec<PolicyRule> {
 /// node-status exporter enabled, NFD deployed, a sharing config (config-manager in the device
 /// plugin, MPS daemon and GFD pods) named `sharing` with key `default`, DCGM exporter pod labels
 /// (its pod-reading ClusterRole) and ServiceMonitor, and sandbox workloads in kubevirt mode
-/// with the VFIO manager and the sandbox device plugin (its image named: none is pinned; every
-/// node still defaults to containers). The e2e API-contract test deploys it too.
+/// with the VFIO manager, the sandbox device plugin and the two vGPU managers (their images
+/// named: none is pinned; every node still defaults to containers). The e2e API-contract test
+/// deploys it too.
 pub fn every_rbac_variant() -> serde_json::Value {
     serde_json::json!({
         "sandboxWorkloads": {"enabled": true, "defaultWorkload": "container", "mode": "kubevirt"},
@@ -514,6 +515,18 @@ pub fn every_rbac_variant() -> serde_json::Value {
             "repository": "nvcr.io/nvidia",
             "image": "kubevirt-gpu-device-plugin",
             "version": "v1.6.0",
+        },
+        "vgpuManager": {
+            "enabled": true,
+            "repository": "registry.example.com/nvidia",
+            "image": "vgpu-manager",
+            "version": "580.65.05",
+        },
+        "vgpuDeviceManager": {
+            "enabled": true,
+            "repository": "nvcr.io/nvidia/cloud-native",
+            "image": "vgpu-device-manager",
+            "version": "v0.5.0",
         },
         "dcgm": {"enabled": true},
         "nodeStatusExporter": {"enabled": true},

@@ -7,6 +7,7 @@
 //!   the whole ConfigMap may replace the last good copy (decision 4).
 //! - [`mig`] and [`mig_profiles`]: mig-parted layouts, parsed as mig-parted does and checked
 //!   per GPU model against its MIG profiles and placement rules (decision 7).
+//! - [`vgpu`]: the vGPU device manager's configs (`vgpu-configs`), checked before rollout.
 //!
 //! The facts these modules restate are in [docs/config-facts.md](../../../docs/config-facts.md).
 
@@ -14,6 +15,7 @@ pub mod device_plugin;
 pub mod mig;
 pub mod mig_profiles;
 pub mod select;
+pub mod vgpu;
 mod yaml;
 
 use std::fmt;
