@@ -328,21 +328,17 @@ mod tests {
         assert!(with.is_enabled(Component::VfioManager));
         assert!(!with.is_enabled(Component::VgpuManager));
         // The VFIO manager and the vGPU managers are deployed (operands::vfio_manager,
-        // vgpu_manager, vgpu_device_manager); the CC manager is not yet.
+        // vgpu_manager, vgpu_device_manager).
         assert!(with.unsupported_enabled().is_empty());
         let vgpu = ClusterPolicySpec {
             vgpu_manager: Some(crate::VgpuManagerSpec {
                 enabled: Some(true),
                 ..Default::default()
             }),
-            cc_manager: Some(crate::CcManagerSpec {
-                enabled: Some(true),
-                ..Default::default()
-            }),
             ..with
         };
         assert!(vgpu.is_enabled(Component::VgpuManager));
-        assert_eq!(vgpu.unsupported_enabled(), [Component::CcManager]);
+        assert!(vgpu.unsupported_enabled().is_empty());
     }
 
     #[test]
