@@ -153,8 +153,8 @@ const IMAGE_KINDS: [ImageKind; 23] = [
 ];
 
 /// Whether the bundle names the kind's image: every image the operator pins and may deploy.
-/// The others (the KubeVirt device plugin, vGPU, Kata, confidential computing, the CUDA init
-/// container) have no pinned image; a policy that enables them must name one.
+/// The others (vGPU, Kata, confidential computing, the CUDA init container) have no pinned
+/// image; a policy that enables them must name one.
 const fn in_bundle(kind: ImageKind) -> bool {
     match kind {
         ImageKind::Driver
@@ -172,12 +172,12 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::Nfd
         | ImageKind::VfioManager
         | ImageKind::VfioDriverManager
-        | ImageKind::VgpuDriverManager => kind.pinned().is_some(),
-        ImageKind::InitContainer
+        | ImageKind::VgpuDriverManager
         | ImageKind::SandboxDevicePlugin
+        | ImageKind::VgpuDeviceManager => kind.pinned().is_some(),
+        ImageKind::InitContainer
         | ImageKind::KataSandboxDevicePlugin
         | ImageKind::VgpuManager
-        | ImageKind::VgpuDeviceManager
         | ImageKind::KataManager
         | ImageKind::CcManager => false,
     }

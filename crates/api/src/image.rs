@@ -157,13 +157,17 @@ impl ImageKind {
             ImageKind::Gds => Some("nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4"),
             ImageKind::GdrCopy => Some("nvcr.io/nvidia/cloud-native/gdrdrv:v2.6"),
             ImageKind::Nfd => Some("registry.k8s.io/nfd/node-feature-discovery:v0.19.0"),
-            // KubeVirt's device plugin is not pinned yet: the bundle lists pinned images by
-            // digest (scripts/image-digests.yaml) and its digest is not recorded there.
+            ImageKind::SandboxDevicePlugin => {
+                Some("nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.6.0")
+            }
+            ImageKind::VgpuDeviceManager => {
+                Some("nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0")
+            }
+            // NVIDIA publishes no vGPU manager image: each user builds it from the licensed
+            // vGPU host driver (docs/vms.md).
             ImageKind::InitContainer
-            | ImageKind::SandboxDevicePlugin
             | ImageKind::KataSandboxDevicePlugin
             | ImageKind::VgpuManager
-            | ImageKind::VgpuDeviceManager
             | ImageKind::KataManager
             | ImageKind::CcManager => None,
         }

@@ -28,6 +28,18 @@ pub enum SandboxWorkload {
     VmVgpu,
 }
 
+impl SandboxWorkload {
+    /// NVIDIA's name of the type, as the node label `nvidia.com/gpu.workload.config` and the
+    /// policy spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SandboxWorkload::Container => "container",
+            SandboxWorkload::VmPassthrough => "vm-passthrough",
+            SandboxWorkload::VmVgpu => "vm-vgpu",
+        }
+    }
+}
+
 /// How sandboxed (virtual machine) workloads run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[schemars(description = "")]

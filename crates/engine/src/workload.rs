@@ -6,10 +6,11 @@
 //! passes, so the mode of one pass cannot leak into the next (NVIDIA's operator edits a shared
 //! map in place, §20.1).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{ClusterPolicySpec, SandboxMode, SandboxWorkload};
 use crate::nodes::{self, NodeView};
+use crate::operands;
 
 /// The node label that chooses a node's workload type (NVIDIA's key, set by the user).
 pub const WORKLOAD_CONFIG: &str = "nvidia.com/gpu.workload.config";
@@ -152,24 +153,27 @@ pub fn managed_deploy_keys() -> impl Iterator<Item = &'static str> {
 }
 
 /// Whether operand pods of each stack are still on a node: the container stack's (the driver
-/// above all, which holds the GPUs) and the VFIO manager's (which holds them bound to vfio-pci).
+/// and every operand that opens the GPUs through it), the VFIO manager's (which holds them bound
+/// to vfio-pci) and the vGPU manager's (whose host driver holds them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackPodsLeft {
     pub container: bool,
     pub vfio: bool,
+    pub vgpu: bool,
 }
 
 /// Orders a switch of a node's workload type, which NVIDIA's labeller does in one patch
 /// (docs/operand-facts.md §20.2): the leaving stack's keys come off at once, but the arriving
-/// stack's owner of the GPUs is labelled only once the other's pods are gone. `vfio-manager`
-/// waits for the container stack to leave; `driver` waits for the VFIO manager to leave, so
-/// the GPUs are unbound before a driver loads. Returns whether a key was held back (the caller
+/// stack's owner of the GPUs (the driver, the VFIO manager or the vGPU manager) is labelled
+/// only once the other stacks' pods are gone, so no two drivers hold the GPUs at once and the
+/// GPUs are unbound before a driver loads. Returns whether a key was held back (the caller
 /// looks again shortly: pod departures are not all watched).
 pub fn order_switch(patch: &mut nodes::LabelPatch, left: StackPodsLeft) -> bool {
     let mut held = false;
     for (key, waits) in [
-        (DEPLOY_VFIO_MANAGER, left.container),
-        (nodes::DEPLOY_DRIVER, left.vfio),
+        (DEPLOY_VFIO_MANAGER, left.container || left.vgpu),
+        (DEPLOY_VGPU_MANAGER, left.container || left.vfio),
+        (nodes::DEPLOY_DRIVER, left.vfio || left.vgpu),
     ] {
         if waits && matches!(patch.get(key), Some(Some(_))) {
             patch.remove(key);
@@ -177,6 +181,58 @@ pub fn order_switch(patch: &mut nodes::LabelPatch, left: StackPodsLeft) -> bool 
         }
     }
     held
+}
+
+/// The `app` labels of the container stack's operand pods other than the driver and the
+/// toolkit: each opens the GPUs through the NVIDIA driver or waits on it, so a node's GPUs can
+/// leave that driver only once none is left (NVIDIA's driver manager waits for the same pods by
+/// the same labels before it unloads the driver, docs/operand-facts.md §20.2).
+const CONTAINER_STACK_APPS: [&str; 8] = [
+    operands::validator::NAME,
+    operands::device_plugin::NAME,
+    operands::mps::NAME,
+    operands::gfd::NAME,
+    operands::dcgm::NAME,
+    operands::dcgm_exporter::NAME,
+    operands::mig_manager::NAME,
+    operands::node_status_exporter::NAME,
+];
+
+/// Whether a pod with these labels belongs to the container stack: a driver pod (ours by its
+/// component label, NVIDIA's by its `app` label), a toolkit pod of any runtime flavour, or one
+/// of [`CONTAINER_STACK_APPS`]. Pre-pull pods only pull an image and do not count.
+pub fn is_container_stack_pod(labels: &BTreeMap<String, String>) -> bool {
+    let label = |key: &str| labels.get(key).map(String::as_str);
+    if label(operands::common::COMPONENT_LABEL) == Some(operands::driver::COMPONENT) {
+        return true;
+    }
+    let Some(app) = label(operands::common::APP_LABEL) else {
+        return false;
+    };
+    let toolkit = operands::toolkit::NAME;
+    app == operands::driver::NAME
+        || app == toolkit
+        || app
+            .strip_prefix(toolkit)
+            .is_some_and(|flavour| flavour.starts_with('-'))
+        || CONTAINER_STACK_APPS.contains(&app)
+}
+
+impl Sandbox {
+    /// Whether `node` is to receive a virtual machine stack's owner of the GPUs (the VFIO or the
+    /// vGPU manager) that it does not carry yet: a switch (or a new VM node) whose container
+    /// stack must be gone first. The labeller looks at such a node's pods before it adds the key.
+    /// Exactly the nodes whose label patch would add that key (a GPU node not taken out of
+    /// every operand, without the key: any value, `false` or a pause included, is respected).
+    pub fn awaits_vm_owner(&self, node: &NodeView) -> bool {
+        if !node.has_nfd_gpu() || node.label(nodes::DEPLOY_OPERANDS) == Some("false") {
+            return false;
+        }
+        let keys = self.deploy_keys_of(node);
+        [DEPLOY_VFIO_MANAGER, DEPLOY_VGPU_MANAGER]
+            .into_iter()
+            .any(|key| keys.contains(key) && node.label(key).is_none())
+    }
 }
 
 #[cfg(test)]
@@ -364,7 +420,7 @@ mod tests {
             &mut patch,
             StackPodsLeft {
                 container: true,
-                vfio: false,
+                ..StackPodsLeft::default()
             },
         );
         assert!(held);
@@ -383,8 +439,8 @@ mod tests {
         assert!(order_switch(
             &mut patch,
             StackPodsLeft {
-                container: false,
                 vfio: true,
+                ..StackPodsLeft::default()
             },
         ));
         assert_eq!(patch.get(nodes::DEPLOY_DRIVER), None);
@@ -395,10 +451,127 @@ mod tests {
             &mut own,
             StackPodsLeft {
                 container: true,
-                vfio: false,
+                ..StackPodsLeft::default()
             },
         ));
         assert!(own.contains_key(nodes::DEPLOY_DRIVER));
+    }
+
+    #[test]
+    fn the_vgpu_manager_waits_for_the_container_stack_and_the_vfio_manager_and_the_driver_for_it() {
+        let vgpu = |left: StackPodsLeft| {
+            let mut patch = nodes::LabelPatch::from([
+                (DEPLOY_VGPU_MANAGER.to_owned(), Some("true".to_owned())),
+                (nodes::DEPLOY_DRIVER.to_owned(), None),
+            ]);
+            (order_switch(&mut patch, left), patch)
+        };
+        for left in [
+            StackPodsLeft {
+                container: true,
+                ..StackPodsLeft::default()
+            },
+            StackPodsLeft {
+                vfio: true,
+                ..StackPodsLeft::default()
+            },
+        ] {
+            let (held, patch) = vgpu(left);
+            assert!(held, "{left:?}");
+            assert_eq!(patch.get(DEPLOY_VGPU_MANAGER), None, "{left:?}");
+        }
+        let (held, patch) = vgpu(StackPodsLeft {
+            vgpu: true,
+            ..StackPodsLeft::default()
+        });
+        assert!(!held);
+        assert!(patch.contains_key(DEPLOY_VGPU_MANAGER));
+
+        let mut driver =
+            nodes::LabelPatch::from([(nodes::DEPLOY_DRIVER.to_owned(), Some("true".to_owned()))]);
+        assert!(order_switch(
+            &mut driver,
+            StackPodsLeft {
+                vgpu: true,
+                ..StackPodsLeft::default()
+            }
+        ));
+        assert!(driver.is_empty());
+    }
+
+    fn pod_labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn container_stack_pods_are_the_driver_the_toolkit_and_the_operands_that_open_the_gpus() {
+        for labels in [
+            vec![
+                ("app", "nvidia-driver-daemonset-ubuntu22.04"),
+                ("app.kubernetes.io/component", "nvidia-driver"),
+            ],
+            vec![("app", "nvidia-driver-daemonset")],
+            vec![("app", "nvidia-container-toolkit-daemonset")],
+            vec![("app", "nvidia-container-toolkit-daemonset-k3s")],
+            vec![("app", "nvidia-device-plugin-daemonset")],
+            vec![("app", "nvidia-device-plugin-mps-control-daemon")],
+            vec![("app", "gpu-feature-discovery")],
+            vec![("app", "nvidia-dcgm")],
+            vec![("app", "nvidia-dcgm-exporter")],
+            vec![("app", "nvidia-mig-manager")],
+            vec![("app", "nvidia-node-status-exporter")],
+            vec![("app", "nvidia-operator-validator")],
+        ] {
+            assert!(is_container_stack_pod(&pod_labels(&labels)), "{labels:?}");
+        }
+        for labels in [
+            vec![
+                ("app", "nvidia-vfio-manager"),
+                ("name", "nvidia-vfio-manager"),
+            ],
+            vec![("app", "nvidia-sandbox-validator")],
+            vec![("app", "nvidia-sandbox-device-plugin-daemonset")],
+            vec![
+                ("app", "nvidia-driver-prepull"),
+                ("app.kubernetes.io/component", "nvidia-driver-prepull"),
+            ],
+            vec![("app", "node-feature-discovery")],
+            vec![("app", "gpu-operator")],
+            vec![("app", "nvidia-container-toolkit-daemonsetx")],
+            vec![],
+        ] {
+            assert!(!is_container_stack_pod(&pod_labels(&labels)), "{labels:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_awaits_its_vm_owner_until_it_carries_the_owner_key() {
+        let sandbox = on(SandboxWorkload::Container, SandboxMode::Kubevirt);
+        let gpu = nodes::NFD_GPU_LABELS[0];
+        let passthrough = [(gpu, "true"), (WORKLOAD_CONFIG, "vm-passthrough")];
+        assert!(sandbox.awaits_vm_owner(&node(&passthrough)));
+        // Any value counts as carried: ours, a pause written by a manager, a user's `false`.
+        for value in ["true", "paused-for-cc-mode-change", "false", ""] {
+            let carried = node(&[
+                (gpu, "true"),
+                (WORKLOAD_CONFIG, "vm-passthrough"),
+                (DEPLOY_VFIO_MANAGER, value),
+            ]);
+            assert!(!sandbox.awaits_vm_owner(&carried), "{value:?}");
+        }
+        assert!(sandbox.awaits_vm_owner(&node(&[(gpu, "true"), (WORKLOAD_CONFIG, "vm-vgpu")])));
+        assert!(!sandbox.awaits_vm_owner(&node(&[(gpu, "true")])));
+        // Not a GPU node, taken out of every operand, or sandbox workloads off: no VM owner.
+        assert!(!sandbox.awaits_vm_owner(&node(&[(WORKLOAD_CONFIG, "vm-passthrough")])));
+        assert!(!sandbox.awaits_vm_owner(&node(&[
+            (gpu, "true"),
+            (WORKLOAD_CONFIG, "vm-passthrough"),
+            (nodes::DEPLOY_OPERANDS, "false"),
+        ])));
+        assert!(!Sandbox::DISABLED.awaits_vm_owner(&node(&passthrough)));
     }
 
     #[test]

@@ -21,10 +21,12 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
+use crate::api::SandboxWorkload;
 use crate::api::{ClusterPolicy, MigStrategy};
 use crate::facts::{NodeRuntime, NodeRuntimeInfo, detect};
 use crate::model::{MANAGED_BY_LABEL, MANAGER};
-use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, deploy_keys, places_operand};
+use crate::nodes::{GPU_COUNT, GPU_PRODUCT, NodeView, places_operand};
+use crate::workload::{Sandbox, WORKLOAD_CONFIG, managed_deploy_keys};
 
 pub mod affinity;
 pub mod dra;
@@ -192,6 +194,7 @@ const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// `app.kubernetes.io/name` of operand pods: the operand's name.
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 const VALIDATOR: &str = "operator-validator";
+const SANDBOX_VALIDATOR: &str = "sandbox-validator";
 const DRIVER: &str = "driver";
 const TOOLKIT: &str = "container-toolkit";
 
@@ -410,11 +413,24 @@ impl Snapshot {
         format!("kubectl -n {}", self.operator_namespace)
     }
 
-    /// The validator's state on `node` (`missing` without a pod).
-    fn validator_state(&self, node: &str) -> (String, Option<&Pod>) {
-        match on_node(self, node).find(|p| operand_of(p) == VALIDATOR) {
-            Some(pod) => (pod_state(pod), Some(pod)),
-            None => ("missing".into(), None),
+    /// The node's workload type, as the operator's labeller decides it.
+    fn workload_of(&self, node: &Node) -> SandboxWorkload {
+        self.spec()
+            .map_or(Sandbox::DISABLED, Sandbox::of)
+            .workload_of(&view(node))
+    }
+
+    /// The state of the validator `node` runs for its workload type (the operator validator on
+    /// container nodes, the sandbox validator on VM nodes; `missing` without a pod), and that
+    /// validator's operand name.
+    fn validator_state(&self, node: &Node) -> (String, Option<&Pod>, &'static str) {
+        let validator = match self.workload_of(node) {
+            SandboxWorkload::Container => VALIDATOR,
+            SandboxWorkload::VmPassthrough | SandboxWorkload::VmVgpu => SANDBOX_VALIDATOR,
+        };
+        match on_node(self, &node.name_any()).find(|p| operand_of(p) == validator) {
+            Some(pod) => (pod_state(pod), Some(pod), validator),
+            None => ("missing".into(), None, validator),
         }
     }
 }
@@ -436,6 +452,10 @@ pub struct NodeReport {
     pub gpu_product: Option<String>,
     /// GFD's `nvidia.com/gpu.count` label, as written.
     pub gpu_count: Option<String>,
+    /// The node's workload type (`container`, `vm-passthrough`, `vm-vgpu`): its
+    /// `nvidia.com/gpu.workload.config` label or the policy's default, `container` while
+    /// sandbox workloads are off (docs/vms.md). It decides which operands belong there.
+    pub workload: String,
     /// `nvidia.com/gpu.deploy.*` labels that place their operand on the node: `true`, or a
     /// runtime flavour on the toolkit's (operands::toolkit_flavour).
     pub deploy_labels_placing: usize,
@@ -509,10 +529,13 @@ pub fn node_reports(snapshot: &Snapshot) -> Vec<NodeReport> {
         out.push(NodeReport {
             gpu_product: v.label(GPU_PRODUCT).map(str::to_owned),
             gpu_count: v.label(GPU_COUNT).map(str::to_owned),
-            deploy_labels_placing: deploy_keys()
+            workload: snapshot.workload_of(node).as_str().to_owned(),
+            deploy_labels_placing: managed_deploy_keys()
                 .filter(|k| v.label(k).is_some_and(|value| places_operand(k, value)))
                 .count(),
-            deploy_labels_set: deploy_keys().filter(|k| v.label(k).is_some()).count(),
+            deploy_labels_set: managed_deploy_keys()
+                .filter(|k| v.label(k).is_some())
+                .count(),
             operands_ready: pods.iter().filter(|p| pod_state(p) == "Ready").count(),
             operands_total: pods.len(),
             operands_not_ready: pods
@@ -524,7 +547,7 @@ pub fn node_reports(snapshot: &Snapshot) -> Vec<NodeReport> {
                     state: pod_state(p),
                 })
                 .collect(),
-            validator: snapshot.validator_state(&name).0,
+            validator: snapshot.validator_state(node).0,
             allocatable_gpus: quantity(node, GPU_RESOURCE).unwrap_or_else(|| "0".into()),
             allocatable_gpu_memory: memory
                 .as_deref()
@@ -559,11 +582,14 @@ fn table_text(nodes: &[NodeReport], memory: Option<&str>) -> String {
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
     for n in nodes {
-        let gpu = match (&n.gpu_product, &n.gpu_count) {
+        let mut gpu = match (&n.gpu_product, &n.gpu_count) {
             (Some(p), Some(c)) => format!("{c}x {p}"),
             (Some(p), None) => p.clone(),
             _ => "yes (no GFD labels)".into(),
         };
+        if n.workload != SandboxWorkload::Container.as_str() {
+            let _ = write!(gpu, " ({})", n.workload);
+        }
         let mut operands = format!("{}/{}", n.operands_ready, n.operands_total);
         for p in &n.operands_not_ready {
             let _ = write!(operands, " {}:{}", p.operand, p.state);
@@ -709,26 +735,31 @@ fn operand_findings(snapshot: &Snapshot, node: &Node) -> Vec<Finding> {
             });
         }
     }
-    match snapshot.validator_state(&name) {
-        (state, _) if state == "Ready" => {}
-        (state, pod) => out.push(Finding {
+    let (state, validator_pod, validator) = snapshot.validator_state(node);
+    if state != "Ready" {
+        let waiting = if validator == VALIDATOR {
+            "GPU workloads wait for it"
+        } else {
+            "the VM device plugin waits for it"
+        };
+        out.push(Finding {
             check: VALIDATOR_NOT_READY,
-            problem: format!("validator on {name} is {state}: GPU workloads wait for it"),
-            fix: match pod {
+            problem: format!("{validator} on {name} is {state}: {waiting}"),
+            fix: match validator_pod {
                 Some(p) => format!(
                     "{k} describe pod {0}; {k} logs {0} --all-containers",
                     p.name_any()
                 ),
                 None => format!(
-                    "kubectl get node {name} -L nvidia.com/gpu.deploy.operator-validator  (it must be true)"
+                    "kubectl get node {name} -L nvidia.com/gpu.deploy.{validator},{WORKLOAD_CONFIG}  (the deploy label must be true)"
                 ),
             },
-        }),
+        });
     }
     for pod in &pods {
         let (operand, state) = (operand_of(pod), pod_state(pod));
         if state != "Ready"
-            && operand != VALIDATOR
+            && operand != validator
             && !(operand == DRIVER && state == "CrashLoopBackOff")
         {
             out.push(Finding {
@@ -978,10 +1009,17 @@ pub fn cluster_findings(snapshot: &Snapshot) -> Vec<Finding> {
     }
     out.extend(kept_off.into_iter().map(|(_, f)| f));
     for node in &nodes {
-        out.extend(runtime_findings(snapshot, node));
+        // A VM node runs no container toolkit and advertises its GPUs to virtual machines
+        // under other names: the container runtime and `nvidia.com/gpu` are not its business.
+        let container = snapshot.workload_of(node) == SandboxWorkload::Container;
+        if container {
+            out.extend(runtime_findings(snapshot, node));
+        }
         out.extend(operand_findings(snapshot, node));
         out.extend(readiness_finding(snapshot, node));
-        out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
+        if container {
+            out.extend(allocatable_finding(snapshot, node, GPU_RESOURCE));
+        }
     }
     out.extend(dra::conflicts(&snapshot.dra, &nodes));
     out.extend(runtime_class_finding(

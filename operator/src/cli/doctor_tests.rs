@@ -391,6 +391,83 @@ fn allocatable_zero_points_at_the_device_plugin() {
     assert_eq!(pod_findings(&snapshot, &gpu_pod(json!({}))), []);
 }
 
+/// `healthy()` with sandbox workloads on and the A100 node passed through to virtual machines:
+/// its container stack replaced by the VM stack, no `nvidia.com/gpu` advertised.
+fn with_a_vm_passthrough_node(sandbox_validator: Option<Option<&str>>) -> Snapshot {
+    let mut snapshot = healthy();
+    snapshot.policy = Some(policy(json!({"sandboxWorkloads": {"enabled": true}})));
+    let vm = &mut snapshot.nodes[0];
+    let labels = vm.metadata.labels.as_mut().unwrap();
+    labels.retain(|k, _| !k.starts_with("nvidia.com/gpu.deploy."));
+    for key in ["vfio-manager", "sandbox-validator", "sandbox-device-plugin"] {
+        labels.insert(format!("nvidia.com/gpu.deploy.{key}"), "true".into());
+    }
+    labels.insert(WORKLOAD_CONFIG.into(), "vm-passthrough".into());
+    vm.status.as_mut().unwrap().allocatable = Some(Default::default());
+    snapshot
+        .operand_pods
+        .retain(|p| p.spec.as_ref().unwrap().node_name.as_deref() != Some("gpu-a100-0"));
+    for operand in ["vfio-manager", "sandbox-device-plugin"] {
+        snapshot
+            .operand_pods
+            .push(operand_pod(operand, "gpu-a100-0", None));
+    }
+    if let Some(waiting) = sandbox_validator {
+        snapshot
+            .operand_pods
+            .push(operand_pod("sandbox-validator", "gpu-a100-0", waiting));
+    }
+    snapshot
+}
+
+#[test]
+fn a_vm_passthrough_node_is_judged_by_its_own_stack_not_the_container_one() {
+    let snapshot = with_a_vm_passthrough_node(Some(None));
+    // No toolkit, no operator validator, no nvidia.com/gpu: none of it is a fault there.
+    assert_eq!(cluster_findings(&snapshot), []);
+    let reports = node_reports(&snapshot);
+    let vm = &reports[0];
+    assert_eq!(
+        (vm.workload.as_str(), vm.validator.as_str()),
+        ("vm-passthrough", "Ready")
+    );
+    assert_eq!((vm.deploy_labels_placing, vm.deploy_labels_set), (3, 3));
+    assert_eq!(reports[1].workload, "container");
+    let table = node_table(&snapshot);
+    assert!(
+        table.contains("8x NVIDIA-A100-SXM4-40GB (vm-passthrough)"),
+        "{table}"
+    );
+    assert!(!table.contains("Tesla-T4 ("), "{table}");
+
+    // Its own validator is what it waits on.
+    let missing = cluster_findings(&with_a_vm_passthrough_node(None));
+    assert_eq!(checks(&missing), [VALIDATOR_NOT_READY]);
+    assert!(
+        missing[0]
+            .problem
+            .contains("sandbox-validator on gpu-a100-0 is missing"),
+        "{missing:?}"
+    );
+    assert!(
+        missing[0]
+            .fix
+            .contains("nvidia.com/gpu.deploy.sandbox-validator"),
+        "{missing:?}"
+    );
+    let failing = cluster_findings(&with_a_vm_passthrough_node(Some(Some("CrashLoopBackOff"))));
+    assert_eq!(checks(&failing), [VALIDATOR_NOT_READY], "{failing:?}");
+
+    // The same node with sandbox workloads off is a container node missing its stack.
+    let mut off = with_a_vm_passthrough_node(Some(None));
+    off.policy = Some(policy(json!({})));
+    let found = checks(&cluster_findings(&off));
+    assert!(
+        found.contains(&VALIDATOR_NOT_READY) && found.contains(&ALLOCATABLE_ZERO),
+        "{found:?}"
+    );
+}
+
 #[test]
 fn a_crash_looping_validator_and_driver_are_named_with_their_logs_command() {
     let mut snapshot = healthy();

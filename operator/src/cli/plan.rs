@@ -806,6 +806,14 @@ pub fn predicted(
     use crate::nodes::{DEVICE_PLUGIN_CONFIG, GPU_COUNT, GPU_PRODUCT, MIG_CONFIG};
     use crate::sharing::{device_plugin, mig};
     let spec = &preview.validated.spec;
+    // A node serving virtual machines runs no device plugin: its GPUs go to VMs under the
+    // names KubeVirt's plugin derives from the PCI database, none of them `nvidia.com/gpu`.
+    let view = crate::nodes::NodeView::from_labels("", None, labels);
+    if crate::workload::Sandbox::of(spec).workload_of(&view)
+        != crate::api::SandboxWorkload::Container
+    {
+        return Ok(BTreeMap::new());
+    }
     let product = labels.get(GPU_PRODUCT).map_or("", String::as_str);
     let count = labels
         .get(GPU_COUNT)

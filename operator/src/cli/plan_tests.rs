@@ -136,6 +136,27 @@ fn a_node_advertises_its_sharing_keys_replicas_and_the_default_key_without_a_lab
 }
 
 #[test]
+fn a_node_serving_virtual_machines_advertises_no_gpu_resource() {
+    let vm = node(
+        "a100-vm",
+        "NVIDIA-A100-SXM4-40GB",
+        8,
+        &[("nvidia.com/gpu.workload.config", "vm-passthrough")],
+    );
+    let on = preview(
+        json!({"sandboxWorkloads": {"enabled": true}}),
+        vec![vm.clone()],
+    );
+    assert_eq!(predicted(&on, &labels(&vm)), Ok(BTreeMap::new()));
+    // Sandbox workloads off: the label means nothing and the GPUs are advertised whole.
+    let off = preview(json!({}), vec![vm.clone()]);
+    assert_eq!(
+        predicted(&off, &labels(&vm)),
+        Ok(counts(&[("nvidia.com/gpu", 8)]))
+    );
+}
+
+#[test]
 fn a_mig_layout_is_advertised_by_the_strategy_from_the_default_mig_parted_config() {
     let a100 = node(
         "a100",

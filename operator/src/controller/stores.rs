@@ -327,6 +327,9 @@ pub struct Stores {
     /// VFIO manager pods (the toolkit pods' view fits them), for nodes switching back to
     /// containers: the driver waits until they are gone (workload::order_switch).
     pub vfio_pods: ViewCache<ToolkitPod>,
+    /// The vGPU manager's pods (ours, by operand name), by node: a node switching back to
+    /// containers gets its driver only once they are gone.
+    pub vgpu_pods: ViewCache<ToolkitPod>,
     /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]).
     pub config_maps: Store<ConfigMap>,
     /// Everyone else's: see [`super::config_maps`].
@@ -680,6 +683,19 @@ impl Stores {
             ToolkitPod::of,
         );
 
+        let vgpu_pods = ViewCache::default();
+        let vgpu_pod_changes = vgpu_pods.watch(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default()
+                .labels(&format!(
+                    "{}={}",
+                    crate::operands::common::NAME_LABEL,
+                    crate::operands::vgpu_manager::DESCRIPTOR.name
+                ))
+                .page_size(NODE_PAGE_SIZE),
+            ToolkitPod::of,
+        );
+
         let mut triggers = vec![
             ds_changes,
             deploy_changes,
@@ -693,6 +709,7 @@ impl Stores {
             node_changes,
             toolkit_pod_changes,
             vfio_pod_changes,
+            vgpu_pod_changes,
         ];
         triggers.extend(upgrade_pod_watches);
         let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);
@@ -703,6 +720,7 @@ impl Stores {
             upgrade_pods,
             toolkit_pods,
             vfio_pods,
+            vgpu_pods,
             config_maps,
             user_config_maps,
             daemon_sets,
@@ -733,6 +751,7 @@ impl Stores {
         self.upgrade_pods.wait_until_ready().await;
         self.toolkit_pods.wait_until_ready().await;
         self.vfio_pods.wait_until_ready().await;
+        self.vgpu_pods.wait_until_ready().await;
         self.user_config_maps.wait_until_ready().await;
         // Every kind of operand object has a store.
         for kind in Kind::ALL {

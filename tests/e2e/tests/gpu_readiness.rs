@@ -265,12 +265,17 @@ async fn nodes_joining_with_the_startup_taint_take_workloads_only_once_their_gpu
         let s = samples.lock().unwrap();
         (s.lifted_at[ready_node], s.validator_ready[ready_node])
     };
-    // Both seen by the same 100 ms sampler.
-    let latency = lifted.saturating_duration_since(validator_ready);
-    eprintln!("startup taint gone {latency:?} after the validator was seen ready");
+    // Both seen by the same 100 ms sampler: the taint went only once the validator was ready
+    // (in the same sample at the earliest). How soon after is a speed, printed here and not
+    // asserted: a loaded machine stretches it.
     assert!(
-        latency <= Duration::from_millis(2000 + 100),
-        "taint gone {latency:?} after the validator's readiness"
+        lifted >= validator_ready,
+        "taint gone {:?} before the validator was seen ready",
+        validator_ready.saturating_duration_since(lifted)
+    );
+    eprintln!(
+        "startup taint gone {:?} after the validator was seen ready",
+        lifted.saturating_duration_since(validator_ready)
     );
     wait::until(TIMEOUT, "the workload bound to the ready node", || {
         let samples = samples.clone();

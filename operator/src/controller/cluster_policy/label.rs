@@ -8,6 +8,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use tokio::sync::Semaphore;
 
 use super::{labeller, node_pools};
@@ -15,6 +18,7 @@ use crate::api::ClusterPolicy;
 use crate::controller::Deps;
 use crate::controller::owner::{self, Error, LabelAttempts};
 use crate::nodes::{GpuLabelLoss, NodeView};
+use crate::workload::{Sandbox, is_container_stack_pod};
 
 /// What the label stage remembers.
 #[derive(Default)]
@@ -90,6 +94,13 @@ pub async fn label(
                 .filter_map(|p| p.node.clone()),
         )
         .collect();
+    let vgpu_pods: HashSet<String> = deps
+        .stores
+        .vgpu_pods
+        .snapshot()
+        .iter()
+        .filter_map(|p| p.node.clone())
+        .collect();
     let vfio_pods: HashSet<String> = deps
         .stores
         .vfio_pods
@@ -97,6 +108,10 @@ pub async fn label(
         .iter()
         .filter_map(|p| p.node.clone())
         .collect();
+    let sandbox = crate::workload::Sandbox::of(&policy.spec);
+    let unwatched = unwatched_container_pods(deps, nodes, &sandbox, &container_pods).await;
+    let mut container_pods = container_pods;
+    container_pods.extend(unwatched);
     let labelling = labeller::label_nodes(
         &deps.client,
         nodes,
@@ -104,7 +119,7 @@ pub async fn label(
         &mut memory.attempts,
         grace,
         &labeller::Wanted {
-            sandbox: crate::workload::Sandbox::of(&policy.spec),
+            sandbox,
             mig_default_layout: mig_default_layout(&policy.spec),
             mig_by_model: &|node: &NodeView| crate::by_model::names_mig_layout(&policy.spec, node),
             runtime_of: &|node: &str| runtimes.get(node),
@@ -115,6 +130,7 @@ pub async fn label(
             stack_pods_left: &|node: &str| crate::workload::StackPodsLeft {
                 container: container_pods.contains(node),
                 vfio: vfio_pods.contains(node),
+                vgpu: vgpu_pods.contains(node),
             },
             held_back: Default::default(),
         },
@@ -127,6 +143,51 @@ pub async fn label(
         deadline: labelling.again_at,
         label_loss_warning: labelling.breaker.warning(grace),
     })
+}
+
+/// The nodes awaiting a virtual machine owner of their GPUs ([`Sandbox::awaits_vm_owner`]) on
+/// which a container-stack pod that the watches do not cover (device plugin, GFD, DCGM...) is
+/// still present: the VFIO or vGPU manager must not take GPUs such a pod holds open. Listed on
+/// demand, by node and metadata only, so only nodes in the middle of a switch cost a request; a
+/// list that fails counts as pods left (the switch waits and looks again).
+async fn unwatched_container_pods(
+    deps: &Deps,
+    nodes: &[Arc<NodeView>],
+    sandbox: &Sandbox,
+    watched: &HashSet<String>,
+) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(deps.client.clone(), &deps.settings.namespace);
+    let arriving = nodes
+        .iter()
+        .filter(|n| !watched.contains(&n.name) && sandbox.awaits_vm_owner(n));
+    futures::stream::iter(arriving)
+        .map(|node| {
+            let pods = pods.clone();
+            async move {
+                // From the API server's cache, which indexes pods by node: a stale answer only
+                // delays the key by one look.
+                let on_node = ListParams::default()
+                    .match_any()
+                    .fields(&format!("spec.nodeName={}", node.name));
+                let left = match pods.list_metadata(&on_node).await {
+                    Ok(list) => list.items.iter().any(|pod| {
+                        pod.metadata
+                            .labels
+                            .as_ref()
+                            .is_some_and(is_container_stack_pod)
+                    }),
+                    Err(e) => {
+                        tracing::warn!(node = %node.name, error = %e, "listing the node's operand pods for a workload switch failed; the switch waits");
+                        true
+                    }
+                };
+                left.then(|| node.name.clone())
+            }
+        })
+        .buffer_unordered(owner::PATCH_CONCURRENCY)
+        .filter_map(std::future::ready)
+        .collect()
+        .await
 }
 
 /// Node-pool stage: node pools, the GPU memory resource and the layouts by GPU model (our
