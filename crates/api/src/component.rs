@@ -139,12 +139,12 @@ impl Component {
             | Component::Gds
             | Component::GdrCopy
             | Component::SandboxDevicePlugin
-            | Component::VfioManager => true,
-            Component::KataSandboxDevicePlugin
-            | Component::VgpuManager
-            | Component::VgpuDeviceManager
-            | Component::KataManager
-            | Component::CcManager => false,
+            | Component::VfioManager
+            | Component::KataSandboxDevicePlugin
+            | Component::CcManager => true,
+            // kata-manager is deprecated: NVIDIA's operator stopped deploying it in v26.7, and
+            // so does this one (`unsupported_fields` says so and what replaces it).
+            Component::VgpuManager | Component::VgpuDeviceManager | Component::KataManager => false,
         }
     }
 

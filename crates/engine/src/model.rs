@@ -239,11 +239,15 @@ pub enum Operand {
     VfioManager,
     /// KubeVirt's GPU device plugin on virtual machine nodes.
     SandboxDevicePlugin,
+    /// The Kata sandbox device plugin on `vm-passthrough` nodes (sandbox mode kata).
+    KataSandboxDevicePlugin,
+    /// The confidential computing manager on virtual machine nodes (sandbox mode kata).
+    CcManager,
 }
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 16] = [
+    pub const ALL: [Operand; 18] = [
         Operand::RuntimeClasses,
         Operand::OperatorMetrics,
         Operand::Nfd,
@@ -260,6 +264,8 @@ impl Operand {
         Operand::SandboxValidator,
         Operand::VfioManager,
         Operand::SandboxDevicePlugin,
+        Operand::KataSandboxDevicePlugin,
+        Operand::CcManager,
     ];
 
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).

@@ -4,10 +4,11 @@
 //! files the sandbox device plugin waits for; its preStop removes them (docs/operand-facts.md
 //! §20.4, §20.8). On whenever sandbox workloads are (it has no switch of its own).
 //!
-//! Only the VFIO check (`vfio-pci-validation`) is rendered: the vGPU checks
-//! (`vgpu-manager-validation`, `vgpu-devices-validation`) and the confidential-computing one
-//! (`cc-manager-validation`) wait for operands this operator does not deploy yet, and their
-//! settings are reported as not acted on (crates/api/src/unsupported.rs).
+//! The VFIO check (`vfio-pci-validation`) is always rendered, the confidential-computing one
+//! (`cc-manager-validation`) with `ccManager.enabled`. The vGPU checks
+//! (`vgpu-manager-validation`, `vgpu-devices-validation`) wait for operands this operator does
+//! not deploy yet, and their settings are reported as not acted on
+//! (crates/api/src/unsupported.rs).
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -42,6 +43,7 @@ pub const NAME: &str = "nvidia-sandbox-validator";
 pub const SERVICE_ACCOUNT: &str = "nvidia-sandbox-validator";
 pub const MAIN_CONTAINER: &str = "nvidia-sandbox-validator";
 pub const VFIO_PCI_VALIDATION: &str = "vfio-pci-validation";
+pub const CC_MANAGER_VALIDATION: &str = "cc-manager-validation";
 
 /// NVIDIA names this volume apart from `driver-install-dir`, so `hostPaths.driverInstallDir`
 /// does not move it (§20.4).
@@ -52,6 +54,7 @@ const DRIVER_INSTALL_PATH: &str = "driver-install-path";
 pub fn files_written(component: &str) -> &'static [&'static str] {
     match component {
         "vfio-pci" => &["workload-type", "vfio-pci-ready"],
+        "cc-manager" => &["cc-manager-ready"],
         _ => &[],
     }
 }
@@ -90,6 +93,16 @@ fn validation(
         ),
     ];
     merge_user_env(&mut envs, user.and_then(|u| u.env.as_ref()));
+    nvidia_validator(policy, name, envs, mounts)
+}
+
+/// A privileged init container running `nvidia-validator` with `envs`.
+fn nvidia_validator(
+    policy: &ValidatedPolicy,
+    name: &str,
+    envs: Vec<k8s_openapi::api::core::v1::EnvVar>,
+    mounts: Vec<k8s_openapi::api::core::v1::VolumeMount>,
+) -> Container {
     Container {
         env: Some(envs),
         security_context: Some(common::privileged_s0()),
@@ -101,6 +114,32 @@ fn validation(
             &["nvidia-validator"],
         )
     }
+}
+
+/// Whether the pods carry the confidential-computing check: whenever `ccManager.enabled` is
+/// set, in either sandbox mode, as NVIDIA's operator does. In kubevirt mode no CC manager runs,
+/// so the check passes only on nodes without `nvidia.com/cc.capable=true` (it skips itself
+/// there) and holds the validator on CC-capable ones; that is NVIDIA's behaviour, kept so a
+/// policy means the same here (docs/operand-facts.md §20.9).
+pub fn checks_cc_manager(spec: &ClusterPolicySpec) -> bool {
+    spec.cc_manager.as_ref().is_some_and(|c| c.is_enabled())
+}
+
+/// The CC check: on a node labelled `nvidia.com/cc.capable=true` it waits for the CC manager's
+/// readiness file, then writes `cc-manager-ready`; elsewhere it passes at once (§20.8). It does
+/// not depend on the workload type and has no user env in NVIDIA's API.
+fn cc_manager_validation(policy: &ValidatedPolicy) -> Container {
+    let envs = vec![
+        env("WITH_WAIT", "true"),
+        env("COMPONENT", "cc-manager"),
+        env_field("NODE_NAME", "spec.nodeName"),
+    ];
+    nvidia_validator(
+        policy,
+        CC_MANAGER_VALIDATION,
+        envs,
+        vec![mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).bidirectional()],
+    )
 }
 
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
@@ -115,13 +154,18 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             .read_only()
             .host_to_container()
     };
-    let init = vec![validation(
+    // NVIDIA's order: the CC check first, then the workload-type checks.
+    let mut init = Vec::new();
+    if checks_cc_manager(spec) {
+        init.push(cc_manager_validation(policy));
+    }
+    init.push(validation(
         policy,
         VFIO_PCI_VALIDATION,
         "vfio-pci",
         validator.and_then(|v| v.vfio_pci.as_ref()),
         vec![host_root(), validations()],
-    )];
+    ));
 
     let mut main_env = Vec::new();
     merge_user_env(

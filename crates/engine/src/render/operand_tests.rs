@@ -45,6 +45,8 @@ fn disabled_operands_render_nothing_and_report_disabled() {
                         | Operand::SandboxValidator
                         | Operand::VfioManager
                         | Operand::SandboxDevicePlugin
+                        | Operand::KataSandboxDevicePlugin
+                        | Operand::CcManager
                 );
             assert_eq!(disabled, expected, "{spec}: {}", op_state.operand.name());
         }
