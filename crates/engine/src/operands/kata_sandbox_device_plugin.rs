@@ -156,8 +156,9 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         ));
     }
     // The GFD launcher reads its node's labels (the Kata runtime's readiness label and the CC
-    // state that picks the RuntimeClass); NVIDIA also grants pods get cluster-wide.
-    cluster_rules.push(rule(&[""], &["nodes", "pods"], &["get"]));
+    // state that picks the RuntimeClass). NVIDIA also grants pods get cluster-wide, but the
+    // plugin reads only its own pod, in its namespace (the Role).
+    cluster_rules.push(rule(&[""], &["nodes"], &["get"]));
     common::add_identity(
         &mut objects,
         Operand::KataSandboxDevicePlugin,
