@@ -396,3 +396,35 @@ fn on_openshift_the_kata_operands_get_scc_named_after_their_own_service_accounts
         assert_eq!(annotation.as_deref(), Some(name));
     }
 }
+
+#[test]
+fn without_an_image_the_kata_operands_are_frozen_with_a_message_naming_the_field_and_variable() {
+    let spec = "{sandboxWorkloads: {enabled: true, mode: kata}, kataSandboxDevicePlugin: \
+        {enabled: true}, ccManager: {enabled: true}}";
+    let outcomes: BTreeMap<Operand, Outcome> = state(spec, &facts())
+        .operands
+        .into_iter()
+        .map(|o| (o.operand, o.outcome))
+        .collect();
+    for (operand, field, variable) in [
+        (
+            Operand::KataSandboxDevicePlugin,
+            "spec.kataSandboxDevicePlugin",
+            "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
+        ),
+        (Operand::CcManager, "spec.ccManager", "CC_MANAGER_IMAGE"),
+    ] {
+        match &outcomes[&operand] {
+            Outcome::Invalid(message) => {
+                assert!(message.contains(field), "{message}");
+                assert!(message.contains(variable), "{message}");
+            }
+            _ => panic!("{operand:?} rendered without an image"),
+        }
+    }
+    // The others still render.
+    assert!(matches!(
+        outcomes[&Operand::SandboxValidator],
+        Outcome::Rendered(_)
+    ));
+}
