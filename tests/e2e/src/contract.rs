@@ -617,6 +617,16 @@ mod tests {
             rbac.cluster_roles.extend(o.cluster_roles);
             rbac.cluster_role_bindings.extend(o.cluster_role_bindings);
         }
+        // Both policies render the operands they share (the same objects): keep one of each, as
+        // a cluster holds one object per name.
+        fn first_of_each_name<T: kube::Resource>(objects: &mut Vec<T>) {
+            let mut seen = BTreeSet::new();
+            objects.retain(|o| seen.insert(o.meta().name.clone()));
+        }
+        first_of_each_name(&mut rbac.roles);
+        first_of_each_name(&mut rbac.role_bindings);
+        first_of_each_name(&mut rbac.cluster_roles);
+        first_of_each_name(&mut rbac.cluster_role_bindings);
         rbac
     }
 
