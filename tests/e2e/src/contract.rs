@@ -595,12 +595,15 @@ mod tests {
         for spec in super::policies() {
             let spec: ClusterPolicySpec = serde_json::from_value(spec).unwrap();
             let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
-            objects.extend(render(&policy, &facts).operands.into_iter().filter_map(
-                |state| match state.outcome {
-                    Outcome::Rendered(o) => Some(o),
-                    _ => None,
-                },
-            ));
+            objects.extend(
+                render(&policy, &facts)
+                    .operands
+                    .into_iter()
+                    .filter_map(|state| match state.outcome {
+                        Outcome::Rendered(o) => Some(o),
+                        _ => None,
+                    }),
+            );
         }
         let cluster = ValidatedGpuCluster {
             name: "gpu-cluster".to_owned(),
@@ -812,7 +815,11 @@ mod tests {
         let mut out = Vec::new();
         let states = super::policies().into_iter().flat_map(|spec| {
             let spec: ClusterPolicySpec = serde_json::from_value(spec).unwrap();
-            render(&validate(&ClusterPolicy::new("contract", spec), &facts), &facts).operands
+            render(
+                &validate(&ClusterPolicy::new("contract", spec), &facts),
+                &facts,
+            )
+            .operands
         });
         for state in states {
             if let Outcome::Rendered(o) = state.outcome {

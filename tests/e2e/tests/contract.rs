@@ -302,7 +302,10 @@ async fn both_modes_failures(setup: &Setup, openshift: bool, what: &str) -> Vec<
     let mut failures = contract_failures(setup, openshift, |sa| !kata.contains(sa)).await;
     setup.patch_policy(contract::kata_policy()).await;
     setup
-        .await_state(State::Ready, &format!("contract policy ready in kata mode{what}"))
+        .await_state(
+            State::Ready,
+            &format!("contract policy ready in kata mode{what}"),
+        )
         .await;
     failures.extend(contract_failures(setup, openshift, |sa| kata.contains(sa)).await);
     failures

@@ -444,7 +444,9 @@ fn the_sandbox_values_are_nvidias_defaults_and_deploy_nothing_while_sandbox_work
             .operands
             .into_iter()
             .filter_map(|o| match o.outcome {
-                gpu_operator::render::Outcome::Rendered(objects) => Some(objects.to_json().unwrap()),
+                gpu_operator::render::Outcome::Rendered(objects) => {
+                    Some(objects.to_json().unwrap())
+                }
                 _ => None,
             })
             .collect();

@@ -56,8 +56,7 @@ pub fn launches_gfd(user_env: Option<&Vec<EnvVar>>) -> bool {
     user_env
         .into_iter()
         .flatten()
-        .filter(|e| e.name == ENABLE_GFD)
-        .last()
+        .rfind(|e| e.name == ENABLE_GFD)
         .and_then(|e| e.value.as_deref())
         .is_some_and(|v| matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True"))
 }
