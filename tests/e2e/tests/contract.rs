@@ -301,6 +301,26 @@ async fn both_modes_failures(setup: &Setup, openshift: bool, what: &str) -> Vec<
     let kata = kata_only_accounts(&setup.identity.namespace, openshift);
     let mut failures = contract_failures(setup, openshift, |sa| !kata.contains(sa)).await;
     setup.patch_policy(contract::kata_policy()).await;
+    // The policy is still Ready from before the patch: wait for the kata operands first.
+    let accounts =
+        Api::<ServiceAccount>::namespaced(setup.admin.clone(), &setup.identity.namespace);
+    e2e::wait::until(TIMEOUT, &format!("kata ServiceAccounts{what}"), || async {
+        let live: BTreeSet<String> = accounts
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|sa| sa.name_any())
+            .collect();
+        let absent: Vec<&String> = kata.iter().filter(|sa| !live.contains(*sa)).collect();
+        Ok(if absent.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{absent:?} absent"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
     setup
         .await_state(
             State::Ready,
