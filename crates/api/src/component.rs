@@ -141,10 +141,12 @@ impl Component {
             | Component::SandboxDevicePlugin
             | Component::VfioManager
             | Component::VgpuManager
-            | Component::VgpuDeviceManager => true,
-            Component::KataSandboxDevicePlugin | Component::KataManager | Component::CcManager => {
-                false
-            }
+            | Component::VgpuDeviceManager
+            | Component::KataSandboxDevicePlugin
+            | Component::CcManager => true,
+            // kata-manager is deprecated: NVIDIA's operator stopped deploying it in v26.7, and
+            // so does this one (`unsupported_fields` says so and what replaces it).
+            Component::KataManager => false,
         }
     }
 

@@ -1,9 +1,9 @@
 //! Sandbox (virtual machine) sections: `sandboxWorkloads`, vGPU, VFIO, sandbox device plugin,
 //! Kata and confidential computing managers (types; no IO).
 //!
-//! This operator does not deploy these operands yet. The sections are typed so that policies
-//! written for NVIDIA's operator apply unchanged and read back intact, and so that status can
-//! name an enabled but unsupported section precisely.
+//! The sections are typed so that policies written for NVIDIA's operator apply unchanged and
+//! read back intact, and so that status can name an enabled section this operator does not
+//! deploy precisely (the vGPU managers not yet; kata-manager never, as it is deprecated).
 
 use std::collections::BTreeMap;
 
@@ -201,11 +201,13 @@ pub struct KataSandboxDevicePluginSpec {
     pub host_network: Option<bool>,
 }
 
-/// The Kata manager.
+/// The Kata manager. Deprecated: not deployed, as NVIDIA's operator has not deployed it since
+/// v26.7; the Kata runtime and its RuntimeClasses come from a Kata Containers installation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KataManagerSpec {
-    /// Deploy the Kata manager (needs sandboxWorkloads.enabled). Defaults to false.
+    /// Deprecated and not deployed: the Kata runtime and its RuntimeClasses come from a Kata
+    /// Containers installation. Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Kata runtime classes to prepare.
@@ -281,8 +283,8 @@ pub struct CcManagerSpec {
     /// Deploy the CC manager (needs sandboxWorkloads.enabled). Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// CC mode of capable GPUs on nodes that do not choose one with a label: on, off, devtools
-    /// or ppcie.
+    /// CC mode of capable GPUs on nodes that do not choose one with the nvidia.com/cc.mode
+    /// label: on, off, devtools or ppcie (the CC manager's own default is on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_mode: Option<CcMode>,
     /// The CC manager image.

@@ -131,7 +131,7 @@ impl ClusterPolicySpec {
             .into_iter()
             .map(|c| Unsupported {
                 path: format!("spec.{}", c.spec_key()),
-                why: "enabled, but this operator does not deploy it",
+                why: not_deployed_because(c),
             })
             .collect();
         let Ok(spec_value) = serde_json::to_value(self) else {
@@ -144,7 +144,6 @@ impl ClusterPolicySpec {
                 found.extend(paths.into_iter().map(|path| Unsupported { path, why }));
             }
         }
-        found.extend(sandbox_modes_not_acted_on(self));
         found.extend(vgpu_manager_not_acted_on(self));
         // As in NVIDIA's operator, the CRD hands the driver to the NVIDIADrivers, whose own
         // usePrecompiled decides for their pools.
@@ -164,22 +163,20 @@ impl ClusterPolicySpec {
     }
 }
 
-/// The sandbox settings this operator reads but cannot serve yet: kata mode (no Kata device
-/// plugin). vm-passthrough and vm-vgpu in kubevirt mode are served (the engine's vfio_manager,
-/// vgpu_manager, vgpu_device_manager, sandbox_device_plugin and sandbox_validator operands).
-fn sandbox_modes_not_acted_on(spec: &ClusterPolicySpec) -> Vec<Unsupported> {
-    let Some(sandbox) = spec.sandbox_workloads.as_ref().filter(|s| s.is_enabled()) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    if sandbox.mode() == super::SandboxMode::Kata {
-        out.push(Unsupported {
-            path: "spec.sandboxWorkloads.mode".to_owned(),
-            why: "kata mode is not supported yet: vm-passthrough nodes get the Kata device \
-                  plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off",
-        });
+/// Why kata-manager is reported: NVIDIA's v26.7 never deploys it (docs/operand-facts.md
+/// §20.6), so an enabled section gets this line instead of the generic one.
+pub const KATA_MANAGER_DEPRECATED: &str = "deprecated: NVIDIA's operator no longer deploys \
+    kata-manager (since v26.7) and neither does this one. The Kata runtime and its RuntimeClasses \
+    (for example kata-qemu-nvidia-gpu) come from your Kata Containers installation; in \
+    sandboxWorkloads.mode kata this operator deploys the Kata sandbox device plugin \
+    (spec.kataSandboxDevicePlugin) and the CC manager (spec.ccManager). Remove spec.kataManager";
+
+/// Why an enabled section has no effect.
+fn not_deployed_because(component: super::Component) -> &'static str {
+    match component {
+        super::Component::KataManager => KATA_MANAGER_DEPRECATED,
+        _ => "enabled, but this operator does not deploy it",
     }
-    out
 }
 
 /// The vGPU manager with `driver.useNvidiaDriverCRD`: as in NVIDIA's operator, the
@@ -282,28 +279,28 @@ mod tests {
     #[test]
     fn enabled_unsupported_sections_come_first_and_their_fields_are_not_repeated() {
         let got = spec(
-            "{gds: {enabled: true, version: '2.29'}, sandboxWorkloads: {enabled: true, mode: kata}, \
-             kataSandboxDevicePlugin: {enabled: true, hostNetwork: true}, \
-             sandboxDevicePlugin: {enabled: true}, gdrcopy: {args: [y]}}",
+            "{gds: {enabled: true, version: '2.29'}, sandboxWorkloads: {enabled: true}, \
+             kataManager: {enabled: true, hostNetwork: true}, \
+             sandboxDevicePlugin: {enabled: true}, dcgm: {hostPort: 5555}}",
         )
         .unsupported_fields();
         let rendered: Vec<String> = got.iter().map(ToString::to_string).collect();
         assert_eq!(
             rendered,
             [
-                "spec.kataSandboxDevicePlugin is accepted but not acted on by this operator \
-                 (enabled, but this operator does not deploy it)",
-                "spec.gdrcopy.args is accepted but not acted on by this operator \
-                 (NVIDIA's operator does not pass them to the gdrcopy sidecar either)",
-                "spec.sandboxWorkloads.mode is accepted but not acted on by this operator \
-                 (kata mode is not supported yet: vm-passthrough nodes get the Kata device \
-                 plugin's deploy label, but no Kata device plugin runs and the KubeVirt one is off)",
+                format!(
+                    "spec.kataManager is accepted but not acted on by this operator \
+                     ({KATA_MANAGER_DEPRECATED})"
+                ),
+                "spec.dcgm.hostPort is accepted but not acted on by this operator \
+                 (deprecated: the DCGM engine is reached through its Service)"
+                    .to_owned(),
             ]
         );
     }
 
     #[test]
-    fn vm_passthrough_and_vgpu_in_kubevirt_mode_are_acted_on_and_kata_is_reported() {
+    fn vm_passthrough_vgpu_and_kata_mode_are_acted_on() {
         let served = "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-passthrough, \
              mode: kubevirt}, vfioManager: {enabled: true, driverManager: {env: [{name: A}]}}, \
              sandboxDevicePlugin: {enabled: true}, validator: {vfioPCI: {env: [{name: B}]}}}";
@@ -318,7 +315,7 @@ mod tests {
                 "{sandboxWorkloads: {enabled: true, mode: kata}, vgpuManager: {enabled: true}, \
                  ccManager: {enabled: true}}"
             ),
-            ["spec.ccManager", "spec.sandboxWorkloads.mode"]
+            Vec::<String>::new()
         );
         // Off, nothing of it is acted on and nothing asks for anything.
         assert!(paths("{sandboxWorkloads: {enabled: false, mode: kata}}").is_empty());
@@ -335,6 +332,46 @@ mod tests {
         assert!(
             paths("{sandboxWorkloads: {enabled: true}, vgpuManager: {enabled: true}}").is_empty()
         );
+    }
+
+    #[test]
+    fn kata_mode_with_the_kata_plugin_and_the_cc_manager_is_acted_on() {
+        assert_eq!(
+            paths(
+                "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-passthrough, mode: kata}, \
+                 vfioManager: {enabled: true}, kataSandboxDevicePlugin: {enabled: true, \
+                 env: [{name: P_GPU_ALIAS, value: gpu}]}, ccManager: {enabled: true, \
+                 defaultMode: 'on'}}"
+            ),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn an_enabled_kata_manager_is_reported_deprecated_with_what_replaces_it() {
+        let got = spec(
+            "{sandboxWorkloads: {enabled: true, mode: kata}, kataManager: {enabled: true, \
+             config: {artifactsDir: /opt/kata}}}",
+        )
+        .unsupported_fields();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].path, "spec.kataManager");
+        let line = got[0].to_string();
+        for needle in [
+            "deprecated",
+            "no longer deploys",
+            "RuntimeClasses",
+            "spec.kataSandboxDevicePlugin",
+            "spec.ccManager",
+            "Remove spec.kataManager",
+        ] {
+            assert!(line.contains(needle), "{needle}: {line}");
+        }
+        // Switched off, or without sandbox workloads, it asks for nothing.
+        assert!(
+            paths("{sandboxWorkloads: {enabled: true}, kataManager: {enabled: false}}").is_empty()
+        );
+        assert!(paths("{kataManager: {enabled: true}}").is_empty());
     }
 
     #[test]

@@ -243,11 +243,15 @@ pub enum Operand {
     VgpuManager,
     /// The vGPU device manager on `vm-vgpu` nodes.
     VgpuDeviceManager,
+    /// The Kata sandbox device plugin on `vm-passthrough` nodes (sandbox mode kata).
+    KataSandboxDevicePlugin,
+    /// The confidential computing manager on virtual machine nodes (sandbox mode kata).
+    CcManager,
 }
 
 impl Operand {
     /// Every operand, in apply order (NVIDIA's state order).
-    pub const ALL: [Operand; 18] = [
+    pub const ALL: [Operand; 20] = [
         Operand::RuntimeClasses,
         Operand::OperatorMetrics,
         Operand::Nfd,
@@ -266,6 +270,8 @@ impl Operand {
         Operand::SandboxValidator,
         Operand::VfioManager,
         Operand::SandboxDevicePlugin,
+        Operand::KataSandboxDevicePlugin,
+        Operand::CcManager,
     ];
 
     /// The operands of a GPUCluster, in apply order ([`crate::operands::dra_driver`]).

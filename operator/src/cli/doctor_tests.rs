@@ -738,6 +738,7 @@ fn json_and_yaml_carry_the_facts_of_the_text() {
             "name": "gpu-a100-0",
             "gpuProduct": "NVIDIA-A100-SXM4-40GB",
             "gpuCount": "8",
+            "workload": "container",
             "deployLabelsPlacing": 3,
             "deployLabelsSet": 3,
             "operandsReady": 2,

@@ -201,6 +201,52 @@ pub fn policy() -> serde_json::Value {
     gpu_operator::render::rbac::every_rbac_variant()
 }
 
+/// The sandbox operands of mode kata, which [`policy`] (mode kubevirt) cannot hold: the contract
+/// test patches the policy to this one after checking [`policy`], and the operator's ClusterRole
+/// is generated from both.
+pub fn kata_policy() -> serde_json::Value {
+    gpu_operator::render::rbac::every_kata_rbac_variant()
+}
+
+/// Every policy the contract covers; together they render every ServiceAccount of the rows.
+pub fn policies() -> [serde_json::Value; 2] {
+    [policy(), kata_policy()]
+}
+
+/// The ServiceAccounts the operands of `spec` bind roles to, rendered offline (the operator
+/// namespace is `namespace`).
+pub fn rendered_service_accounts(
+    spec: &serde_json::Value,
+    namespace: &str,
+    openshift: bool,
+) -> BTreeSet<String> {
+    use gpu_operator::api::{ClusterPolicy, ClusterPolicySpec};
+    use gpu_operator::facts::{ClusterFacts, ConfigMapData};
+    use gpu_operator::render::{Outcome, render};
+    let spec: ClusterPolicySpec = serde_json::from_value(spec.clone()).unwrap_or_default();
+    let facts = ClusterFacts {
+        namespace: namespace.to_owned(),
+        os_tag: Some("ubuntu22.04".to_owned()),
+        openshift,
+        sharing_source: Some(ConfigMapData {
+            name: "sharing".to_owned(),
+            data: [("default".to_owned(), "version: v1\n".to_owned())].into(),
+        }),
+        ..ClusterFacts::default()
+    };
+    let policy = gpu_operator::validate::validate(&ClusterPolicy::new("contract", spec), &facts);
+    render(&policy, &facts)
+        .operands
+        .into_iter()
+        .filter_map(|state| match state.outcome {
+            Outcome::Rendered(objects) => Some(objects),
+            _ => None,
+        })
+        .flat_map(|objects| objects.service_accounts)
+        .filter_map(|sa| sa.metadata.name)
+        .collect()
+}
+
 /// The GPUCluster the contract test deploys beside [`policy`]: the DRA driver with compute
 /// domains and every RBAC-bearing option, DCGM, the exporter and the DRA validator.
 pub fn gpu_cluster() -> serde_json::Value {
@@ -544,17 +590,21 @@ mod tests {
     /// What the operator renders for a policy with every operand and RBAC-bearing option on,
     /// and for the GPUCluster beside it ([`super::gpu_cluster`]).
     fn rendered(openshift: bool) -> Rbac {
-        let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
         let facts = rendering_facts(openshift);
-        let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
-        let mut objects: Vec<OperandObjects> = render(&policy, &facts)
-            .operands
-            .into_iter()
-            .filter_map(|state| match state.outcome {
-                Outcome::Rendered(o) => Some(o),
-                _ => None,
-            })
-            .collect();
+        let mut objects: Vec<OperandObjects> = Vec::new();
+        for spec in super::policies() {
+            let spec: ClusterPolicySpec = serde_json::from_value(spec).unwrap();
+            let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
+            objects.extend(
+                render(&policy, &facts)
+                    .operands
+                    .into_iter()
+                    .filter_map(|state| match state.outcome {
+                        Outcome::Rendered(o) => Some(o),
+                        _ => None,
+                    }),
+            );
+        }
         let cluster = ValidatedGpuCluster {
             name: "gpu-cluster".to_owned(),
             spec: serde_json::from_value(super::gpu_cluster()).unwrap(),
@@ -570,6 +620,16 @@ mod tests {
             rbac.cluster_roles.extend(o.cluster_roles);
             rbac.cluster_role_bindings.extend(o.cluster_role_bindings);
         }
+        // Both policies render the operands they share (the same objects): keep one of each, as
+        // a cluster holds one object per name.
+        fn first_of_each_name<T: kube::Resource>(objects: &mut Vec<T>) {
+            let mut seen = BTreeSet::new();
+            objects.retain(|o| seen.insert(o.meta().name.clone()));
+        }
+        first_of_each_name(&mut rbac.roles);
+        first_of_each_name(&mut rbac.role_bindings);
+        first_of_each_name(&mut rbac.cluster_roles);
+        first_of_each_name(&mut rbac.cluster_role_bindings);
         rbac
     }
 
@@ -747,15 +807,21 @@ mod tests {
         openshift: bool,
         runtime: Runtime,
     ) -> Vec<(String, k8s_openapi::api::core::v1::PodSpec)> {
-        let spec: ClusterPolicySpec = serde_json::from_value(super::policy()).unwrap();
         let facts = ClusterFacts {
             runtime,
             openshift,
             ..rendering_facts(openshift)
         };
-        let policy = validate(&ClusterPolicy::new("contract", spec), &facts);
         let mut out = Vec::new();
-        for state in render(&policy, &facts).operands {
+        let states = super::policies().into_iter().flat_map(|spec| {
+            let spec: ClusterPolicySpec = serde_json::from_value(spec).unwrap();
+            render(
+                &validate(&ClusterPolicy::new("contract", spec), &facts),
+                &facts,
+            )
+            .operands
+        });
+        for state in states {
             if let Outcome::Rendered(o) = state.outcome {
                 for ds in o.daemon_sets {
                     out.push((

@@ -7,6 +7,10 @@
 //!   (SubjectAccessReview as `system:serviceaccount:<ns>:<sa>`, created by the admin);
 //! - no rendered Role or ClusterRole grants an operand ServiceAccount anything no row needs.
 //!
+//! One cluster has one sandbox mode: the policy renders mode kubevirt first, then is patched to
+//! mode kata for the ServiceAccounts only that mode renders (the Kata device plugin, the CC
+//! manager).
+//!
 //! Beside the policy runs a GPUCluster with every RBAC-bearing option (the DRA driver with
 //! compute domains, DCGM, the exporter, the DRA validator): created first and Ready, so that the
 //! policy's device plugin, which the GPUCluster then reports as a conflict, freezes its objects
@@ -149,11 +153,29 @@ async fn authorized(admin: &Client, namespace: &str, row: &Row) -> bool {
     answer.status.is_some_and(|s| s.allowed)
 }
 
-/// Every check of the contract on a session whose policy is ready; the failures, one a line.
-async fn contract_failures(setup: &Setup, openshift: bool) -> Vec<String> {
+/// The ServiceAccounts only the kata policy renders (its Kata device plugin and CC manager):
+/// one cluster has one sandbox mode, so the test checks them after patching the policy to it.
+fn kata_only_accounts(namespace: &str, openshift: bool) -> BTreeSet<String> {
+    let kubevirt = contract::rendered_service_accounts(&contract::policy(), namespace, openshift);
+    contract::rendered_service_accounts(&contract::kata_policy(), namespace, openshift)
+        .difference(&kubevirt)
+        .cloned()
+        .collect()
+}
+
+/// Every check of the contract for the rows of the ServiceAccounts `checked` selects, on a
+/// session whose policy renders them and is ready; the failures, one a line.
+async fn contract_failures(
+    setup: &Setup,
+    openshift: bool,
+    checked: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let admin = &setup.admin;
     let namespace = &setup.identity.namespace;
-    let all = contract::rows();
+    let all: Vec<Row> = contract::rows()
+        .into_iter()
+        .filter(|r| checked(&r.service_account))
+        .collect();
     let rows: Vec<&Row> = all.iter().filter(|r| r.applies(openshift)).collect();
     let mut failures = Vec::new();
 
@@ -273,12 +295,48 @@ async fn stop_contract(setup: Setup) {
     setup.teardown().await;
 }
 
+/// The contract on the kubevirt policy, then, patched to the kata policy and ready again, on
+/// the ServiceAccounts only that one renders.
+async fn both_modes_failures(setup: &Setup, openshift: bool, what: &str) -> Vec<String> {
+    let kata = kata_only_accounts(&setup.identity.namespace, openshift);
+    let mut failures = contract_failures(setup, openshift, |sa| !kata.contains(sa)).await;
+    setup.patch_policy(contract::kata_policy()).await;
+    // The policy is still Ready from before the patch: wait for the kata operands first.
+    let accounts =
+        Api::<ServiceAccount>::namespaced(setup.admin.clone(), &setup.identity.namespace);
+    e2e::wait::until(TIMEOUT, &format!("kata ServiceAccounts{what}"), || async {
+        let live: BTreeSet<String> = accounts
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|sa| sa.name_any())
+            .collect();
+        let absent: Vec<&String> = kata.iter().filter(|sa| !live.contains(*sa)).collect();
+        Ok(if absent.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{absent:?} absent"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", setup.operator.log_text()));
+    setup
+        .await_state(
+            State::Ready,
+            &format!("contract policy ready in kata mode{what}"),
+        )
+        .await;
+    failures.extend(contract_failures(setup, openshift, |sa| kata.contains(sa)).await);
+    failures
+}
+
 #[tokio::test]
 async fn every_operand_service_account_may_make_exactly_the_requests_its_binary_makes() {
     let Some(setup) = start_contract(session::builder(), "").await else {
         return;
     };
-    let failures = contract_failures(&setup, false).await;
+    let failures = both_modes_failures(&setup, false, "").await;
     stop_contract(setup).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -303,7 +361,7 @@ async fn openshift_contract() -> Vec<String> {
         log.contains("openshift: true"),
         "the operator did not report OpenShift at start-up:\n{log}"
     );
-    let failures = contract_failures(&setup, true).await;
+    let failures = both_modes_failures(&setup, true, " on OpenShift").await;
     stop_contract(setup).await;
     failures
 }

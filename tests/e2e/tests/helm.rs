@@ -395,6 +395,69 @@ fn every_key_of_nvidias_v26_7_default_values_passes_the_schema_and_reaches_the_p
     );
 }
 
+/// The sandbox sections of the chart's values: NVIDIA's keys and defaults, passed to the policy.
+const SANDBOX_SECTIONS: [&str; 8] = [
+    "sandboxWorkloads",
+    "vgpuManager",
+    "vgpuDeviceManager",
+    "vfioManager",
+    "kataManager",
+    "sandboxDevicePlugin",
+    "kataSandboxDevicePlugin",
+    "ccManager",
+];
+
+#[test]
+fn the_sandbox_values_are_nvidias_defaults_and_deploy_nothing_while_sandbox_workloads_are_off() {
+    if tools::harness_tool("helm").is_none() {
+        return;
+    }
+    let (nvidia, _) = nvidia_values();
+    let spec = policy_spec(&template(&[]));
+    for section in SANDBOX_SECTIONS {
+        assert_eq!(
+            spec[section], nvidia[section],
+            "spec.{section} differs from NVIDIA's v26.7 default values \
+             (charts/gpu-operator/values.yaml)"
+        );
+    }
+    assert_eq!(spec["sandboxWorkloads"]["enabled"], false);
+
+    // Sandbox workloads off: the operands render exactly as without the sections.
+    let mut bare = spec.clone();
+    for section in SANDBOX_SECTIONS {
+        bare.as_object_mut().unwrap().remove(section);
+    }
+    let facts = gpu_operator::facts::ClusterFacts {
+        namespace: "gpu-operator".to_owned(),
+        os_tag: Some("ubuntu22.04".to_owned()),
+        ..Default::default()
+    };
+    let objects = |spec: &Value| {
+        let spec: ClusterPolicySpec = serde_json::from_value(spec.clone()).unwrap();
+        let policy = gpu_operator::validate::validate(
+            &ClusterPolicy::new("cluster-policy", spec.clone()),
+            &facts,
+        );
+        let rendered = gpu_operator::render::render(&policy, &facts);
+        let json: Vec<Vec<Value>> = rendered
+            .operands
+            .into_iter()
+            .filter_map(|o| match o.outcome {
+                gpu_operator::render::Outcome::Rendered(objects) => {
+                    Some(objects.to_json().unwrap())
+                }
+                _ => None,
+            })
+            .collect();
+        (json, spec.unsupported_fields())
+    };
+    assert!(
+        objects(&spec) == objects(&bare),
+        "the default sandbox values change what a default install renders or reports"
+    );
+}
+
 /// Writes `values` to a file of its own and returns its path. JSON, not YAML: helm reads YAML
 /// 1.1, where a plain `on` (ccManager.defaultMode) would become a boolean.
 fn write_values_file(values: &Value) -> String {

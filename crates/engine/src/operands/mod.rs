@@ -2,6 +2,7 @@
 //! checks about its input ([`check`]), and which ConfigMaps and node labels it reads. The shared
 //! rendering pieces are in [`common`] (metadata, containers, volumes) and [`openshift`] (SCCs).
 
+pub mod cc_manager;
 pub mod common;
 pub mod dcgm;
 pub mod dcgm_exporter;
@@ -13,6 +14,7 @@ pub mod driver_os;
 pub mod driver_toolkit;
 pub mod driver_variant;
 pub mod gfd;
+pub mod kata_sandbox_device_plugin;
 pub mod mig_manager;
 pub mod mps;
 pub mod nfd;
@@ -43,6 +45,8 @@ mod driver_gds_tests;
 mod driver_tests;
 #[cfg(test)]
 mod driver_toolkit_tests;
+#[cfg(test)]
+mod kata_tests;
 #[cfg(test)]
 mod mig_manager_tests;
 #[cfg(test)]
@@ -143,6 +147,8 @@ pub const fn descriptor(operand: Operand) -> &'static Descriptor {
         Operand::SandboxDevicePlugin => &sandbox_device_plugin::DESCRIPTOR,
         Operand::VgpuManager => &vgpu_manager::DESCRIPTOR,
         Operand::VgpuDeviceManager => &vgpu_device_manager::DESCRIPTOR,
+        Operand::KataSandboxDevicePlugin => &kata_sandbox_device_plugin::DESCRIPTOR,
+        Operand::CcManager => &cc_manager::DESCRIPTOR,
     }
 }
 

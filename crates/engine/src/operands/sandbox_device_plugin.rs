@@ -47,7 +47,12 @@ const CDI_ROOT: &str = "cdi-root";
 
 /// An init container that waits for the sandbox validator: it passes at once unless the node's
 /// workload type is `workload`, and otherwise waits for the validator's `ready` file.
-fn wait_for(policy: &ValidatedPolicy, name: &str, workload: &str, ready: &str) -> Container {
+pub(super) fn wait_for(
+    policy: &ValidatedPolicy,
+    name: &str,
+    workload: &str,
+    ready: &str,
+) -> Container {
     let script = format!(
         "until [ -f {dir}/workload-type ]; do echo waiting for the workload type; sleep 5; done; \
          if [ \"$(cat {dir}/workload-type)\" != \"{workload}\" ]; then exit 0; fi; \

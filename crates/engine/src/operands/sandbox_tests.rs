@@ -53,7 +53,7 @@ fn the_kubevirt_device_plugin_is_off_in_kata_mode() {
 }
 
 /// A GPU node labelled as the labeller leaves it under `spec`.
-fn labelled_node(name: &str, spec: &str, labels: &[(&str, &str)]) -> NodeView {
+pub(super) fn labelled_node(name: &str, spec: &str, labels: &[(&str, &str)]) -> NodeView {
     let mut all: BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -77,7 +77,7 @@ fn labelled_node(name: &str, spec: &str, labels: &[(&str, &str)]) -> NodeView {
 }
 
 /// The operands whose DaemonSets' nodeSelectors select `node`.
-fn operands_on(spec: &str, node: &NodeView) -> BTreeSet<Operand> {
+pub(super) fn operands_on(spec: &str, node: &NodeView) -> BTreeSet<Operand> {
     let mut out = BTreeSet::new();
     for o in state(spec, &facts()).operands {
         if let Outcome::Rendered(objects) = o.outcome {

@@ -4,10 +4,10 @@
 //! files the sandbox device plugin waits for; its preStop removes them (docs/operand-facts.md
 //! §20.4, §20.8). On whenever sandbox workloads are (it has no switch of its own).
 //!
-//! The VFIO check (`vfio-pci-validation`) and the vGPU checks (`vgpu-manager-validation`, then
-//! `vgpu-devices-validation`) are rendered; each passes at once on nodes of another type. The
-//! confidential-computing one (`cc-manager-validation`) waits for an operand this operator does
-//! not deploy yet.
+//! The confidential-computing check (`cc-manager-validation`) comes first with
+//! `ccManager.enabled`, then the VFIO check (`vfio-pci-validation`) and the vGPU checks
+//! (`vgpu-manager-validation`, then `vgpu-devices-validation`); each passes at once on nodes of
+//! another type.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -44,6 +44,7 @@ pub const MAIN_CONTAINER: &str = "nvidia-sandbox-validator";
 pub const VFIO_PCI_VALIDATION: &str = "vfio-pci-validation";
 pub const VGPU_MANAGER_VALIDATION: &str = "vgpu-manager-validation";
 pub const VGPU_DEVICES_VALIDATION: &str = "vgpu-devices-validation";
+pub const CC_MANAGER_VALIDATION: &str = "cc-manager-validation";
 
 /// NVIDIA names this volume apart from `driver-install-dir`, so `hostPaths.driverInstallDir`
 /// does not move it (§20.4).
@@ -61,6 +62,7 @@ pub fn files_written(component: &str) -> &'static [&'static str] {
             "host-vgpu-manager-ready",
         ],
         "vgpu-devices" => &["workload-type", "vgpu-devices-ready"],
+        "cc-manager" => &["cc-manager-ready"],
         _ => &[],
     }
 }
@@ -99,6 +101,16 @@ fn validation(
         ),
     ];
     merge_user_env(&mut envs, user.and_then(|u| u.env.as_ref()));
+    nvidia_validator(policy, name, envs, mounts)
+}
+
+/// A privileged init container running `nvidia-validator` with `envs`.
+fn nvidia_validator(
+    policy: &ValidatedPolicy,
+    name: &str,
+    envs: Vec<k8s_openapi::api::core::v1::EnvVar>,
+    mounts: Vec<k8s_openapi::api::core::v1::VolumeMount>,
+) -> Container {
     Container {
         env: Some(envs),
         security_context: Some(common::privileged_s0()),
@@ -110,6 +122,32 @@ fn validation(
             &["nvidia-validator"],
         )
     }
+}
+
+/// Whether the pods carry the confidential-computing check: whenever `ccManager.enabled` is
+/// set, in either sandbox mode, as NVIDIA's operator does. In kubevirt mode no CC manager runs,
+/// so the check passes only on nodes without `nvidia.com/cc.capable=true` (it skips itself
+/// there) and holds the validator on CC-capable ones; that is NVIDIA's behaviour, kept so a
+/// policy means the same here (docs/operand-facts.md §20.9).
+pub fn checks_cc_manager(spec: &ClusterPolicySpec) -> bool {
+    spec.cc_manager.as_ref().is_some_and(|c| c.is_enabled())
+}
+
+/// The CC check: on a node labelled `nvidia.com/cc.capable=true` it waits for the CC manager's
+/// readiness file, then writes `cc-manager-ready`; elsewhere it passes at once (§20.8). It does
+/// not depend on the workload type and has no user env in NVIDIA's API.
+fn cc_manager_validation(policy: &ValidatedPolicy) -> Container {
+    let envs = vec![
+        env("WITH_WAIT", "true"),
+        env("COMPONENT", "cc-manager"),
+        env_field("NODE_NAME", "spec.nodeName"),
+    ];
+    nvidia_validator(
+        policy,
+        CC_MANAGER_VALIDATION,
+        envs,
+        vec![mount(VALIDATIONS_VOLUME, VALIDATIONS_DIR).bidirectional()],
+    )
 }
 
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
@@ -124,9 +162,13 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             .read_only()
             .host_to_container()
     };
-    // In NVIDIA's order: vgpu-devices waits for the devices the vGPU device manager creates
-    // once vgpu-manager has passed.
-    let init = vec![
+    // NVIDIA's order: the CC check first, then the workload-type checks; vgpu-devices waits for
+    // the devices the vGPU device manager creates once vgpu-manager has passed.
+    let mut init = Vec::new();
+    if checks_cc_manager(spec) {
+        init.push(cc_manager_validation(policy));
+    }
+    init.extend([
         validation(
             policy,
             VFIO_PCI_VALIDATION,
@@ -153,7 +195,7 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
             validator.and_then(|v| v.vgpu_devices.as_ref()),
             vec![validations()],
         ),
-    ];
+    ]);
 
     let mut main_env = Vec::new();
     merge_user_env(

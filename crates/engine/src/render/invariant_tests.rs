@@ -332,7 +332,7 @@ fn selectors_are_contained_in_template_labels() {
                     if op == Operand::Validator || op == Operand::SandboxValidator {
                         expected.insert(PART_OF_LABEL.to_owned(), PART_OF.to_owned());
                     }
-                    if op == Operand::VfioManager {
+                    if op == Operand::VfioManager || op == Operand::CcManager {
                         expected = BTreeMap::from([("name".to_owned(), name.clone())]);
                     }
                     if op == Operand::Gfd {

@@ -47,6 +47,8 @@ fn disabled_operands_render_nothing_and_report_disabled() {
                         | Operand::SandboxDevicePlugin
                         | Operand::VgpuManager
                         | Operand::VgpuDeviceManager
+                        | Operand::KataSandboxDevicePlugin
+                        | Operand::CcManager
                 );
             assert_eq!(disabled, expected, "{spec}: {}", op_state.operand.name());
         }

@@ -539,6 +539,32 @@ pub fn every_rbac_variant() -> serde_json::Value {
     })
 }
 
+/// The sandbox operands of mode kata with every option that adds RBAC, which
+/// [`every_rbac_variant`] (mode kubevirt) cannot hold as one cluster has one mode: the Kata
+/// sandbox device plugin launching its in-VM GPU feature discovery (`ENABLE_GFD`: its pod and
+/// NodeFeature grants) and the CC manager, images named (none is pinned). Every node still
+/// defaults to containers. The e2e API-contract tests check it as well.
+pub fn every_kata_rbac_variant() -> serde_json::Value {
+    serde_json::json!({
+        "sandboxWorkloads": {"enabled": true, "defaultWorkload": "container", "mode": "kata"},
+        "vfioManager": {"enabled": true},
+        "kataSandboxDevicePlugin": {
+            "enabled": true,
+            "repository": "nvcr.io/nvidia/cloud-native",
+            "image": "nvidia-sandbox-device-plugin",
+            "version": "v0.0.5",
+            "env": [{"name": "ENABLE_GFD", "value": "true"}],
+        },
+        "ccManager": {
+            "enabled": true,
+            "defaultMode": "on",
+            "repository": "nvcr.io/nvidia/cloud-native",
+            "image": "k8s-cc-manager",
+            "version": "v0.4.3",
+        },
+    })
+}
+
 /// A GPUCluster spec with every operand and every option that adds RBAC: compute domains (on
 /// by default), the MPSSupport feature gate (the kubelet plugin's MPS Role), DCGM and the
 /// exporter. The e2e API-contract test deploys it too.
@@ -554,6 +580,8 @@ pub fn every_gpu_cluster_rbac_variant() -> serde_json::Value {
 fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
     let everything: ClusterPolicySpec =
         serde_json::from_value(every_rbac_variant()).unwrap_or_default();
+    let kata: ClusterPolicySpec =
+        serde_json::from_value(every_kata_rbac_variant()).unwrap_or_default();
     let mut out = Vec::new();
     for openshift in [false, true] {
         for runtime in [Runtime::Containerd, Runtime::CriO, Runtime::Docker] {
@@ -569,7 +597,8 @@ fn scenarios() -> Vec<(ClusterPolicySpec, ClusterFacts)> {
                 }),
                 ..ClusterFacts::default()
             };
-            out.push((everything.clone(), facts));
+            out.push((everything.clone(), facts.clone()));
+            out.push((kata.clone(), facts));
         }
     }
     out
