@@ -300,7 +300,9 @@ async fn stop_contract(setup: Setup) {
 async fn both_modes_failures(setup: &Setup, openshift: bool, what: &str) -> Vec<String> {
     let kata = kata_only_accounts(&setup.identity.namespace, openshift);
     let mut failures = contract_failures(setup, openshift, |sa| !kata.contains(sa)).await;
-    setup.patch_policy(contract::kata_policy()).await;
+    setup
+        .patch_policy(serde_json::json!({"spec": contract::kata_policy()}))
+        .await;
     // The policy is still Ready from before the patch: wait for the kata operands first.
     let accounts =
         Api::<ServiceAccount>::namespaced(setup.admin.clone(), &setup.identity.namespace);
