@@ -554,7 +554,7 @@ mod tests {
         let passthrough = [(gpu, "true"), (WORKLOAD_CONFIG, "vm-passthrough")];
         assert!(sandbox.awaits_vm_owner(&node(&passthrough)));
         // Any value counts as carried: ours, a pause written by a manager, a user's `false`.
-        for value in ["true", "paused-for-cc-mode-change", "false", ""] {
+        for value in ["true", "paused-for-cc-mode-change", "false"] {
             let carried = node(&[
                 (gpu, "true"),
                 (WORKLOAD_CONFIG, "vm-passthrough"),

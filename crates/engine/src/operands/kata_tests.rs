@@ -323,19 +323,25 @@ fn the_sandbox_validator_checks_cc_first_whenever_cc_manager_is_enabled_in_eithe
             .map(|c| c.name)
             .collect()
     };
-    assert_eq!(init(KATA), ["cc-manager-validation", "vfio-pci-validation"]);
+    // Then the workload-type checks, which pass at once on nodes of another type.
+    const TYPE_CHECKS: [&str; 3] = [
+        "vfio-pci-validation",
+        "vgpu-manager-validation",
+        "vgpu-devices-validation",
+    ];
+    let with_cc: Vec<&str> = std::iter::once("cc-manager-validation")
+        .chain(TYPE_CHECKS)
+        .collect();
+    assert_eq!(init(KATA), with_cc);
     // Kept in kubevirt mode, where no CC manager runs, as NVIDIA's operator does.
-    assert_eq!(
-        init(&kubevirt()),
-        ["cc-manager-validation", "vfio-pci-validation"]
-    );
+    assert_eq!(init(&kubevirt()), with_cc);
     assert_eq!(
         init(&KATA.replace("ccManager: {enabled: true", "ccManager: {enabled: false")),
-        ["vfio-pci-validation"]
+        TYPE_CHECKS
     );
     assert_eq!(
         init("{sandboxWorkloads: {enabled: true, mode: kata}}"),
-        ["vfio-pci-validation"]
+        TYPE_CHECKS
     );
 
     let p = pod(&daemon_set(KATA, &facts(), Operand::SandboxValidator));
