@@ -6,6 +6,7 @@
 
 pub mod inputs;
 pub mod rbac;
+mod yaml;
 
 #[cfg(test)]
 mod change_tests;
@@ -127,32 +128,10 @@ impl DesiredState {
             .map_err(<serde_yaml_ng::Error as serde::ser::Error>::custom)?;
         for object in objects {
             out.push_str("---\n");
-            out.push_str(&serde_yaml_ng::to_string(&identity_first(object))?);
+            out.push_str(&yaml::document(object)?);
         }
         Ok(out)
     }
-}
-
-/// The object with `apiVersion`, `kind` and `metadata` first (JSON objects sort their keys,
-/// which would put them in the middle of kinds without a `spec`, such as SCCs).
-fn identity_first(object: Value) -> serde_yaml_ng::Mapping {
-    let mut out = serde_yaml_ng::Mapping::new();
-    let Value::Object(mut map) = object else {
-        return out;
-    };
-    for key in ["apiVersion", "kind", "metadata"] {
-        if let Some(value) = map.remove(key) {
-            out.insert(key.into(), to_yaml_value(value));
-        }
-    }
-    for (key, value) in map {
-        out.insert(key.into(), to_yaml_value(value));
-    }
-    out
-}
-
-fn to_yaml_value(value: Value) -> serde_yaml_ng::Value {
-    serde_yaml_ng::to_value(value).unwrap_or(serde_yaml_ng::Value::Null)
 }
 
 #[cfg(test)]
