@@ -18,7 +18,7 @@ use super::{ClusterPolicySpec, crd};
 /// Fields (or whole subtrees) that are stored but read by no stage of this operator, each with
 /// the reason a user sees. Keep in step with the render and controller code: a test renders a
 /// policy with each of them set and checks that the output does not change.
-pub const NOT_ACTED_ON: [(&str, &str); 9] = [
+pub const NOT_ACTED_ON: [(&str, &str); 8] = [
     (
         "spec.operator.defaultRuntime",
         "deprecated: the container runtime is read from the nodes",
@@ -42,10 +42,6 @@ pub const NOT_ACTED_ON: [(&str, &str); 9] = [
     (
         "spec.dcgm.hostPort",
         "deprecated: the DCGM engine is reached through its Service",
-    ),
-    (
-        "spec.vgpuManager.kernelModuleConfig",
-        "the vGPU manager does not mount kernel module parameters yet; set them in the image",
     ),
     (
         "spec.gds.args",
@@ -239,7 +235,7 @@ mod tests {
              interval: 30s}}}, driver: {upgradePolicy: {autoUpgrade: true, drain: {enable: true}}, \
              livenessProbe: {periodSeconds: 10}}, dcgmExporter: {enablePodLabels: true, \
              podLabelAllowlistRegex: ['^app$']}, dcgm: {hostPort: 5555}, psp: {enabled: true}, \
-             vgpuManager: {kernelModuleConfig: {name: kmc}}, validator: {plugin: {env: [{name: C}]}}}",
+             validator: {plugin: {env: [{name: C}]}}}",
         );
         assert_eq!(
             got,
@@ -247,7 +243,6 @@ mod tests {
                 "spec.operator.defaultRuntime",
                 "spec.psp.enabled",
                 "spec.dcgm.hostPort",
-                "spec.vgpuManager.kernelModuleConfig.name",
             ]
         );
     }

@@ -12,13 +12,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use super::{ClusterFacts, ConfigMapData, LastGood, LiveDriver, Runtime, SharingConfig};
 use kube_core::Resource;
 
-use crate::api::{ClusterPolicy, ClusterPolicySpec};
+use crate::api::{ClusterPolicy, ClusterPolicySpec, SandboxWorkload};
 use crate::model::{OPERAND_LABEL, Operand};
 use crate::nodes::{NFD_ANNOTATION_PREFIX, NodeView};
 use crate::operands::{
     device_plugin, driver, driver_os, driver_toolkit, mig_manager, toolkit, toolkit_flavour,
     vgpu_device_manager, vgpu_manager,
 };
+use crate::workload::Sandbox;
 
 /// The objects of the operator namespace that facts are read from, by name.
 pub trait NamespaceObjects {
@@ -73,17 +74,10 @@ pub fn assemble(
     let mig_config = present(mig_config_name(spec));
     let dcgm_metrics = present(dcgm_metrics_name(spec));
     let vgpu_config = present(vgpu_device_manager::custom_config_name(spec));
-    // ConfigMaps the driver mounts key by key; validate reports a named but missing one.
-    let driver_config_maps = spec
-        .driver
-        .as_ref()
-        .map(|d| {
-            driver::referenced_config_maps(d)
-                .into_iter()
-                .filter_map(|(_, name)| Some((name.to_owned(), present(Some(name))?)))
-                .collect()
-        })
-        .unwrap_or_default();
+    // ConfigMaps the host drivers mount key by key; validate reports a named but missing one.
+    let driver_config_maps = host_driver_config_maps(spec)
+        .filter_map(|name| Some((name.to_owned(), present(Some(name))?)))
+        .collect();
     // The OS the live driver DaemonSet runs stays the primary one (driver_os).
     // The policy's own driver DaemonSets (NVIDIADriver pools' are theirs, each pool judging
     // its own switches).
@@ -104,7 +98,7 @@ pub fn assemble(
             .daemon_set(toolkit::NAME)
             .as_deref()
             .and_then(toolkit_flavour::live_flavour),
-        os_tag: driver_os::primary_os(&observed.gpu_nodes, live_os.as_deref()),
+        os_tag: driver_os_tag(spec, &observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
         service_monitor_api: observed.service_monitor_api,
         live_driver: LiveDriver {
@@ -168,6 +162,24 @@ pub fn live_driver_toolkit(daemon_sets: &[Arc<DaemonSet>]) -> BTreeMap<String, S
         .collect()
 }
 
+/// The OS the driver image is tagged with ([`ClusterFacts::os_tag`]): the primary OS of the
+/// GPU nodes that run containers, as nodes given to virtual machines run no driver; of any GPU
+/// node when none runs containers (the tag then names what the fleet runs).
+fn driver_os_tag(
+    spec: &ClusterPolicySpec,
+    gpu_nodes: &[Arc<NodeView>],
+    live_tag: Option<&str>,
+) -> Option<String> {
+    let sandbox = Sandbox::of(spec);
+    let containers: Vec<Arc<NodeView>> = gpu_nodes
+        .iter()
+        .filter(|n| sandbox.workload_of(n) == SandboxWorkload::Container)
+        .cloned()
+        .collect();
+    driver_os::primary_os(&containers, live_tag)
+        .or_else(|| driver_os::primary_os(gpu_nodes, live_tag))
+}
+
 /// Every ConfigMap of the operator namespace whose data [`assemble`] reads for `spec`, besides
 /// the operator's own (the sharing config copy): the ones its users name. The operator keeps
 /// only these, and its own, with their data (operator/src/controller/config_maps.rs).
@@ -181,15 +193,21 @@ pub fn config_map_names(spec: &ClusterPolicySpec) -> Vec<&str> {
     .into_iter()
     .flatten()
     .collect();
-    if let Some(d) = spec.driver.as_ref() {
-        names.extend(
-            driver::referenced_config_maps(d)
-                .into_iter()
-                .map(|(_, n)| n),
-        );
-    }
+    names.extend(host_driver_config_maps(spec));
     names.retain(|n| !n.is_empty());
     names
+}
+
+/// The ConfigMaps the driver and the vGPU manager mount key by key, by name.
+fn host_driver_config_maps(spec: &ClusterPolicySpec) -> impl Iterator<Item = &str> {
+    spec.driver
+        .iter()
+        .flat_map(|d| {
+            driver::referenced_config_maps(d)
+                .into_iter()
+                .map(|(_, n)| n)
+        })
+        .chain(vgpu_manager::kernel_module_config_name(spec))
 }
 
 fn sharing_config_name(spec: &ClusterPolicySpec) -> Option<&str> {
@@ -432,6 +450,7 @@ mod tests {
              migManager: {config: {name: my-mig}}\n\
              dcgmExporter: {config: {name: metrics}}\n\
              vgpuDeviceManager: {config: {name: my-vgpu}}\n\
+             vgpuManager: {kernelModuleConfig: {name: vgpu-modules}}\n\
              driver: {repoConfig: {configMapName: repos}, certConfig: {name: certs},\n\
                       kernelModuleConfig: {name: modules}}\n",
         );
@@ -442,7 +461,46 @@ mod tests {
         let mut listed = config_map_names(&spec);
         listed.sort_unstable();
         assert_eq!(read, listed);
-        assert_eq!(read.len(), 7, "{read:?}");
+        assert_eq!(read.len(), 8, "{read:?}");
+    }
+
+    #[test]
+    fn the_driver_os_is_the_container_nodes_not_the_vm_nodes() {
+        let node = |name: &str, id: &str, version: &str, workload: Option<&str>| {
+            let mut labels = BTreeMap::from([
+                (
+                    crate::nodes::NFD_GPU_LABELS[0].to_owned(),
+                    "true".to_owned(),
+                ),
+                (crate::nodes::OS_ID.to_owned(), id.to_owned()),
+                (crate::nodes::OS_VERSION_ID.to_owned(), version.to_owned()),
+            ]);
+            if let Some(workload) = workload {
+                labels.insert(
+                    crate::workload::WORKLOAD_CONFIG.to_owned(),
+                    workload.to_owned(),
+                );
+            }
+            Arc::new(NodeView::from_labels(name, None, &labels))
+        };
+        // The VM node sorts first by name.
+        let gpu_nodes = vec![
+            node("a100", "rhel", "9.4", Some("vm-passthrough")),
+            node("t4", "ubuntu", "22.04", None),
+        ];
+        let os = |spec: &ClusterPolicySpec, nodes: &[Arc<NodeView>]| {
+            let observed = Observed {
+                gpu_nodes: nodes.to_vec(),
+                ..Observed::default()
+            };
+            assemble(spec, &Listed::default(), observed).os_tag
+        };
+        let sandbox = spec("sandboxWorkloads: {enabled: true}\n");
+        assert_eq!(os(&sandbox, &gpu_nodes).as_deref(), Some("ubuntu22.04"));
+        // Without sandbox workloads every GPU node runs containers.
+        assert_eq!(os(&spec("{}"), &gpu_nodes).as_deref(), Some("rhel9"));
+        // A fleet of VM nodes only still names its OS.
+        assert_eq!(os(&sandbox, &gpu_nodes[..1]).as_deref(), Some("rhel9"));
     }
 
     #[test]

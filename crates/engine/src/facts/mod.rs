@@ -165,10 +165,11 @@ pub struct ClusterFacts {
     /// The OS suffix of the image the live `nvidia-vgpu-manager-daemonset` runs: that OS keeps
     /// the plain name when the vm-vgpu nodes run several.
     pub vgpu_manager_live_os: Option<String>,
-    /// The ConfigMaps named by `driver.repoConfig.configMapName`, `driver.certConfig.name` and
-    /// `driver.kernelModuleConfig.name` that are present, by name: the driver mounts each key as
-    /// its own file, so render needs the keys (validate marks the driver invalid when one is
-    /// named but missing here).
+    /// The ConfigMaps named by `driver.repoConfig.configMapName`, `driver.certConfig.name`,
+    /// `driver.kernelModuleConfig.name` and `vgpuManager.kernelModuleConfig.name` that are
+    /// present, by name: the driver and the vGPU manager mount each key as its own file, so
+    /// render needs the keys (validate marks the operand invalid when one is named but missing
+    /// here).
     pub driver_config_maps: BTreeMap<String, ConfigMapData>,
     /// The GPU nodes (NFD's GPU label or our `nvidia.com/gpu.present`), with the labels the
     /// operator reads; empty for `gpu-operator render`.

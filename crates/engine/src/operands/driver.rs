@@ -9,7 +9,9 @@
 //! for precompiled drivers (operands::driver_kernel), per RHCOS version with OpenShift's Driver
 //! Toolkit (operands::driver_toolkit).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
@@ -29,12 +31,13 @@ use super::driver_variant::Variant;
 use super::{driver_os, openshift};
 use crate::api::{
     ClusterPolicySpec, Component, ContainerProbeSpec, DriverSpec, EnvVar as PolicyEnvVar,
-    ImageKind, ImageSpec, KernelModuleType,
+    ImageKind, ImageSpec, KernelModuleType, SandboxWorkload,
 };
 use crate::facts::{ClusterFacts, LiveDriver, Runtime};
 use crate::model::ValidatedPolicy;
 use crate::model::{Operand, OperandObjects};
 use crate::nodes::{DRIVER_POOL, KERNEL_VERSION, NodeView};
+use crate::workload::Sandbox;
 
 /// What the engine knows about this operand ([`super::Descriptor`]).
 pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
@@ -48,6 +51,7 @@ pub const DESCRIPTOR: super::Descriptor = super::Descriptor {
     render,
     check,
     report: |spec, facts| {
+        let facts = &container_fleet(spec, facts);
         let nodes = if super::driver_toolkit::requested(spec, facts) {
             super::driver_toolkit::report(facts)
         } else if uses_precompiled(spec) {
@@ -398,6 +402,7 @@ fn per_key_mounts(volume: &str, dir: &str, keys: &[String]) -> Vec<VolumeMount> 
 /// is left, none is rendered. The ServiceAccount, RBAC and startup-probe ConfigMap stay, as the
 /// pools' DaemonSets use them too.
 pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandObjects> {
+    let facts = &container_fleet(&policy.spec, facts);
     let image = DriverImages::of_policy(policy);
     let variant = super::driver_variant::wanted(&policy.spec, facts);
     let mut objects = match variant {
@@ -562,6 +567,27 @@ pub fn uses_nvidia_driver_crd(spec: &ClusterPolicySpec) -> bool {
 
 /// The facts without the GPU nodes an NVIDIADriver pool runs on (the primary OS, and so the
 /// DaemonSet names, stay as they are).
+/// The facts as the driver sees them: only the GPU nodes that run containers. Nodes given to
+/// virtual machines run the VFIO or the vGPU manager instead (crates/engine/src/workload.rs),
+/// so their OS or kernel gets no driver DaemonSet of its own, nor a line in status (the OS tag
+/// is already theirs: facts::assemble). Borrowed when every GPU node runs containers.
+fn container_fleet<'a>(spec: &ClusterPolicySpec, facts: &'a ClusterFacts) -> Cow<'a, ClusterFacts> {
+    let sandbox = Sandbox::of(spec);
+    let runs_containers = |n: &&Arc<NodeView>| sandbox.workload_of(n) == SandboxWorkload::Container;
+    if facts.gpu_nodes.iter().all(|n| runs_containers(&n)) {
+        return Cow::Borrowed(facts);
+    }
+    Cow::Owned(ClusterFacts {
+        gpu_nodes: facts
+            .gpu_nodes
+            .iter()
+            .filter(runs_containers)
+            .cloned()
+            .collect(),
+        ..facts.clone()
+    })
+}
+
 fn uncovered(facts: &ClusterFacts) -> ClusterFacts {
     ClusterFacts {
         gpu_nodes: facts
@@ -1119,18 +1145,27 @@ fn kernel_module_files(driver: &DriverSpec, facts: &ClusterFacts) -> HostFiles {
     let Some(name) = kernel_module_config_name(driver) else {
         return HostFiles::default();
     };
-    let keys = config_map_keys(facts, name);
+    let (volume, mounts) = kernel_module_parameters(name, facts);
     HostFiles {
-        volumes: vec![common::config_map_volume(
-            KERNEL_MODULE_CONFIG,
-            name,
-            None,
-            &[],
-        )],
-        driver_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
-        peermem_mounts: per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
+        volumes: vec![volume],
+        driver_mounts: mounts.clone(),
+        peermem_mounts: mounts,
         sidecar_mounts: Vec::new(),
     }
+}
+
+/// The volume of the kernel module parameter ConfigMap `name` and its mounts, one file per key
+/// under /drivers, where the driver image's `nvidia-driver` script reads `<module>.conf`. The
+/// vGPU manager gets the same (NVIDIA's `transformVGPUManagerContainer`).
+pub(super) fn kernel_module_parameters(
+    name: &str,
+    facts: &ClusterFacts,
+) -> (Volume, Vec<VolumeMount>) {
+    let keys = config_map_keys(facts, name);
+    (
+        common::config_map_volume(KERNEL_MODULE_CONFIG, name, None, &[]),
+        per_key_mounts(KERNEL_MODULE_CONFIG, "/drivers", &keys),
+    )
 }
 
 /// Package repository files, where the OS's package manager reads them (none for an OS
@@ -1626,6 +1661,7 @@ fn add_config_digest(daemon_set: &mut DaemonSet) {
 /// What validate says about the driver: supported mode, no running fleet switched at once,
 /// and [`input_problems`].
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let facts = &container_fleet(spec, facts);
     let mut problems = precompiled_problems(spec, facts);
     problems.extend(input_problems(spec, facts));
     problems

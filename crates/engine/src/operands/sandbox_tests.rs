@@ -297,3 +297,53 @@ fn on_openshift_each_vm_operand_gets_its_own_scc_and_annotation() {
         );
     }
 }
+
+#[test]
+fn the_driver_is_built_per_os_of_the_container_nodes_only() {
+    let node = |name: &str, os: (&str, &str), workload: Option<&str>| {
+        let mut labels = BTreeMap::from([
+            (NFD_GPU_LABELS[0].to_owned(), "true".to_owned()),
+            (crate::nodes::OS_ID.to_owned(), os.0.to_owned()),
+            (crate::nodes::OS_VERSION_ID.to_owned(), os.1.to_owned()),
+        ]);
+        if let Some(workload) = workload {
+            labels.insert(WORKLOAD_CONFIG.to_owned(), workload.to_owned());
+        }
+        std::sync::Arc::new(NodeView::from_labels(name, None, &labels))
+    };
+    // The VM nodes run OSes no container node runs: a RHEL passthrough node and a node of an
+    // OS without a driver image (the OS tag is the container nodes': facts::assemble).
+    let facts = ClusterFacts {
+        gpu_nodes: vec![
+            node("a100", ("rhel", "9.4"), Some("vm-passthrough")),
+            node("b200", ("talos", "1.9"), Some("vm-passthrough")),
+            node("t4", ("ubuntu", "22.04"), None),
+        ],
+        os_tag: Some("ubuntu22.04".to_owned()),
+        ..facts()
+    };
+    let outcome = state(KUBEVIRT, &facts)
+        .operands
+        .into_iter()
+        .find(|o| o.operand == Operand::Driver)
+        .unwrap();
+    let Outcome::Rendered(objects) = outcome.outcome else {
+        panic!("the driver does not render: {:?}", outcome.outcome);
+    };
+    let images: Vec<(String, String)> = objects
+        .daemon_sets
+        .iter()
+        .map(|ds| {
+            let main = container(&pod(ds), "nvidia-driver-ctr");
+            (ds.metadata.name.clone().unwrap(), main.image.unwrap())
+        })
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].0, "nvidia-driver-daemonset");
+    assert!(images[0].1.ends_with("-ubuntu22.04"), "{images:?}");
+    // No status line about the VM node's OS having no driver image.
+    assert_eq!(
+        (super::driver::DESCRIPTOR.report)(&policy(KUBEVIRT).spec, &facts),
+        None
+    );
+}

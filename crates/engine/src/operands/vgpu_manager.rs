@@ -111,15 +111,35 @@ fn image_for_os(reference: &str, os: Option<&str>) -> String {
     }
 }
 
+/// `vgpuManager.kernelModuleConfig.name`, when set: a ConfigMap of kernel module parameters,
+/// mounted key by key under /drivers as the driver's is.
+pub fn kernel_module_config_name(spec: &ClusterPolicySpec) -> Option<&str> {
+    spec.vgpu_manager
+        .as_ref()
+        .and_then(|m| m.kernel_module_config.as_ref())
+        .and_then(|c| c.name.as_deref())
+        .filter(|name| !name.is_empty())
+}
+
 /// What freezes it: an image that cannot be run (NVIDIA publishes none, so a bare name is not
-/// one), or no OS to tag it with.
+/// one), no OS to tag it with, or a kernel module parameter ConfigMap that is not there (the
+/// pod would not start).
 pub fn check(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(name) = kernel_module_config_name(spec)
+        && !facts.driver_config_maps.contains_key(name)
+    {
+        problems.push(format!(
+            "spec.vgpuManager.kernelModuleConfig.name: ConfigMap {name} was not found in \
+             namespace {}: create it, or clear the field",
+            facts.namespace
+        ));
+    }
     let env = |name: &str| facts.image_env.get(name).cloned();
     let Ok(resolved) = spec.resolve_image(ImageKind::VgpuManager, &env) else {
         // validate reports the missing image itself.
-        return Vec::new();
+        return problems;
     };
-    let mut problems = Vec::new();
     let last = resolved.reference.rsplit('/').next().unwrap_or_default();
     if !resolved.is_digest && !last.contains(':') {
         problems.push(format!(
@@ -272,22 +292,29 @@ fn daemon_set(
 ) -> DaemonSet {
     let mut envs = Vec::new();
     merge_user_env(&mut envs, manager.container.env.as_ref());
+    let kernel_modules = kernel_module_config_name(&policy.spec)
+        .map(|name| driver::kernel_module_parameters(name, facts));
     let main = Container {
         env: (!envs.is_empty()).then_some(envs),
         security_context: Some(common::privileged_s0()),
-        volume_mounts: Some(vec![
-            mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
-            mount(HOST_OS_RELEASE, "/host-etc/os-release").read_only(),
-            mount(DEV_VFIO, "/dev/vfio"),
-            mount(CGROUP, "/sys/fs/cgroup"),
-            mount(VAR_LOG, "/var/log"),
-            mount(DEV_LOG, "/dev/log"),
-            mount(
-                FIRMWARE_SEARCH_PATH,
-                "/sys/module/firmware_class/parameters/path",
-            ),
-            mount(FIRMWARE, "/lib/firmware"),
-        ]),
+        volume_mounts: Some(
+            [
+                mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
+                mount(HOST_OS_RELEASE, "/host-etc/os-release").read_only(),
+                mount(DEV_VFIO, "/dev/vfio"),
+                mount(CGROUP, "/sys/fs/cgroup"),
+                mount(VAR_LOG, "/var/log"),
+                mount(DEV_LOG, "/dev/log"),
+                mount(
+                    FIRMWARE_SEARCH_PATH,
+                    "/sys/module/firmware_class/parameters/path",
+                ),
+                mount(FIRMWARE, "/lib/firmware"),
+            ]
+            .into_iter()
+            .chain(kernel_modules.iter().flat_map(|(_, mounts)| mounts.clone()))
+            .collect(),
+        ),
         ..common::container(MAIN_CONTAINER, image, &["nvidia-driver"], &["init"])
     };
     let pod = PodSpec {
@@ -298,26 +325,31 @@ fn daemon_set(
         termination_grace_period_seconds: Some(120),
         init_containers: Some(vec![manager_container(policy, manager)]),
         containers: vec![main],
-        volumes: Some(vec![
-            host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::DirectoryOrCreate),
-            host_path_volume(HOST_OS_RELEASE, "/etc/os-release", HostPathType::Any),
-            host_path_volume(CGROUP, "/sys/fs/cgroup", HostPathType::Directory),
-            host_path_volume(DEV_VFIO, "/dev/vfio", HostPathType::Directory),
-            host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
-            host_path_volume(HOST_SYS, "/sys", HostPathType::Directory),
-            host_path_volume(VAR_LOG, "/var/log", HostPathType::Directory),
-            host_path_volume(DEV_LOG, "/dev/log", HostPathType::Any),
-            host_path_volume(
-                FIRMWARE_SEARCH_PATH,
-                "/sys/module/firmware_class/parameters/path",
-                HostPathType::Any,
-            ),
-            host_path_volume(
-                FIRMWARE,
-                "/run/nvidia/driver/lib/firmware",
-                HostPathType::DirectoryOrCreate,
-            ),
-        ]),
+        volumes: Some(
+            [
+                host_path_volume(RUN_NVIDIA, "/run/nvidia", HostPathType::DirectoryOrCreate),
+                host_path_volume(HOST_OS_RELEASE, "/etc/os-release", HostPathType::Any),
+                host_path_volume(CGROUP, "/sys/fs/cgroup", HostPathType::Directory),
+                host_path_volume(DEV_VFIO, "/dev/vfio", HostPathType::Directory),
+                host_path_volume(HOST_ROOT_VOLUME, "/", HostPathType::Any),
+                host_path_volume(HOST_SYS, "/sys", HostPathType::Directory),
+                host_path_volume(VAR_LOG, "/var/log", HostPathType::Directory),
+                host_path_volume(DEV_LOG, "/dev/log", HostPathType::Any),
+                host_path_volume(
+                    FIRMWARE_SEARCH_PATH,
+                    "/sys/module/firmware_class/parameters/path",
+                    HostPathType::Any,
+                ),
+                host_path_volume(
+                    FIRMWARE,
+                    "/run/nvidia/driver/lib/firmware",
+                    HostPathType::DirectoryOrCreate,
+                ),
+            ]
+            .into_iter()
+            .chain(kernel_modules.map(|(volume, _)| volume))
+            .collect(),
+        ),
         ..PodSpec::default()
     };
     let mut ds = OperandDaemonSet::new(Operand::VgpuManager, NAME, pod, MAIN_CONTAINER);

@@ -196,6 +196,88 @@ fn vgpu_manager_without_an_image_is_invalid_naming_the_fields_and_nothing_else_b
 }
 
 #[test]
+fn vgpu_manager_mounts_each_kernel_module_parameter_file_under_drivers_and_a_missing_map_freezes_it()
+ {
+    let spec = VGPU.replace(
+        "version: 580.65.05}",
+        "version: 580.65.05, kernelModuleConfig: {name: vgpu-modules}}",
+    );
+    let node = vgpu_node("l40s", ("ubuntu", "24.04"), None);
+    let modules = ConfigMapData {
+        name: "vgpu-modules".into(),
+        data: BTreeMap::from([
+            (
+                "nvidia.conf".to_owned(),
+                "NVreg_RegistryDwords=\"x\"".to_owned(),
+            ),
+            ("nvidia-vgpu-vfio.conf".to_owned(), String::new()),
+        ]),
+    };
+    let facts = ClusterFacts {
+        driver_config_maps: BTreeMap::from([("vgpu-modules".to_owned(), modules)]),
+        ..with_nodes(vec![node.clone()])
+    };
+    let p = pod(&daemon_set(&spec, &facts, Operand::VgpuManager));
+    let volume = p
+        .volumes
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "kernel-module-config")
+        .expect("no kernel module parameter volume");
+    assert_eq!(volume.config_map.unwrap().name, "vgpu-modules");
+    let main = container(&p, "nvidia-vgpu-manager-ctr");
+    let files: Vec<(String, Option<String>)> = main
+        .volume_mounts
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.name == "kernel-module-config")
+        .map(|m| (m.mount_path, m.sub_path))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            (
+                "/drivers/nvidia-vgpu-vfio.conf".to_owned(),
+                Some("nvidia-vgpu-vfio.conf".to_owned())
+            ),
+            (
+                "/drivers/nvidia.conf".to_owned(),
+                Some("nvidia.conf".to_owned())
+            ),
+        ]
+    );
+    // The policy's field is acted on, so status no longer lists it.
+    let policy: crate::api::ClusterPolicySpec = serde_yaml_ng::from_str(&spec).unwrap();
+    assert!(
+        !policy
+            .unsupported_fields()
+            .iter()
+            .any(|u| u.path.contains("kernelModuleConfig")),
+        "{:?}",
+        policy.unsupported_fields()
+    );
+
+    // Named but absent: the vGPU manager is invalid naming the field and the fix; the others
+    // render.
+    let without = with_nodes(vec![node]);
+    let Outcome::Invalid(why) = outcome(&spec, &without, Operand::VgpuManager) else {
+        panic!("the vGPU manager renders without its kernel module ConfigMap");
+    };
+    assert!(
+        why.contains(
+            "spec.vgpuManager.kernelModuleConfig.name: ConfigMap vgpu-modules was not found"
+        ),
+        "{why}"
+    );
+    assert!(why.contains("create it, or clear the field"), "{why}");
+    assert!(matches!(
+        outcome(&spec, &without, Operand::VgpuDeviceManager),
+        Outcome::Rendered(_)
+    ));
+}
+
+#[test]
 fn vgpu_manager_is_left_to_nvidiadrivers_with_the_driver_crd() {
     let spec = VGPU.replace(
         "sandboxWorkloads:",

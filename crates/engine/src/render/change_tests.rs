@@ -228,10 +228,6 @@ fn fields_reported_as_not_acted_on_leave_the_rendering_unchanged() {
         ),
         ("spec.dcgm.hostPort", json!({"dcgm": {"hostPort": 5555}})),
         (
-            "spec.vgpuManager.kernelModuleConfig",
-            json!({"vgpuManager": {"kernelModuleConfig": {"name": "modules"}}}),
-        ),
-        (
             "spec.gds.args",
             json!({"gds": {"enabled": true, "args": ["--verbose"]}}),
         ),
