@@ -174,12 +174,10 @@ const fn in_bundle(kind: ImageKind) -> bool {
         | ImageKind::VfioDriverManager
         | ImageKind::VgpuDriverManager
         | ImageKind::SandboxDevicePlugin
-        | ImageKind::VgpuDeviceManager => kind.pinned().is_some(),
-        ImageKind::InitContainer
+        | ImageKind::VgpuDeviceManager
         | ImageKind::KataSandboxDevicePlugin
-        | ImageKind::VgpuManager
-        | ImageKind::KataManager
-        | ImageKind::CcManager => false,
+        | ImageKind::CcManager => kind.pinned().is_some(),
+        ImageKind::InitContainer | ImageKind::VgpuManager | ImageKind::KataManager => false,
     }
 }
 

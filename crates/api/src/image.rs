@@ -163,13 +163,13 @@ impl ImageKind {
             ImageKind::VgpuDeviceManager => {
                 Some("nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0")
             }
+            ImageKind::KataSandboxDevicePlugin => {
+                Some("nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5")
+            }
+            ImageKind::CcManager => Some("nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3"),
             // NVIDIA publishes no vGPU manager image: each user builds it from the licensed
-            // vGPU host driver (docs/vms.md).
-            ImageKind::InitContainer
-            | ImageKind::KataSandboxDevicePlugin
-            | ImageKind::VgpuManager
-            | ImageKind::KataManager
-            | ImageKind::CcManager => None,
+            // vGPU host driver (docs/vms.md). The kata-manager is deprecated and not deployed.
+            ImageKind::InitContainer | ImageKind::VgpuManager | ImageKind::KataManager => None,
         }
     }
 }

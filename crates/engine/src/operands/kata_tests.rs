@@ -404,33 +404,28 @@ fn on_openshift_the_kata_operands_get_scc_named_after_their_own_service_accounts
 }
 
 #[test]
-fn without_an_image_the_kata_operands_are_frozen_with_a_message_naming_the_field_and_variable() {
+fn without_an_image_the_kata_operands_run_the_versions_nvidia_v26_7_pins() {
     let spec = "{sandboxWorkloads: {enabled: true, mode: kata}, kataSandboxDevicePlugin: \
         {enabled: true}, ccManager: {enabled: true}}";
-    let outcomes: BTreeMap<Operand, Outcome> = state(spec, &facts())
-        .operands
-        .into_iter()
-        .map(|o| (o.operand, o.outcome))
-        .collect();
-    for (operand, field, variable) in [
+    for (operand, container, image) in [
         (
             Operand::KataSandboxDevicePlugin,
-            "spec.kataSandboxDevicePlugin",
-            "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
+            "nvidia-kata-sandbox-device-plugin-ctr",
+            "nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5",
         ),
-        (Operand::CcManager, "spec.ccManager", "CC_MANAGER_IMAGE"),
+        (
+            Operand::CcManager,
+            "nvidia-cc-manager",
+            "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3",
+        ),
     ] {
-        match &outcomes[&operand] {
-            Outcome::Invalid(message) => {
-                assert!(message.contains(field), "{message}");
-                assert!(message.contains(variable), "{message}");
-            }
-            _ => panic!("{operand:?} rendered without an image"),
-        }
+        let ds = daemon_set(spec, &facts(), operand);
+        let pod = pod(&ds);
+        let main = pod
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .unwrap_or_else(|| panic!("{operand:?}: no container {container}"));
+        assert_eq!(main.image.as_deref(), Some(image), "{operand:?}");
     }
-    // The others still render.
-    assert!(matches!(
-        outcomes[&Operand::SandboxValidator],
-        Outcome::Rendered(_)
-    ));
 }
