@@ -327,8 +327,8 @@ pub struct Stores {
     /// VFIO manager pods (the toolkit pods' view fits them), for nodes switching back to
     /// containers: the driver waits until they are gone (workload::order_switch).
     pub vfio_pods: ViewCache<ToolkitPod>,
-    /// The vGPU manager's pods (ours, by operand name), by node: a node switching back to
-    /// containers gets its driver only once they are gone.
+    /// The vGPU manager's pods (ours by operand name, NVIDIA's by its `app` label), by node: a
+    /// node switching back to containers gets its driver only once they are gone.
     pub vgpu_pods: ViewCache<ToolkitPod>,
     /// The operator's own ConfigMaps (labelled [`MANAGED_BY_LABEL`]).
     pub config_maps: Store<ConfigMap>,
@@ -695,6 +695,15 @@ impl Stores {
                 .page_size(NODE_PAGE_SIZE),
             ToolkitPod::of,
         );
+        // A vGPU manager DaemonSet adopted from NVIDIA's operator keeps NVIDIA's pod template,
+        // whose pods carry only NVIDIA's `app` label; our plain-named one's carry it too.
+        let nvidia_vgpu_pod_changes = vgpu_pods.watch(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default()
+                .labels(&format!("app={}", crate::operands::vgpu_manager::NAME))
+                .page_size(NODE_PAGE_SIZE),
+            ToolkitPod::of,
+        );
 
         let mut triggers = vec![
             ds_changes,
@@ -710,6 +719,7 @@ impl Stores {
             toolkit_pod_changes,
             vfio_pod_changes,
             vgpu_pod_changes,
+            nvidia_vgpu_pod_changes,
         ];
         triggers.extend(upgrade_pod_watches);
         let churn = futures::stream::select_all(triggers).map(|()| Wake::Soon);

@@ -1,6 +1,7 @@
 //! GPU nodes for virtual machines, chosen per node (`spec.sandboxWorkloads`, docs/vms.md), on
 //! the harness: a mixed fleet where each stack runs only on its nodes, and one node relabelled
-//! from containers to vm-passthrough and back.
+//! from containers to vm-passthrough and back; a vm-vgpu node switching back to containers while
+//! a vGPU manager pod adopted from NVIDIA (NVIDIA's labels only) is still on it.
 //!
 //! The order of a switch is read from one pod watch on the switching node: a watch delivers
 //! events in etcd order, so "every container-stack pod was deleted before the VFIO manager's pod
@@ -416,4 +417,82 @@ async fn a_mixed_fleet_runs_each_stack_on_its_nodes_and_a_relabelled_node_change
     let mut names: Vec<String> = vm.into_iter().collect();
     names.push(switching);
     nodes::delete(&admin, &names).await.unwrap();
+}
+
+/// A vGPU manager pod as NVIDIA's operator runs it: only NVIDIA's `app` label (what a vGPU
+/// manager DaemonSet adopted from NVIDIA keeps), on `node`.
+fn nvidia_vgpu_manager_pod(namespace: &str, name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+            "labels": {"app": "nvidia-vgpu-manager-daemonset"}},
+        "spec": {"nodeName": node, "containers": [{"name": "nvidia-vgpu-manager-ctr",
+            "image": "registry.example.com/nvidia/vgpu-manager:580.65.05-ubuntu22.04"}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_vgpu_node_switching_to_containers_waits_for_a_vgpu_manager_pod_adopted_from_nvidia() {
+    let Some(prepared) = session::builder().prepare().await else {
+        return;
+    };
+    let node = unique_name("a30-vgpu-switch");
+    nodes::create(
+        &prepared.admin,
+        &[ephemeral_gpu_node(&node, GpuModel::A30).label(WORKLOAD_CONFIG, "vm-vgpu")],
+    )
+    .await
+    .unwrap();
+    let s = prepared
+        .start(json!({
+            "sandboxWorkloads": {"enabled": true, "defaultWorkload": "container", "mode": "kubevirt"},
+        }))
+        .await;
+    s.await_state(State::Ready, "policy ready with a vm-vgpu node")
+        .await;
+    let pods = Api::<Pod>::namespaced(s.admin.clone(), &s.identity.namespace);
+    let held = unique_name("nvidia-vgpu-manager-daemonset");
+    pods.create(
+        &Default::default(),
+        &nvidia_vgpu_manager_pod(&s.identity.namespace, &held, &node),
+    )
+    .await
+    .unwrap();
+    // The operator's pod caches see it before the switch (its watch is what is under test).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    nodes::set_label(&s.admin, &node, WORKLOAD_CONFIG, Some("container"))
+        .await
+        .unwrap();
+    tokio::time::sleep(HELD_FOR).await;
+    let labels = Api::<Node>::all(s.admin.clone())
+        .get(&node)
+        .await
+        .unwrap()
+        .labels()
+        .clone();
+    assert!(
+        !labels.contains_key(DEPLOY_DRIVER),
+        "{node} got {DEPLOY_DRIVER} while NVIDIA's vGPU manager pod {held} was still on it: \
+         {labels:?}"
+    );
+    pods.delete(&held, &Default::default()).await.unwrap();
+    wait::until(TIMEOUT, &format!("{DEPLOY_DRIVER} on {node}"), || {
+        let admin = s.admin.clone();
+        let node = node.clone();
+        async move {
+            let labels = Api::<Node>::all(admin).get(&node).await?.labels().clone();
+            Ok(match labels.get(DEPLOY_DRIVER).map(String::as_str) {
+                Some("true") => Ok(()),
+                other => Err(format!("{other:?}")),
+            })
+        }
+    })
+    .await
+    .unwrap();
+
+    let admin = s.admin.clone();
+    s.teardown().await;
+    nodes::delete(&admin, &[node]).await.unwrap();
 }
