@@ -8,6 +8,11 @@ export CARGO_TARGET_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-operator/c
 # `cargo xtask` (xtask/: the generated files) with a helm for the OLM bundle: $HELM when set,
 # else the pinned helm, built alone by tests/cluster/build.sh (reused once built).
 XTASK = set -o pipefail; helm="$${HELM:-$$(tests/cluster/build.sh helm | tail -1)/helm}" && HELM="$$helm" cargo xtask
+# The same, running the xtask binary that `cargo test --workspace` builds (for xtask's own
+# integration tests). `cargo xtask` resolves the features of xtask's dependencies alone, so on a
+# cold machine it compiles tokio, hyper, kube and the operator a second time, with other
+# features than the workspace's tests use.
+XTASK_BUILT = set -o pipefail; helm="$${HELM:-$$(tests/cluster/build.sh helm | tail -1)/helm}" && HELM="$$helm" "$(CARGO_TARGET_DIR)/debug/xtask"
 
 .PHONY: help
 help: ## list the targets
@@ -32,7 +37,8 @@ tools: harness olm-validator monitoring-check ## build (or reuse) every Go tool 
 
 .PHONY: unit
 unit: ## the generated-file check (`cargo xtask check`), unit tests and golden files (no cluster needed)
-	$(XTASK) check
+	cargo test --workspace --exclude e2e --no-run
+	$(XTASK_BUILT) check
 	cargo test --workspace --exclude e2e
 	cargo test -p e2e --lib --bins
 
