@@ -20,6 +20,9 @@ use crate::nodes::NodeView;
 #[derive(Clone, Debug, Default)]
 pub struct Discovered {
     pub openshift: bool,
+    /// OpenShift's `major.minor` from the ClusterVersion, read once at start-up as NVIDIA's
+    /// operator reads it ([`crate::facts::openshift_version`]).
+    pub openshift_version: Option<String>,
     pub service_monitor: bool,
     /// An NFD master that is not ours and whose ServiceAccount may patch nodes
     /// (`Deployment namespace/name`): NFD already runs.
@@ -39,8 +42,14 @@ impl Discovered {
     ) -> Result<Self, kube::Error> {
         let groups = client.list_api_groups().await?;
         let has = |name: &str| groups.groups.iter().any(|g| g.name == name);
+        let openshift = has("config.openshift.io");
         Ok(Discovered {
-            openshift: has("config.openshift.io"),
+            openshift,
+            openshift_version: if openshift {
+                openshift_version(client).await
+            } else {
+                None
+            },
             service_monitor: has("monitoring.coreos.com"),
             foreign_nfd: foreign_nfd_master(client).await?,
             crd_missing_fields: missing_crd_fields(client).await?,
@@ -153,6 +162,37 @@ async fn nvidia_operator_live(
 /// set, so a master counts only when its pods' ServiceAccount may patch nodes, which an NFD
 /// master needs and a namespace tenant cannot be granted; others are logged and ignored. A
 /// served NodeFeature API proves nothing: NFD's CRDs can exist without NFD (decision 16).
+/// OpenShift's version from ClusterVersion `version`; none (and a warning) when it cannot be
+/// read or names no completed version yet: the driver then runs without OPENSHIFT_VERSION,
+/// where NVIDIA's operator would stop reconciling.
+async fn openshift_version(client: &Client) -> Option<String> {
+    let resource = kube::discovery::ApiResource {
+        group: "config.openshift.io".to_owned(),
+        version: "v1".to_owned(),
+        api_version: "config.openshift.io/v1".to_owned(),
+        kind: "ClusterVersion".to_owned(),
+        plural: "clusterversions".to_owned(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    match api.get_opt("version").await {
+        Ok(found) => {
+            let version = found
+                .and_then(|cv| serde_json::to_value(cv).ok())
+                .and_then(|cv| facts::openshift_version(&cv));
+            if version.is_none() {
+                tracing::warn!(
+                    "ClusterVersion version names no completed version: the driver gets no OPENSHIFT_VERSION"
+                );
+            }
+            version
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reading ClusterVersion version failed: the driver gets no OPENSHIFT_VERSION");
+            None
+        }
+    }
+}
+
 async fn foreign_nfd_master(client: &Client) -> Result<Option<String>, kube::Error> {
     use k8s_openapi::api::apps::v1::Deployment;
     let api: Api<Deployment> = Api::all(client.clone());
@@ -413,6 +453,7 @@ impl Resolver {
                 runtime,
                 node_runtimes,
                 openshift: self.discovered.openshift,
+                openshift_version: self.discovered.openshift_version.clone(),
                 service_monitor_api: self.discovered.service_monitor,
                 operator_metrics_https: self.metrics_https,
                 foreign_operator_service_monitor: self

@@ -74,11 +74,27 @@ pub async fn install_apis(client: &Client) {
     );
     let mut version = DynamicObject::new("version", &resource);
     version.data = json!({"spec": {"clusterID": "6b1f3a52-8d4e-4c2a-9f0e-3c5d7a9b1e24", "channel": "stable-4.20"}});
-    Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .create(&PostParams::default(), &version)
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    api.create(&PostParams::default(), &version).await.unwrap();
+    // What the cluster-version operator reports once the install has completed: the operator
+    // passes its major.minor to the driver as OPENSHIFT_VERSION.
+    let release = format!("quay.io/openshift-release-dev/ocp-release:{OPENSHIFT_RELEASE}-x86_64");
+    let status = json!({"status": {
+        "desired": {"version": OPENSHIFT_RELEASE, "image": release},
+        "availableUpdates": null,
+        "observedGeneration": 1,
+        "versionHash": "harness",
+        "history": [{"state": "Completed", "version": OPENSHIFT_RELEASE, "image": release,
+            "startedTime": "2026-11-01T00:00:00Z", "completionTime": "2026-11-01T00:40:00Z",
+            "verified": false}],
+    }});
+    api.patch_status("version", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
 }
+
+/// The OpenShift release the simulated cluster reports as installed.
+pub const OPENSHIFT_RELEASE: &str = "4.20.3";
 
 /// Deletes the OpenShift CRDs (their objects go with them) and waits until the API server no
 /// longer serves their groups, so that the next operator started on this harness finds a plain

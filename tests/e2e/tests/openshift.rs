@@ -392,6 +392,30 @@ async fn openshift_steps(admin: &Client) {
         .await
         .unwrap()
         .items;
+
+    // The driver gets OpenShift's major.minor, read from the ClusterVersion, as NVIDIA's does.
+    let driver = daemon_sets
+        .iter()
+        .find(|d| d.name_any().starts_with("nvidia-driver-daemonset"))
+        .expect("no driver DaemonSet on OpenShift");
+    let main = pod_of(driver)
+        .containers
+        .iter()
+        .find(|c| c.name == "nvidia-driver-ctr")
+        .expect("no driver container");
+    let openshift_version = main
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "OPENSHIFT_VERSION")
+        .and_then(|e| e.value.clone());
+    assert_eq!(
+        openshift_version.as_deref(),
+        Some("4.20"),
+        "{}: OPENSHIFT_VERSION from ClusterVersion {}",
+        driver.name_any(),
+        openshift::OPENSHIFT_RELEASE
+    );
     let deployments = Api::<Deployment>::namespaced(admin.clone(), &namespace)
         .list(&ListParams::default())
         .await

@@ -38,6 +38,8 @@ pub struct Observed {
     /// See [`ClusterFacts::node_runtimes`].
     pub node_runtimes: super::NodeRuntimes,
     pub openshift: bool,
+    /// See [`ClusterFacts::openshift_version`].
+    pub openshift_version: Option<String>,
     pub service_monitor_api: bool,
     /// See [`ClusterFacts::operator_metrics_https`].
     pub operator_metrics_https: bool,
@@ -100,6 +102,7 @@ pub fn assemble(
             .and_then(toolkit_flavour::live_flavour),
         os_tag: driver_os_tag(spec, &observed.gpu_nodes, live_os.as_deref()),
         openshift: observed.openshift,
+        openshift_version: observed.openshift_version,
         service_monitor_api: observed.service_monitor_api,
         live_driver: LiveDriver {
             daemon_sets: own_driver.clone(),

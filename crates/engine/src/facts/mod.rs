@@ -128,6 +128,9 @@ pub struct ClusterFacts {
     /// `<ID><VERSION_ID>` of the GPU nodes' OS from NFD labels (`ubuntu22.04`, `rhel9`), the
     /// suffix of the driver image tag. `None` while no GPU node is known.
     pub os_tag: Option<String>,
+    /// OpenShift's `major.minor` ([`openshift_version`]), when the cluster is OpenShift and its
+    /// ClusterVersion has completed an install or update.
+    pub openshift_version: Option<String>,
     /// Whether the cluster is OpenShift (ClusterVersion API served).
     pub openshift: bool,
     /// Whether the Prometheus Operator's ServiceMonitor API is served.
@@ -185,6 +188,29 @@ pub struct ClusterFacts {
     pub driver_toolkit_broken: bool,
     /// Image fallbacks from the operator's environment (`DRIVER_IMAGE`, ...), for OLM.
     pub image_env: BTreeMap<String, String>,
+}
+
+/// OpenShift's version as NVIDIA's operator reads it for the driver's `OPENSHIFT_VERSION`
+/// (`cluster_version`: the ClusterVersion `version` as the API serves it): `major.minor` of the
+/// first `Completed` entry of `status.history` (the newest first), or the whole version when it
+/// has no minor part.
+pub fn openshift_version(cluster_version: &serde_json::Value) -> Option<String> {
+    let completed = cluster_version
+        .pointer("/status/history")?
+        .as_array()?
+        .iter()
+        .find(|entry| {
+            entry.get("state").and_then(serde_json::Value::as_str) == Some("Completed")
+        })?;
+    let version = completed
+        .get("version")?
+        .as_str()
+        .filter(|v| !v.is_empty())?;
+    let mut parts = version.split('.');
+    Some(match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => format!("{major}.{minor}"),
+        _ => version.to_owned(),
+    })
 }
 
 /// The toolkit images of OpenShift's `driver-toolkit` ImageStream (`image`: the object as the

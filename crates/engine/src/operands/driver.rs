@@ -750,6 +750,7 @@ fn render_os(
         &sidecars,
         &images.driver,
         files.driver_mounts,
+        facts.openshift_version.as_deref(),
     )];
     containers.extend(peermem_container(
         driver,
@@ -1296,7 +1297,14 @@ fn manager_container(policy: &ValidatedPolicy, driver: &DriverSpec) -> Container
 /// The driver container's env: the node, the kernel module flavour, the GDRCopy and GDS
 /// flags (the startup probe hands them to the validator through `.driver-ctr-ready`), RDMA,
 /// then the user's.
-fn driver_env(driver: &DriverSpec, sidecars: &[Sidecar<'_>]) -> Vec<EnvVar> {
+/// The driver container's env. `openshift_version` ([`ClusterFacts::openshift_version`]) goes
+/// in as `OPENSHIFT_VERSION`, which the driver image's build path uses for the RHOCP package
+/// repositories, as NVIDIA's operator sets it; a user's own value wins.
+fn driver_env(
+    driver: &DriverSpec,
+    sidecars: &[Sidecar<'_>],
+    openshift_version: Option<&str>,
+) -> Vec<EnvVar> {
     let mut driver_env = vec![
         env_field("NODE_NAME", "spec.nodeName"),
         env_field("NODE_IP", "status.hostIP"),
@@ -1319,6 +1327,7 @@ fn driver_env(driver: &DriverSpec, sidecars: &[Sidecar<'_>]) -> Vec<EnvVar> {
         }
     }
     driver_env.extend(rdma_env(driver));
+    driver_env.extend(openshift_version.map(|v| env("OPENSHIFT_VERSION", v)));
     merge_user_env(&mut driver_env, driver.container.env.as_ref());
     driver_env
 }
@@ -1342,10 +1351,11 @@ fn driver_container(
     sidecars: &[Sidecar<'_>],
     image: &str,
     mounts: Vec<VolumeMount>,
+    openshift_version: Option<&str>,
 ) -> Container {
     let ready_files = "rm -f /run/nvidia/validations/.driver-ctr-ready /run/nvidia/validations/.driver-daemons-status";
     Container {
-        env: Some(driver_env(driver, sidecars)),
+        env: Some(driver_env(driver, sidecars, openshift_version)),
         env_from: secret_env_from(driver),
         security_context: Some(common::privileged_s0()),
         volume_mounts: Some(mounts),

@@ -657,3 +657,62 @@ fn with_nvidiadriver_pools_in_charge_use_precompiled_is_not_acted_on_by_the_poli
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn on_openshift_the_driver_and_the_vgpu_manager_get_openshift_version_and_a_users_value_wins() {
+    let openshift = ClusterFacts {
+        openshift: true,
+        openshift_version: Some("4.20".to_owned()),
+        ..facts()
+    };
+    let main = |spec: &str, facts: &ClusterFacts, operand, name: &str| {
+        container(&pod(&daemon_set(spec, facts, operand)), name)
+    };
+    let driver = main("{}", &openshift, Operand::Driver, "nvidia-driver-ctr");
+    assert_eq!(env(&driver, "OPENSHIFT_VERSION").as_deref(), Some("4.20"));
+    let vgpu = "{sandboxWorkloads: {enabled: true, defaultWorkload: vm-vgpu}, vgpuManager: \
+        {enabled: true, repository: registry.example.com/nvidia, image: vgpu-manager, \
+        version: 580.65.05}}";
+    let manager = main(
+        vgpu,
+        &openshift,
+        Operand::VgpuManager,
+        "nvidia-vgpu-manager-ctr",
+    );
+    assert_eq!(env(&manager, "OPENSHIFT_VERSION").as_deref(), Some("4.20"));
+    // Elsewhere, or with the version unknown, there is none.
+    let plain = main("{}", &facts(), Operand::Driver, "nvidia-driver-ctr");
+    assert_eq!(env(&plain, "OPENSHIFT_VERSION"), None);
+    // The user's env overrides it.
+    let own = "{driver: {env: [{name: OPENSHIFT_VERSION, value: '4.19'}]}}";
+    let driver = main(own, &openshift, Operand::Driver, "nvidia-driver-ctr");
+    assert_eq!(env(&driver, "OPENSHIFT_VERSION").as_deref(), Some("4.19"));
+}
+
+#[test]
+fn openshift_version_is_major_minor_of_the_first_completed_history_entry() {
+    let version = |history: serde_json::Value| {
+        crate::facts::openshift_version(&serde_json::json!({"status": {"history": history}}))
+    };
+    // The newest entry first: an update in progress is skipped.
+    assert_eq!(
+        version(serde_json::json!([
+            {"state": "Partial", "version": "4.21.0"},
+            {"state": "Completed", "version": "4.20.3"},
+        ]))
+        .as_deref(),
+        Some("4.20")
+    );
+    assert_eq!(
+        version(serde_json::json!([{"state": "Completed", "version": "4"}])).as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        version(serde_json::json!([{"state": "Partial", "version": "4.20.3"}])),
+        None
+    );
+    assert_eq!(
+        crate::facts::openshift_version(&serde_json::json!({"spec": {}})),
+        None
+    );
+}

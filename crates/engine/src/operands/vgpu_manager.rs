@@ -290,7 +290,14 @@ fn daemon_set(
     manager: &VgpuManagerSpec,
     image: &str,
 ) -> DaemonSet {
-    let mut envs = Vec::new();
+    // The vGPU host driver image builds as the driver image does (OPENSHIFT_VERSION: see
+    // driver::driver_env).
+    let mut envs: Vec<_> = facts
+        .openshift_version
+        .as_deref()
+        .map(|v| env("OPENSHIFT_VERSION", v))
+        .into_iter()
+        .collect();
     merge_user_env(&mut envs, manager.container.env.as_ref());
     let kernel_modules = kernel_module_config_name(&policy.spec)
         .map(|name| driver::kernel_module_parameters(name, facts));

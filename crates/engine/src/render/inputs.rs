@@ -225,6 +225,9 @@ pub fn facts_for(
             owner: None,
             runtime,
             openshift: options.openshift,
+            // Read from the live ClusterVersion only: a render has no cluster, so the driver
+            // renders without OPENSHIFT_VERSION.
+            openshift_version: None,
             service_monitor_api: options.service_monitor_api,
             // The chart's and the bundle's default (operator.metrics.secure).
             operator_metrics_https: true,

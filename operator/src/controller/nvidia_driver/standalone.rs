@@ -50,6 +50,7 @@ pub fn prepare(deps: &Deps, cluster: &GPUCluster) -> (ValidatedPolicy, ClusterFa
         namespace: deps.settings.namespace.clone(),
         owner: cluster.controller_owner_ref(&()),
         openshift: deps.resolver.discovered.openshift,
+        openshift_version: deps.resolver.discovered.openshift_version.clone(),
         image_env: deps.image_env.clone(),
         ..ClusterFacts::default()
     };

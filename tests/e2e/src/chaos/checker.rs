@@ -294,6 +294,20 @@ pub async fn live_facts(
         .await?
         .then_some("a workload that is not ours");
     let service_monitor_api = served("monitoring.coreos.com");
+    // As the operator reads it at start-up (controller::resolve).
+    let openshift_version = if openshift {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("config.openshift.io", "v1", "ClusterVersion"),
+            "clusterversions",
+        );
+        Api::<DynamicObject>::all_with(admin.clone(), &resource)
+            .get_opt("version")
+            .await?
+            .and_then(|cv| serde_json::to_value(cv).ok())
+            .and_then(|cv| facts::openshift_version(&cv))
+    } else {
+        None
+    };
     let foreign_operator_service_monitor = service_monitor_api
         && Api::<DynamicObject>::namespaced_with(
             admin.clone(),
@@ -312,6 +326,7 @@ pub async fn live_facts(
             runtime,
             node_runtimes,
             openshift,
+            openshift_version,
             service_monitor_api,
             // The e2e operators serve plain HTTP (operator::PLAIN_ENDPOINTS).
             operator_metrics_https: false,
