@@ -81,7 +81,8 @@ pub async fn install_apis(client: &Client) {
     let release = format!("quay.io/openshift-release-dev/ocp-release:{OPENSHIFT_RELEASE}-x86_64");
     let status = json!({"status": {
         "desired": {"version": OPENSHIFT_RELEASE, "image": release},
-        "availableUpdates": null,
+        // Empty, not null: a merge patch drops null fields, and the field is required.
+        "availableUpdates": [],
         "observedGeneration": 1,
         "versionHash": "harness",
         "history": [{"state": "Completed", "version": OPENSHIFT_RELEASE, "image": release,
