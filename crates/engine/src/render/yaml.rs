@@ -118,7 +118,10 @@ mod tests {
         let object = json!({"kind": "ConfigMap", "data": {
             "script": "set -e\non\nno\n", "word": "online", "flag": "noon"}});
         let text = document(object.clone()).unwrap();
-        assert_eq!(text, serde_yaml_ng::to_string(&identity_first(object)).unwrap());
+        assert_eq!(
+            text,
+            serde_yaml_ng::to_string(&identity_first(object)).unwrap()
+        );
     }
 
     #[test]
