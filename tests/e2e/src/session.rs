@@ -18,10 +18,11 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::audit::{AuditLog, Mark};
 use crate::cluster::unique_name;
 use crate::nodes::{self, FakeNode, GpuModel};
 use crate::operator::{Operator, OperatorIdentity};
-use crate::wait;
+use crate::{steady, wait};
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -86,6 +87,13 @@ pub fn ready_condition(
         .as_ref()?
         .iter()
         .find(|c| c.type_ == "Ready")
+}
+
+/// The reason and message of the policy's `Ready` condition (empty while it has none).
+pub fn ready_reason_and_message(policy: &ClusterPolicy) -> (String, String) {
+    ready_condition(policy)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
 }
 
 /// The message of `component` in the policy's `status.components` (empty while it has none).
@@ -398,6 +406,67 @@ impl Setup {
             .patch(&self.policy, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .unwrap();
+    }
+
+    /// Waits until the policy's status refuses an edited config: not ready, reason
+    /// `InvalidConfig`, and every one of `needles` in the message. A refused edit changes no
+    /// operand, so the status is the only sign the operator reacted to it.
+    pub async fn await_invalid_config(&self, needles: &[&str]) -> ClusterPolicy {
+        let (admin, name) = (self.admin.clone(), self.policy.clone());
+        let needles: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
+        wait::until(TIMEOUT, "status reports the invalid config", || {
+            let (admin, name, needles) = (admin.clone(), name.clone(), needles.clone());
+            async move {
+                let p = policies(&admin).get(&name).await?;
+                let (reason, message) = ready_reason_and_message(&p);
+                let state = p.status.as_ref().map(|s| s.state);
+                Ok(
+                    if state == Some(State::NotReady)
+                        && reason == "InvalidConfig"
+                        && needles.iter().all(|n| message.contains(n.as_str()))
+                    {
+                        Ok(p)
+                    } else {
+                        Err(format!("{state:?} {reason}: {message}"))
+                    },
+                )
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.operator.log_text()))
+    }
+
+    /// A mark in the audit log taken once the operator has made no write for two seconds, so
+    /// the writes counted from it are the reaction to what the test does next, not the tail of
+    /// the last change.
+    pub async fn quiet_mark(&self, log: &AuditLog) -> Mark {
+        self.await_quiet(log).await;
+        log.mark().unwrap()
+    }
+
+    /// The operator's writes of `resources` (`verb resource name`) since `mark`, read once it
+    /// has made no write for two seconds: what "nothing rolled" and "rolled once" are checked
+    /// against after a config edit.
+    pub async fn writes_once_quiet(
+        &self,
+        log: &AuditLog,
+        mark: Mark,
+        resources: &[&str],
+    ) -> Vec<String> {
+        self.await_quiet(log).await;
+        log.of_user_since(mark, &self.identity.username())
+            .unwrap()
+            .iter()
+            .filter(|e| e.is_mutating() && resources.contains(&&*e.resource()))
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    async fn await_quiet(&self, log: &AuditLog) {
+        let user = self.identity.username();
+        steady::await_quiet(log, &user, Duration::from_secs(2), TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.operator.log_text()));
     }
 
     /// Deletes the policy (unless the test did), waits until its operands are

@@ -4,20 +4,20 @@
 //! nodes run; fixing the config rolls the vGPU device manager once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
-use e2e::audit::{AuditLog, Mark};
+use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, FakeNode, GpuModel};
 use e2e::session::*;
-use e2e::{steady, wait};
-use gpu_operator::api::{ClusterPolicy, State};
+use e2e::wait;
+use gpu_operator::api::State;
 use gpu_operator::operands::vgpu_device_manager::{NAME, mounted_copy};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const CONFIG_MAP: &str = "vgpu-config";
+/// What a config change may roll: the DaemonSets and the config copies they mount.
+const WORKLOADS: &[&str] = &["daemonsets", "configmaps"];
 
 /// A vGPU config file with `default` (L40S-12Q) and `extra` configs; `count` vGPUs per GPU.
 fn configs(count: i64) -> String {
@@ -69,54 +69,6 @@ async fn await_copy_other_than(s: &Setup, old: Option<&str>) -> String {
     .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
 }
 
-/// The operator's writes of DaemonSets and ConfigMaps since `mark`, read once it has made no
-/// write for two seconds (`verb resource name`).
-async fn workload_writes_once_quiet(s: &Setup, log: &AuditLog, mark: Mark) -> Vec<String> {
-    let user = s.identity.username();
-    steady::await_quiet(log, &user, Duration::from_secs(2), TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
-    log.of_user_since(mark, &user)
-        .unwrap()
-        .iter()
-        .filter(|e| e.is_mutating() && ["daemonsets", "configmaps"].contains(&&*e.resource()))
-        .map(|e| format!("{e} {}", e.name().unwrap_or("(new)")))
-        .collect()
-}
-
-fn ready(p: &ClusterPolicy) -> (String, String) {
-    ready_condition(p)
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default()
-}
-
-/// Waits until the policy is not ready for an invalid config whose message has every one of
-/// `needles`.
-async fn await_invalid_config(s: &Setup, needles: &[&str]) -> ClusterPolicy {
-    let (admin, name) = (s.admin.clone(), s.policy.clone());
-    let needles: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
-    wait::until(TIMEOUT, "status reports the invalid vGPU config", || {
-        let (admin, name, needles) = (admin.clone(), name.clone(), needles.clone());
-        async move {
-            let p = policies(&admin).get(&name).await?;
-            let (reason, message) = ready(&p);
-            let state = p.status.as_ref().map(|s| s.state);
-            Ok(
-                if state == Some(State::NotReady)
-                    && reason == "InvalidConfig"
-                    && needles.iter().all(|n| message.contains(n.as_str()))
-                {
-                    Ok(p)
-                } else {
-                    Err(format!("{state:?} {reason}: {message}"))
-                },
-            )
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
-}
-
 async fn label_node(s: &Setup, node: &str, key: &str, value: Option<&str>) {
     Api::<Node>::all(s.admin.clone())
         .patch(
@@ -153,34 +105,27 @@ async fn an_invalid_vgpu_config_is_reported_and_changes_nothing_until_fixed() {
     // A broken edit: count 0. Reported with the ConfigMap, key, config and field, and the fix;
     // the DaemonSet and the copy it mounts are not written.
     let audit = AuditLog::from_env().unwrap();
-    steady::await_quiet(
-        &audit,
-        &s.identity.username(),
-        Duration::from_secs(2),
-        TIMEOUT,
-    )
-    .await
-    .unwrap();
-    let before_break = audit.mark().unwrap();
+    let before_break = s.quiet_mark(&audit).await;
     config_map(&s.admin, &ns, CONFIG_MAP, &[("config.yaml", &configs(0))]).await;
-    let p = await_invalid_config(
-        &s,
-        &[
+    let p = s
+        .await_invalid_config(&[
             "ConfigMap vgpu-config, key \"config.yaml\"",
             "vgpu-configs.default[0].vgpu-devices.L40S-12Q has count 0",
             "above 0",
             &first,
-        ],
-    )
-    .await;
-    eprintln!("broken vGPU config, Ready: {:?}", ready(&p));
+        ])
+        .await;
+    eprintln!(
+        "broken vGPU config, Ready: {:?}",
+        ready_reason_and_message(&p)
+    );
     assert!(
         component_message(&p, "vgpu-device-manager").contains("invalid configuration"),
         "{}",
         component_message(&p, "vgpu-device-manager")
     );
     assert_eq!(
-        workload_writes_once_quiet(&s, &audit, before_break).await,
+        s.writes_once_quiet(&audit, before_break, WORKLOADS).await,
         Vec::<String>::new(),
         "a broken vGPU config wrote a DaemonSet or a ConfigMap"
     );
@@ -195,18 +140,19 @@ async fn an_invalid_vgpu_config_is_reported_and_changes_nothing_until_fixed() {
     // are, and again nothing written.
     let before_label = audit.mark().unwrap();
     label_node(&s, &l40s, "nvidia.com/vgpu.config", Some("L40S-7Q")).await;
-    let p = await_invalid_config(
-        &s,
-        &[
+    let p = s
+        .await_invalid_config(&[
             &l40s,
             "nvidia.com/vgpu.config=L40S-7Q",
             "its configs: default and extra",
-        ],
-    )
-    .await;
-    eprintln!("unknown vGPU config label, Ready: {:?}", ready(&p));
+        ])
+        .await;
+    eprintln!(
+        "unknown vGPU config label, Ready: {:?}",
+        ready_reason_and_message(&p)
+    );
     assert_eq!(
-        workload_writes_once_quiet(&s, &audit, before_label).await,
+        s.writes_once_quiet(&audit, before_label, WORKLOADS).await,
         Vec::<String>::new(),
         "a node label naming an unknown config wrote a DaemonSet or a ConfigMap"
     );
@@ -223,11 +169,8 @@ async fn an_invalid_vgpu_config_is_reported_and_changes_nothing_until_fixed() {
         &[("config.yaml", &configs(4).replace("  extra:", "  other:"))],
     )
     .await;
-    await_invalid_config(
-        &s,
-        &["removes configs that nodes still name", "extra (node"],
-    )
-    .await;
+    s.await_invalid_config(&["removes configs that nodes still name", "extra (node"])
+        .await;
     assert_eq!(live(&s).await, running);
 
     // A fix with new content rolls the DaemonSet once, to a new copy.

@@ -5,18 +5,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use e2e::audit::{AuditLog, Mark};
+use e2e::audit::AuditLog;
 use e2e::cluster::unique_name;
 use e2e::nodes::{self, FakeNode, GpuModel};
 use e2e::session::*;
-use e2e::{steady, wait};
-use gpu_operator::api::{ClusterPolicy, State};
+use e2e::wait;
+use gpu_operator::api::State;
 use gpu_operator::operands::device_plugin::{CONFIG_COPY_LABEL, mounted_copy};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
 const PLUGIN: &str = "nvidia-device-plugin-daemonset";
@@ -39,21 +38,6 @@ async fn consumers(s: &Setup) -> BTreeMap<String, (Option<String>, i64)> {
     out
 }
 
-/// The operator's DaemonSet writes (`verb daemonsets name`) since `mark`, read once it has
-/// made no write for two seconds: what "nothing rolled" and "rolled once" are checked against.
-async fn daemonset_writes_once_quiet(s: &Setup, log: &AuditLog, mark: Mark) -> Vec<String> {
-    let user = s.identity.username();
-    steady::await_quiet(log, &user, Duration::from_secs(2), TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()));
-    log.of_user_since(mark, &user)
-        .unwrap()
-        .iter()
-        .filter(|e| e.is_mutating() && e.resource() == "daemonsets")
-        .map(ToString::to_string)
-        .collect()
-}
-
 /// Waits until both consumers mount a copy other than `old` (the same one) and returns it.
 async fn await_new_copy(s: &Setup, old: Option<&str>) -> String {
     let api = s.daemonsets();
@@ -73,49 +57,6 @@ async fn await_new_copy(s: &Setup, old: Option<&str>) -> String {
             }
         },
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
-}
-
-async fn policy(client: &Client, name: &str) -> ClusterPolicy {
-    Api::<ClusterPolicy>::all(client.clone())
-        .get(name)
-        .await
-        .unwrap()
-}
-
-fn ready_condition(p: &ClusterPolicy) -> (String, String) {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default()
-}
-
-/// Waits until the policy's status is not ready for an invalid config whose message has
-/// every one of `needles`.
-async fn await_invalid_config(s: &Setup, needles: &[&str]) -> ClusterPolicy {
-    let (admin, name) = (s.admin.clone(), s.policy.clone());
-    let needles: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
-    wait::until(TIMEOUT, "status reports the invalid config", || {
-        let (admin, name, needles) = (admin.clone(), name.clone(), needles.clone());
-        async move {
-            let p = policy(&admin, &name).await;
-            let (reason, message) = ready_condition(&p);
-            let state = p.status.as_ref().map(|s| s.state);
-            Ok(
-                if state == Some(State::NotReady)
-                    && reason == "InvalidConfig"
-                    && needles.iter().all(|n| message.contains(n.as_str()))
-                {
-                    Ok(p)
-                } else {
-                    Err(format!("{state:?} {reason}: {message}"))
-                },
-            )
-        }
-    })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", s.operator.log_text()))
 }
@@ -163,7 +104,7 @@ async fn time_slicing_by_patching_the_live_policy() {
         message.contains(&format!("config {first} (default key \"any\")")),
         "status names the config in effect: {message}"
     );
-    let (_, ready) = ready_condition(&p);
+    let (_, ready) = ready_reason_and_message(&p);
     eprintln!("with time-slicing-config: device-plugin component: {message}; Ready: {ready}");
     assert!(ready.contains("default inferred"), "{ready}");
 
@@ -185,15 +126,7 @@ async fn time_slicing_by_patching_the_live_policy() {
 
     // Break the YAML: reported, nothing rolls.
     let audit = AuditLog::from_env().unwrap();
-    steady::await_quiet(
-        &audit,
-        &s.identity.username(),
-        Duration::from_secs(2),
-        TIMEOUT,
-    )
-    .await
-    .unwrap();
-    let before_break = audit.mark().unwrap();
+    let before_break = s.quiet_mark(&audit).await;
     let rolled_to_8 = consumers(&s).await;
     config_map(
         &s.admin,
@@ -202,8 +135,13 @@ async fn time_slicing_by_patching_the_live_policy() {
         &[("any", "version: v1\nsharing:\n  timeSlicing: [\n")],
     )
     .await;
-    let p = await_invalid_config(&s, &["time-slicing-config", "any", &second]).await;
-    eprintln!("broken YAML, Ready condition: {:?}", ready_condition(&p));
+    let p = s
+        .await_invalid_config(&["time-slicing-config", "any", &second])
+        .await;
+    eprintln!(
+        "broken YAML, Ready condition: {:?}",
+        ready_reason_and_message(&p)
+    );
     assert!(
         component_message(&p, "device-plugin").contains("invalid configuration"),
         "{}",
@@ -247,7 +185,8 @@ async fn time_slicing_by_patching_the_live_policy() {
         "new node mounts {mounted:?}, not the last good {second}"
     );
     assert_eq!(
-        daemonset_writes_once_quiet(&s, &audit, before_break).await,
+        s.writes_once_quiet(&audit, before_break, &["daemonsets"])
+            .await,
         Vec::<String>::new(),
         "a broken config wrote a DaemonSet"
     );
@@ -273,7 +212,7 @@ async fn time_slicing_by_patching_the_live_policy() {
         &[("any", &time_slicing(0))],
     )
     .await;
-    await_invalid_config(&s, &["replicas"]).await;
+    s.await_invalid_config(&["replicas"]).await;
     config_map(
         &s.admin,
         &ns,
@@ -283,7 +222,9 @@ async fn time_slicing_by_patching_the_live_policy() {
     .await;
     let third = await_new_copy(&s, Some(&second)).await;
     s.await_state(State::Ready, "ready after the fix").await;
-    let writes = daemonset_writes_once_quiet(&s, &audit, before_second_break).await;
+    let writes = s
+        .writes_once_quiet(&audit, before_second_break, &["daemonsets"])
+        .await;
     for name in [PLUGIN, GFD] {
         let to_it: Vec<&String> = writes
             .iter()
@@ -347,8 +288,10 @@ async fn a_node_labelled_with_a_missing_config_key_is_named_in_status() {
     )
     .await
     .unwrap();
-    let p = await_invalid_config(&s, &[&node, "\"huge\"", "nvidia.com/device-plugin.config"]).await;
-    let (_, message) = ready_condition(&p);
+    let p = s
+        .await_invalid_config(&[&node, "\"huge\"", "nvidia.com/device-plugin.config"])
+        .await;
+    let (_, message) = ready_reason_and_message(&p);
     assert!(
         message.contains(&copy),
         "keeps the last good copy: {message}"
@@ -413,7 +356,9 @@ async fn published_mig_layouts_are_checked_against_each_gpu_model() {
     ];
     nodes::create(&s.admin, &all).await.unwrap();
 
-    let p = await_invalid_config(&s, &[&a100_80, &h100, &training, &t4, &unknown, &failed]).await;
+    let p = s
+        .await_invalid_config(&[&a100_80, &h100, &training, &t4, &unknown, &failed])
+        .await;
     let message = component_message(&p, "mig-manager");
     eprintln!("mig-manager component: {message}");
     assert!(
@@ -626,8 +571,9 @@ async fn a_missing_mig_or_dcgm_config_map_reads_the_same_in_status_and_in_gpu_op
     let Some(s) = start(spec.clone(), &[]).await else {
         return;
     };
-    await_invalid_config(&s, &["missing-layouts", "missing-metrics"]).await;
-    let p = policy(&s.admin, &s.policy).await;
+    s.await_invalid_config(&["missing-layouts", "missing-metrics"])
+        .await;
+    let p = policies(&s.admin).get(&s.policy).await.unwrap();
     const KEPT: &str = "invalid configuration, live objects kept as they were: ";
     for (operand, config_map) in [
         ("mig-manager", "missing-layouts"),

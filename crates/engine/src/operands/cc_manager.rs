@@ -6,8 +6,7 @@
 //! §20.6). The sandbox validator's `cc-manager-validation` waits for its readiness file. On with
 //! sandbox workloads in mode kata and `ccManager.enabled`.
 
-use k8s_openapi::api::core::v1::{Container, EnvVar as K8sEnvVar, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::{Container, EnvVar as K8sEnvVar, PodSpec};
 
 use super::common::{
     self, HostPathType, OperandDaemonSet, VALIDATIONS_DIR, env, env_field, host_path_volume,
@@ -87,21 +86,10 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
 
     let mut envs = manager_env(cc);
     merge_user_env(&mut envs, cc.container.env.as_ref());
-    let memory = || Quantity("200Mi".to_owned());
     let clean_up = format!("{VALIDATIONS_DIR}/{READINESS_FILE}");
     let main = Container {
         env: Some(envs),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [
-                    ("cpu".to_owned(), Quantity("100m".to_owned())),
-                    ("memory".to_owned(), memory()),
-                ]
-                .into(),
-            ),
-            limits: Some([("memory".to_owned(), memory())].into()),
-            claims: None,
-        }),
+        resources: Some(common::small_manager_resources()),
         security_context: Some(common::privileged_s0()),
         // GPU registers and resets through sysfs; the readiness file under /run/nvidia.
         volume_mounts: Some(vec![

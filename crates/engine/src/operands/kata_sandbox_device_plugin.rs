@@ -10,16 +10,13 @@
 //! The Kata runtime and its RuntimeClasses are not deployed here: they come from the user's Kata
 //! Containers installation.
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
-use super::common::{
-    self, HostPathType, OperandDaemonSet, VALIDATIONS_DIR, env_field, host_path_volume,
-    merge_user_env, mount, rule,
-};
+use super::common::{OperandDaemonSet, env_field, merge_user_env, rule};
 use super::openshift;
-use super::sandbox_device_plugin::wait_for;
-use super::validator::VALIDATIONS_VOLUME;
+use super::sandbox_device_plugin::{
+    plugin_container, plugin_objects, plugin_pod, wait_for_vfio_pci,
+};
 use crate::api::{Component, EnvVar, ImageKind, KataSandboxDevicePluginSpec};
 use crate::facts::ClusterFacts;
 use crate::model::{Operand, OperandObjects, ValidatedPolicy};
@@ -43,12 +40,9 @@ pub const NAME: &str = "nvidia-kata-sandbox-device-plugin-daemonset";
 /// ServiceAccount, Role, ClusterRole and SCC name.
 pub const SERVICE_ACCOUNT: &str = "nvidia-kata-sandbox-device-plugin";
 pub const MAIN_CONTAINER: &str = "nvidia-kata-sandbox-device-plugin-ctr";
-pub const VFIO_PCI_VALIDATION: &str = "vfio-pci-validation";
+pub const VFIO_PCI_VALIDATION: &str = super::sandbox_device_plugin::VFIO_PCI_VALIDATION;
 /// The plugin's switch for the GPU feature discovery pod it launches into a Kata VM.
 pub const ENABLE_GFD: &str = "ENABLE_GFD";
-
-const DEVICE_PLUGINS: &str = "device-plugin";
-const CDI_ROOT: &str = "cdi-root";
 
 /// Whether the user's env turns on the plugin's in-VM GPU feature discovery. The plugin reads
 /// the variable with Go's `strconv.ParseBool`, so these are the spellings it takes as true.
@@ -98,82 +92,35 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
         env_field("POD_SERVICE_ACCOUNT", "spec.serviceAccountName"),
     ];
     merge_user_env(&mut envs, plugin.container.env.as_ref());
-    let main = Container {
-        env: Some(envs),
-        security_context: Some(common::privileged()),
-        volume_mounts: Some(vec![
-            mount(DEVICE_PLUGINS, "/var/lib/kubelet/device-plugins"),
-            mount(CDI_ROOT, "/var/run/cdi"),
-        ]),
-        // The image's own command.
-        ..common::container(
-            MAIN_CONTAINER,
-            &common::image(policy, ImageKind::KataSandboxDevicePlugin),
-            &[],
-            &[],
-        )
-    };
-    let pod = PodSpec {
-        service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
-        // Kata serves whole GPUs only: no wait for vGPU devices.
-        init_containers: Some(vec![wait_for(
-            policy,
-            VFIO_PCI_VALIDATION,
-            "vm-passthrough",
-            "vfio-pci-ready",
-        )]),
-        containers: vec![main],
-        volumes: Some(vec![
-            // NVIDIA does not apply the kubelet root setting to this path (§20.4).
-            host_path_volume(
-                DEVICE_PLUGINS,
-                "/var/lib/kubelet/device-plugins",
-                HostPathType::Any,
-            ),
-            host_path_volume(CDI_ROOT, "/var/run/cdi", HostPathType::DirectoryOrCreate),
-            host_path_volume(
-                VALIDATIONS_VOLUME,
-                VALIDATIONS_DIR,
-                HostPathType::DirectoryOrCreate,
-            ),
-        ]),
-        ..PodSpec::default()
-    };
+    // The image's own command.
+    let main = plugin_container(
+        policy,
+        MAIN_CONTAINER,
+        ImageKind::KataSandboxDevicePlugin,
+        envs,
+        false,
+    );
+    // Kata serves whole GPUs only: no wait for vGPU devices.
+    let pod = plugin_pod(
+        SERVICE_ACCOUNT,
+        vec![wait_for_vfio_pci(policy)],
+        main,
+        false,
+    );
     let mut ds = OperandDaemonSet::new(Operand::KataSandboxDevicePlugin, NAME, pod, MAIN_CONTAINER);
-    ds.annotations = openshift::scc_annotation(facts, SERVICE_ACCOUNT);
     ds.image = Some(&plugin.image);
     ds.overrides = Some(&plugin.container);
     ds.host_network = plugin.host_network.unwrap_or(false);
 
-    let mut objects = OperandObjects::default();
-    let mut cluster_rules = Vec::new();
-    if facts.openshift {
-        cluster_rules.push(rule(
-            &["config.openshift.io"],
-            &["clusterversions"],
-            &["get", "list"],
-        ));
-    }
     // The GFD launcher reads its node's labels (the Kata runtime's readiness label and the CC
     // state that picks the RuntimeClass). NVIDIA also grants pods get cluster-wide, but the
     // plugin reads only its own pod, in its namespace (the Role).
-    cluster_rules.push(rule(&[""], &["nodes"], &["get"]));
-    common::add_identity(
-        &mut objects,
-        Operand::KataSandboxDevicePlugin,
+    Some(plugin_objects(
+        policy,
+        facts,
+        ds,
         SERVICE_ACCOUNT,
         role_rules(facts, launches_gfd(plugin.container.env.as_ref())),
-        cluster_rules,
-        facts,
-    );
-    objects
-        .daemon_sets
-        .push(common::operand_daemon_set(policy, facts, ds));
-    objects.dynamic.extend(openshift::scc(
-        Operand::KataSandboxDevicePlugin,
-        SERVICE_ACCOUNT,
-        openshift::HostAccess::default(),
-        facts,
-    ));
-    Some(objects)
+        &["nodes"],
+    ))
 }

@@ -5,12 +5,11 @@
 //! when the pod stops (docs/operand-facts.md §20.2, §20.4). On with sandbox workloads and
 //! `vfioManager.enabled`.
 
-use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::common::{
-    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env, env_field,
-    host_path_volume, merge_user_env, mount, rule,
+    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env, host_path_volume,
+    merge_user_env, mount, rule,
 };
 use super::openshift;
 use crate::api::{Component, ImageKind, VfioManagerSpec};
@@ -36,15 +35,15 @@ pub const NAME: &str = "nvidia-vfio-manager";
 /// ServiceAccount, Role, ClusterRole and SCC name.
 pub const SERVICE_ACCOUNT: &str = "nvidia-vfio-manager";
 pub const MAIN_CONTAINER: &str = "nvidia-vfio-manager";
-pub const MANAGER_CONTAINER: &str = "k8s-driver-manager";
+pub const MANAGER_CONTAINER: &str = common::DRIVER_MANAGER_CONTAINER;
 /// The admission policy keeping the driver manager's node writes to its own node.
 pub const CONFINEMENT_POLICY: &str = "nvidia-vfio-manager-own-node";
 
 /// The pod label NVIDIA's DaemonSet selects on (its pods also carry `app`).
 const SELECTOR_LABEL: &str = "name";
-const HOST_SYS: &str = "host-sys";
+const HOST_SYS: &str = common::HOST_SYS_VOLUME;
 const HOST_LIB_MODULES: &str = "host-lib-modules";
-const RUN_NVIDIA: &str = "run-nvidia";
+const RUN_NVIDIA: &str = common::RUN_NVIDIA_VOLUME;
 
 /// Binds every NVIDIA GPU to its VFIO driver, then keeps the pod alive (the binding stays after
 /// the process; the preStop hook undoes it).
@@ -60,20 +59,9 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
 
     let mut envs = vec![env("HOST_ROOT", "/host")];
     merge_user_env(&mut envs, vfio.container.env.as_ref());
-    let memory = || Quantity("200Mi".to_owned());
     let main = Container {
         env: Some(envs),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [
-                    ("cpu".to_owned(), Quantity("100m".to_owned())),
-                    ("memory".to_owned(), memory()),
-                ]
-                .into(),
-            ),
-            limits: Some([("memory".to_owned(), memory())].into()),
-            claims: None,
-        }),
+        resources: Some(common::small_manager_resources()),
         security_context: Some(common::privileged_s0()),
         volume_mounts: Some(vec![
             mount(HOST_SYS, "/sys"),
@@ -90,7 +78,11 @@ pub fn render(policy: &ValidatedPolicy, facts: &ClusterFacts) -> Option<OperandO
     };
     let pod = PodSpec {
         service_account_name: Some(SERVICE_ACCOUNT.to_owned()),
-        init_containers: Some(vec![manager_container(policy, vfio)]),
+        init_containers: Some(vec![common::driver_manager_container(
+            policy,
+            ImageKind::VfioDriverManager,
+            vfio.driver_manager.as_ref(),
+        )]),
         containers: vec![main],
         termination_grace_period_seconds: Some(30),
         volumes: Some(vec![
@@ -189,38 +181,5 @@ fn own_settings(pod: &mut PodSpec, vfio: &VfioManagerSpec) {
         if !list.iter().any(|r| &r.name == name) {
             list.push(k8s_openapi::api::core::v1::LocalObjectReference { name: name.clone() });
         }
-    }
-}
-
-/// The k8s-driver-manager init container: unloads the NVIDIA driver, if loaded, once the
-/// operands using it are gone. It neither evicts GPU pods nor drains (NVIDIA's settings for
-/// the VFIO manager); `vfioManager.driverManager.env` can change that.
-fn manager_container(policy: &ValidatedPolicy, vfio: &VfioManagerSpec) -> Container {
-    let driver_manager = vfio.driver_manager.as_ref();
-    let mut envs = vec![
-        env_field("NODE_NAME", "spec.nodeName"),
-        // The manager talks to the API server only; it must not get GPUs from the runtime.
-        env("NVIDIA_VISIBLE_DEVICES", "void"),
-        env("ENABLE_GPU_POD_EVICTION", "false"),
-        env("ENABLE_AUTO_DRAIN", "false"),
-        env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
-    ];
-    merge_user_env(&mut envs, driver_manager.and_then(|m| m.env.as_ref()));
-    Container {
-        env: Some(envs),
-        security_context: Some(common::privileged()),
-        volume_mounts: Some(vec![
-            mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
-            mount(HOST_ROOT_VOLUME, "/host")
-                .read_only()
-                .host_to_container(),
-            mount(HOST_SYS, "/sys"),
-        ]),
-        ..common::container(
-            MANAGER_CONTAINER,
-            &common::image(policy, ImageKind::VfioDriverManager),
-            &["driver-manager"],
-            &["uninstall_driver"],
-        )
     }
 }

@@ -15,8 +15,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::common::{
-    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env, env_field,
-    host_path_volume, merge_user_env, mount, rule,
+    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, host_path_volume,
+    merge_user_env, mount, rule,
 };
 use super::{driver, driver_os, openshift};
 use crate::api::{ClusterPolicySpec, Component, ImageKind, SandboxWorkload, VgpuManagerSpec};
@@ -330,7 +330,11 @@ fn daemon_set(
         host_ipc: Some(true),
         // Unloading the vGPU host driver takes time; give the pod NVIDIA's two minutes.
         termination_grace_period_seconds: Some(120),
-        init_containers: Some(vec![manager_container(policy, manager)]),
+        init_containers: Some(vec![common::driver_manager_container(
+            policy,
+            ImageKind::VgpuDriverManager,
+            manager.driver_manager.as_ref(),
+        )]),
         containers: vec![main],
         volumes: Some(
             [
@@ -405,41 +409,6 @@ fn own_settings(pod: &mut PodSpec, manager: &VgpuManagerSpec) {
         if !list.iter().any(|r| &r.name == name) {
             list.push(k8s_openapi::api::core::v1::LocalObjectReference { name: name.clone() });
         }
-    }
-}
-
-/// The k8s-driver-manager init container: unloads the container driver, if loaded, once the
-/// operands using it are gone; no GPU pod eviction and no drain (NVIDIA's settings), which
-/// `vgpuManager.driverManager.env` can change.
-fn manager_container(policy: &ValidatedPolicy, manager: &VgpuManagerSpec) -> Container {
-    let mut envs = vec![
-        env_field("NODE_NAME", "spec.nodeName"),
-        // The manager talks to the API server only; it must not get GPUs from the runtime.
-        env("NVIDIA_VISIBLE_DEVICES", "void"),
-        env("ENABLE_GPU_POD_EVICTION", "false"),
-        env("ENABLE_AUTO_DRAIN", "false"),
-        env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
-    ];
-    merge_user_env(
-        &mut envs,
-        manager.driver_manager.as_ref().and_then(|m| m.env.as_ref()),
-    );
-    Container {
-        env: Some(envs),
-        security_context: Some(common::privileged()),
-        volume_mounts: Some(vec![
-            mount(RUN_NVIDIA, "/run/nvidia").bidirectional(),
-            mount(HOST_ROOT_VOLUME, "/host")
-                .read_only()
-                .host_to_container(),
-            mount(HOST_SYS, "/sys"),
-        ]),
-        ..common::container(
-            MANAGER_CONTAINER,
-            &common::image(policy, ImageKind::VgpuDriverManager),
-            &["driver-manager"],
-            &["uninstall_driver"],
-        )
     }
 }
 

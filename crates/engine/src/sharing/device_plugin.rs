@@ -14,8 +14,9 @@
 
 use std::collections::BTreeMap;
 
+use super::problems::{Problems, unknown_field_hint};
 use super::yaml::{self, Node, dedup_entries};
-use super::{ConfigProblem, ProblemReason, located, suggest};
+use super::{ConfigProblem, ProblemReason};
 
 /// The MIG strategies the plugin knows, exactly (case-sensitive).
 pub const MIG_STRATEGIES: [&str; 3] = ["none", "single", "mixed"];
@@ -154,9 +155,7 @@ pub fn validate_key(
     mig_strategy_override: Option<&str>,
 ) -> Result<PluginConfigSummary, Vec<ConfigProblem>> {
     let mut checker = Checker {
-        config_map,
-        key,
-        problems: Vec::new(),
+        problems: Problems::new(config_map, key),
         warnings: Vec::new(),
     };
     let summary = checker.check(yaml, mig_strategy_override);
@@ -165,7 +164,7 @@ pub fn validate_key(
             summary.warnings = checker.warnings;
             Ok(summary)
         }
-        _ => Err(checker.problems),
+        _ => Err(checker.problems.into_vec()),
     }
 }
 
@@ -177,9 +176,7 @@ struct Replicated {
 }
 
 struct Checker<'a> {
-    config_map: &'a str,
-    key: &'a str,
-    problems: Vec<ConfigProblem>,
+    problems: Problems<'a>,
     warnings: Vec<String>,
 }
 
@@ -216,39 +213,15 @@ impl<'n> Fields<'n> {
 }
 
 impl Checker<'_> {
-    fn fatal(&mut self, field: &str, reason: ProblemReason, message: impl Into<String>) {
-        self.problems.push(ConfigProblem {
-            config_map: self.config_map.to_string(),
-            key: Some(self.key.to_string()),
-            field: (!field.is_empty()).then(|| field.to_string()),
-            message: message.into(),
-            reason,
-        });
-    }
-
     fn warn(&mut self, field: &str, message: impl AsRef<str>) {
-        self.warnings.push(located(
-            self.config_map,
-            Some(self.key),
-            Some(field),
-            message.as_ref(),
-        ));
+        let warning = self.problems.locate(field, message.as_ref());
+        self.warnings.push(warning);
     }
 
     fn check(&mut self, text: &str, mig_override: Option<&str>) -> Option<PluginConfigSummary> {
-        let document = match yaml::parse_first_document(text) {
-            Ok(document) => document,
-            Err(error) => {
-                self.fatal(
-                    "",
-                    ProblemReason::InvalidYaml,
-                    format!(
-                        "is not valid YAML ({error}); fix the syntax, the device plugin cannot read it"
-                    ),
-                );
-                return None;
-            }
-        };
+        let document = self
+            .problems
+            .document(text, ", the device plugin cannot read it")?;
         if document.more_documents {
             self.warn(
                 "",
@@ -259,7 +232,7 @@ impl Checker<'_> {
             Node::Null => Fields(Vec::new()),
             Node::Map(_) => self.ordinary("", &document.node, TOP_FIELDS)?,
             other => {
-                self.fatal(
+                self.problems.push(
                     "",
                     ProblemReason::WrongType,
                     format!(
@@ -274,7 +247,7 @@ impl Checker<'_> {
         for node in top.all("version") {
             let version = self.coerced_string("version", node).unwrap_or_default();
             if !version.is_empty() && version != "v1" {
-                self.fatal(
+                self.problems.push(
                     "version",
                     ProblemReason::UnknownVersion,
                     format!(
@@ -392,7 +365,7 @@ impl Checker<'_> {
             Node::Null => return Some(Fields(Vec::new())),
             Node::Map(entries) => entries,
             other => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::WrongType,
                     format!("is {}; it must be a mapping", other.describe()),
@@ -467,10 +440,7 @@ impl Checker<'_> {
         } else {
             format!("in {path}")
         };
-        let hint = match suggest(key, fields) {
-            Some(known) => format!("did you mean {known}?"),
-            None => format!("the keys it reads {where_} are {}", fields.join(", ")),
-        };
+        let hint = unknown_field_hint(key, fields, &format!("the keys it reads {where_} are"));
         self.warn(
             &join(path, key),
             format!("is not a key the device plugin knows {where_}; it is ignored ({hint})"),
@@ -494,7 +464,7 @@ impl Checker<'_> {
                     if let Some(v) = self.coerced_string(&field, value)
                         && !["auto", "nvml", "tegra"].contains(&v.as_str())
                     {
-                        self.fatal(
+                        self.problems.push(
                             &field,
                             ProblemReason::InvalidValue,
                             format!(
@@ -547,7 +517,7 @@ impl Checker<'_> {
                     Node::Seq(items) => {
                         for (i, item) in items.iter().enumerate() {
                             if !matches!(item, Node::Str(_) | Node::Null) {
-                                self.fatal(
+                                self.problems.push(
                                     &format!("{field}[{i}]"),
                                     ProblemReason::WrongType,
                                     format!(
@@ -558,7 +528,7 @@ impl Checker<'_> {
                             }
                         }
                     }
-                    other => self.fatal(
+                    other => self.problems.push(
                         &field,
                         ProblemReason::WrongType,
                         format!(
@@ -571,7 +541,7 @@ impl Checker<'_> {
                     if let Some(v) = self.coerced_string(&field, value)
                         && !["distributed", "packed"].contains(&v.as_str())
                     {
-                        self.fatal(
+                        self.problems.push(
                             &field,
                             ProblemReason::InvalidValue,
                             format!("is {v:?}; it must be distributed or packed"),
@@ -614,7 +584,7 @@ impl Checker<'_> {
         match node {
             Node::Null => {}
             Node::Str(s) if s == "infinite" || is_go_duration(s) => {}
-            Node::Str(s) => self.fatal(
+            Node::Str(s) => self.problems.push(
                 field,
                 ProblemReason::InvalidValue,
                 format!("is {s:?}; it must be a duration such as 60s, 5m or 1h30m, or infinite"),
@@ -626,7 +596,7 @@ impl Checker<'_> {
                     node.describe()
                 ),
             ),
-            other => self.fatal(
+            other => self.problems.push(
                 field,
                 ProblemReason::WrongType,
                 format!(
@@ -654,7 +624,7 @@ impl Checker<'_> {
                             Node::Null => ids.push(0),
                             _ => match item.as_integer() {
                                 Some(id) => ids.push(id),
-                                None => self.fatal(
+                                None => self.problems.push(
                                     &format!("imex.channelIDs[{i}]"),
                                     ProblemReason::WrongType,
                                     format!("is {}; it must be a number", item.describe()),
@@ -665,7 +635,7 @@ impl Checker<'_> {
                     ids
                 }
                 other => {
-                    self.fatal(
+                    self.problems.push(
                         "imex.channelIDs",
                         ProblemReason::WrongType,
                         format!("is {}; it must be a list of numbers", other.describe()),
@@ -674,7 +644,7 @@ impl Checker<'_> {
                 }
             };
             if !(ids.is_empty() || ids == [0]) {
-                self.fatal(
+                self.problems.push(
                     "imex.channelIDs",
                     ProblemReason::InvalidValue,
                     "may only be [] or [0]; the device plugin supports IMEX channel 0 alone",
@@ -694,7 +664,7 @@ impl Checker<'_> {
                 Node::Null => continue,
                 Node::Seq(items) => items,
                 other => {
-                    self.fatal(
+                    self.problems.push(
                         &path,
                         ProblemReason::WrongType,
                         format!(
@@ -708,7 +678,7 @@ impl Checker<'_> {
             for (i, item) in items.iter().enumerate() {
                 let item_path = format!("{path}[{i}]");
                 let Node::Map(entries) = item else {
-                    self.fatal(
+                    self.problems.push(
                         &item_path,
                         ProblemReason::WrongType,
                         format!(
@@ -720,7 +690,7 @@ impl Checker<'_> {
                 };
                 let fields = self.exact(&item_path, entries, RESOURCE_PATTERN_FIELDS);
                 match fields.last("pattern") {
-                    None => self.fatal(
+                    None => self.problems.push(
                         &item_path,
                         ProblemReason::MissingField,
                         "has no pattern; every item needs both pattern and name",
@@ -730,7 +700,7 @@ impl Checker<'_> {
                     }
                 }
                 match fields.last("name") {
-                    None => self.fatal(
+                    None => self.problems.push(
                         &item_path,
                         ProblemReason::MissingField,
                         "has no name; every item needs both pattern and name",
@@ -754,7 +724,7 @@ impl Checker<'_> {
         let entries = match node {
             Node::Map(entries) => entries,
             Node::Null => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "is empty; it needs a resources list (to share nothing, remove the section)",
@@ -762,7 +732,7 @@ impl Checker<'_> {
                 return None;
             }
             other => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::WrongType,
                     format!(
@@ -784,7 +754,7 @@ impl Checker<'_> {
         let resources_path = join(path, "resources");
         let items = match fields.last("resources") {
             None => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has no resources; list what to share, for example `resources: [{name: nvidia.com/gpu, replicas: 4}]`",
@@ -793,7 +763,7 @@ impl Checker<'_> {
             }
             Some(Node::Seq(items)) if !items.is_empty() => items,
             Some(Node::Seq(_) | Node::Null) => {
-                self.fatal(
+                self.problems.push(
                     &resources_path,
                     ProblemReason::MissingField,
                     "is empty; list at least one resource to share (to share nothing, remove the section)",
@@ -801,7 +771,7 @@ impl Checker<'_> {
                 return None;
             }
             Some(other) => {
-                self.fatal(
+                self.problems.push(
                     &resources_path,
                     ProblemReason::WrongType,
                     format!(
@@ -851,7 +821,7 @@ impl Checker<'_> {
         let entries = match node {
             Node::Map(entries) => entries,
             other => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::WrongType,
                     format!(
@@ -865,7 +835,7 @@ impl Checker<'_> {
         let fields = self.exact(path, entries, REPLICATED_RESOURCE_FIELDS);
         let name = match fields.last("name") {
             None => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has no name; add `name: nvidia.com/gpu` (or the resource to share)",
@@ -880,7 +850,7 @@ impl Checker<'_> {
         };
         let replicas = match fields.last("replicas") {
             None => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has no replicas; add `replicas: N` with N at least 2",
@@ -931,7 +901,7 @@ impl Checker<'_> {
             Node::Int(i) => Some(i.to_string()),
             Node::Float(f) => Some(yaml::format_float(*f)),
             other => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!("is {}; it must be a single value", other.describe()),
@@ -947,7 +917,7 @@ impl Checker<'_> {
             Node::Null => Some(String::new()),
             Node::Str(s) => Some(s.clone()),
             other => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!("is {}; it must be a string (quote it)", other.describe()),
@@ -967,7 +937,7 @@ impl Checker<'_> {
                     "false" | "no" | "off" | "n" => "; write false without quotes",
                     _ => "",
                 };
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!("is {}; it must be true or false{hint}", node.describe()),
@@ -975,7 +945,7 @@ impl Checker<'_> {
                 None
             }
             other => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!("is {}; it must be true or false", other.describe()),
@@ -988,7 +958,7 @@ impl Checker<'_> {
     fn replicas(&mut self, field: &str, node: &Node) -> Option<u64> {
         match node.as_integer() {
             Some(n) if n > i128::from(i64::MAX) => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::InvalidReplicas,
                     format!(
@@ -998,7 +968,7 @@ impl Checker<'_> {
                 None
             }
             Some(n) if n < 2 => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::InvalidReplicas,
                     format!(
@@ -1025,7 +995,7 @@ impl Checker<'_> {
                 } else {
                     ProblemReason::WrongType
                 };
-                self.fatal(field, reason, message);
+                self.problems.push(field, reason, message);
                 None
             }
         }
@@ -1039,7 +1009,7 @@ impl Checker<'_> {
         match node {
             Node::Str(s) if s == "all" => Some(true),
             Node::Str(_) | Node::Null => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::InvalidValue,
                     format!(
@@ -1061,7 +1031,7 @@ impl Checker<'_> {
                     };
                     if !ok {
                         valid = false;
-                        self.fatal(
+                        self.problems.push(
                             &format!("{field}[{i}]"),
                             ProblemReason::InvalidValue,
                             format!(
@@ -1076,7 +1046,7 @@ impl Checker<'_> {
             other => match other.as_integer() {
                 Some(n) if n > 0 && n <= i128::from(i64::MAX) => Some(false),
                 _ => {
-                    self.fatal(
+                    self.problems.push(
                         field,
                         ProblemReason::InvalidValue,
                         format!("is {}; it must be {FORMS}", other.describe()),
@@ -1094,7 +1064,7 @@ impl Checker<'_> {
             Node::Str(s) => s.as_str(),
             Node::Null => "",
             other => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!(
@@ -1111,7 +1081,7 @@ impl Checker<'_> {
             format!("nvidia.com/{raw}")
         };
         if full.len() > MAX_RESOURCE_NAME_LENGTH {
-            self.fatal(
+            self.problems.push(
                 field,
                 ProblemReason::InvalidResourceName,
                 format!(
@@ -1139,7 +1109,7 @@ impl Checker<'_> {
             } else {
                 "after nvidia.com/ use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit".to_string()
             };
-            self.fatal(
+            self.problems.push(
                 field,
                 ProblemReason::InvalidResourceName,
                 format!("is {raw:?}, and {full} is not a valid resource name; {hint}"),
@@ -1160,7 +1130,7 @@ impl Checker<'_> {
         match mig_override {
             Some(policy) => {
                 if !MIG_STRATEGIES.contains(&policy) {
-                    self.fatal(
+                    self.problems.push(
                         "",
                         ProblemReason::InvalidValue,
                         format!(
@@ -1184,7 +1154,7 @@ impl Checker<'_> {
                 if MIG_STRATEGIES.contains(&strategy.as_str()) {
                     Some(strategy)
                 } else {
-                    self.fatal(
+                    self.problems.push(
                         "flags.migStrategy",
                         ProblemReason::InvalidValue,
                         format!(
@@ -1210,7 +1180,7 @@ impl Checker<'_> {
             "flags.migStrategy"
         };
         match mig_strategy {
-            "mixed" => self.fatal(
+            "mixed" => self.problems.push(
                 section,
                 ProblemReason::MpsWithMixedMig,
                 format!(

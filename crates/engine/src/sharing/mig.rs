@@ -12,12 +12,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::mig_profiles::{self, GpuModel, MODELS, MigProfile, NVIDIA_PCI_VENDOR, Placement};
-use super::yaml::{self, Node, dedup_entries};
-use super::{ConfigProblem, ProblemReason, list_words, suggest};
+use super::problems::{Problems, ToolKey, unknown_field_hint};
+use super::yaml::{Node, dedup_entries};
+use super::{ConfigProblem, ProblemReason, list_words};
 use crate::nodes::MIG_CONFIG;
 
 /// The ConfigMap key mig-manager reads (`CONFIG_FILE=/mig-parted-config/config.yaml`).
 pub const MIG_CONFIG_KEY: &str = "config.yaml";
+
+const TOOL_KEY: ToolKey = ToolKey {
+    key: MIG_CONFIG_KEY,
+    reader: "mig-manager",
+    what: "the mig-parted config",
+};
 
 /// Layouts named in one message before the rest are counted.
 const LAYOUTS_IN_MESSAGE: usize = 12;
@@ -159,22 +166,7 @@ pub fn parse_config(
     config_map: &str,
     data: &BTreeMap<String, String>,
 ) -> Result<MigConfigFile, Vec<ConfigProblem>> {
-    match data.get(MIG_CONFIG_KEY) {
-        Some(text) => parse_yaml(config_map, MIG_CONFIG_KEY, text),
-        None => {
-            let keys: Vec<&str> = data.keys().map(String::as_str).collect();
-            Err(vec![ConfigProblem {
-                config_map: config_map.to_string(),
-                key: None,
-                field: None,
-                message: format!(
-                    "has no key {MIG_CONFIG_KEY:?}, the only key mig-manager reads (its keys: {}); put the mig-parted config under {MIG_CONFIG_KEY}",
-                    list_words(&keys)
-                ),
-                reason: ProblemReason::MissingConfigKey,
-            }])
-        }
-    }
+    TOOL_KEY.parse(config_map, data, parse_yaml)
 }
 
 /// Parses one mig-parted config document.
@@ -183,46 +175,22 @@ pub fn parse_yaml(
     key: &str,
     text: &str,
 ) -> Result<MigConfigFile, Vec<ConfigProblem>> {
-    let mut parser = Parser {
-        config_map,
-        key,
-        problems: Vec::new(),
-    };
-    let file = parser.file(text);
-    if parser.problems.is_empty() {
-        Ok(file)
-    } else {
-        Err(parser.problems)
-    }
+    Problems::collect(config_map, key, |problems| Parser { problems }.file(text))
 }
 
-struct Parser<'a> {
-    config_map: &'a str,
-    key: &'a str,
-    problems: Vec<ConfigProblem>,
+struct Parser<'p, 'a> {
+    problems: &'p mut Problems<'a>,
 }
 
-impl Parser<'_> {
-    fn fatal(&mut self, field: &str, reason: ProblemReason, message: impl Into<String>) {
-        self.problems.push(ConfigProblem {
-            config_map: self.config_map.to_string(),
-            key: Some(self.key.to_string()),
-            field: (!field.is_empty()).then(|| field.to_string()),
-            message: message.into(),
-            reason,
-        });
-    }
-
+impl Parser<'_, '_> {
     fn unexpected(&mut self, path: &str, key: &str, fields: &[&str]) {
-        let hint = suggest(key, fields)
-            .map(|s| format!("did you mean {s}?"))
-            .unwrap_or_else(|| format!("it knows only {}", fields.join(", ")));
+        let hint = unknown_field_hint(key, fields, "it knows only");
         let field = if path.is_empty() {
             key.to_string()
         } else {
             format!("{path}.{key}")
         };
-        self.fatal(
+        self.problems.push(
             &field,
             ProblemReason::UnexpectedField,
             format!("is not a field mig-parted knows, and it refuses the whole file ({hint})"),
@@ -231,18 +199,12 @@ impl Parser<'_> {
 
     fn file(&mut self, text: &str) -> MigConfigFile {
         let mut file = MigConfigFile::default();
-        let root = match yaml::parse_first_document(text) {
-            Ok(document) => document.node,
-            Err(error) => {
-                self.fatal(
-                    "",
-                    ProblemReason::InvalidYaml,
-                    format!(
-                        "is not valid YAML ({error}); fix the syntax, mig-parted cannot read it"
-                    ),
-                );
-                return file;
-            }
+        let Some(root) = self
+            .problems
+            .document(text, ", mig-parted cannot read it")
+            .map(|document| document.node)
+        else {
+            return file;
         };
         let entries = match &root {
             // An empty document (or `null`, or only comments) becomes JSON null, which
@@ -252,7 +214,7 @@ impl Parser<'_> {
             Node::Null => return file,
             Node::Map(entries) => entries,
             other => {
-                self.fatal(
+                self.problems.push(
                     "",
                     ProblemReason::WrongType,
                     format!(
@@ -274,25 +236,25 @@ impl Parser<'_> {
             .find(|(k, _)| *k == "version")
             .map(|(_, v)| *v)
         {
-            None if !entries.is_empty() => self.fatal(
+            None if !entries.is_empty() => self.problems.push(
                 "version",
                 ProblemReason::MissingField,
                 "is missing; add `version: v1`",
             ),
             // `{}`: mig-parted reads the empty version and refuses it ("unknown version").
-            None => self.fatal(
+            None => self.problems.push(
                 "version",
                 ProblemReason::MissingField,
                 "is missing from an empty mapping, which mig-parted refuses (unknown version); \
                  write `version: v1` and the layouts under mig-configs",
             ),
             Some(Node::Str(v)) if v == "v1" => {}
-            Some(Node::Str(v)) => self.fatal(
+            Some(Node::Str(v)) => self.problems.push(
                 "version",
                 ProblemReason::UnknownVersion,
                 format!("is {v:?}; the only version mig-parted knows is v1"),
             ),
-            Some(other) => self.fatal(
+            Some(other) => self.problems.push(
                 "version",
                 ProblemReason::WrongType,
                 format!(
@@ -311,7 +273,7 @@ impl Parser<'_> {
         let configs = match configs {
             Node::Map(configs) if !configs.is_empty() => configs,
             Node::Map(_) | Node::Null => {
-                self.fatal(
+                self.problems.push(
                     "mig-configs",
                     ProblemReason::MissingField,
                     "is empty; mig-parted needs at least one layout",
@@ -319,7 +281,7 @@ impl Parser<'_> {
                 return file;
             }
             other => {
-                self.fatal(
+                self.problems.push(
                     "mig-configs",
                     ProblemReason::WrongType,
                     format!(
@@ -336,7 +298,7 @@ impl Parser<'_> {
             let items = match value {
                 Node::Seq(items) if !items.is_empty() => items,
                 Node::Seq(_) | Node::Null => {
-                    self.fatal(
+                    self.problems.push(
                         &path,
                         ProblemReason::MissingField,
                         "has no entries; mig-parted needs at least one (for example `- devices: all` with `mig-enabled: false`)",
@@ -344,7 +306,7 @@ impl Parser<'_> {
                     continue;
                 }
                 other => {
-                    self.fatal(
+                    self.problems.push(
                         &path,
                         ProblemReason::WrongType,
                         format!("is {}; it must be a list of entries", other.describe()),
@@ -366,7 +328,7 @@ impl Parser<'_> {
 
     fn entry(&mut self, path: &str, node: &Node) -> Option<MigEntry> {
         let Node::Map(entries) = node else {
-            self.fatal(
+            self.problems.push(
                 path,
                 ProblemReason::WrongType,
                 format!(
@@ -387,7 +349,7 @@ impl Parser<'_> {
 
         let devices = match get("devices") {
             None => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has no devices; add `devices: all` or a list of GPU indexes",
@@ -398,7 +360,7 @@ impl Parser<'_> {
         };
         let mig_enabled = match get("mig-enabled") {
             None => {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has no mig-enabled; add `mig-enabled: true` or `mig-enabled: false`",
@@ -413,7 +375,7 @@ impl Parser<'_> {
                 } else {
                     ""
                 };
-                self.fatal(
+                self.problems.push(
                     &format!("{path}.mig-enabled"),
                     ProblemReason::WrongType,
                     format!("is {}; it must be true or false{hint}", other.describe()),
@@ -433,13 +395,13 @@ impl Parser<'_> {
             let listed = mig_devices.as_ref().is_some_and(|d| !d.is_empty());
             if enabled && mig_devices.is_none() && !matches!(get("mig-devices"), Some(Node::Map(_)))
             {
-                self.fatal(
+                self.problems.push(
                     path,
                     ProblemReason::MissingField,
                     "has mig-enabled: true but no mig-devices; list the instances, or write `mig-devices: {}` for MIG mode without instances",
                 );
             } else if !enabled && listed {
-                self.fatal(
+                self.problems.push(
                     &format!("{path}.mig-devices"),
                     ProblemReason::InvalidValue,
                     "lists MIG devices although mig-enabled is false; remove them or set mig-enabled: true",
@@ -467,7 +429,7 @@ impl Parser<'_> {
                         Node::Null => indexes.push(0),
                         _ => match item.as_integer().and_then(|n| i64::try_from(n).ok()) {
                             Some(n) if n > MAX_GPU_INDEX => {
-                                self.fatal(
+                                self.problems.push(
                                     &format!("{field}[{i}]"),
                                     ProblemReason::InvalidValue,
                                     format!(
@@ -478,7 +440,7 @@ impl Parser<'_> {
                             }
                             Some(n) => indexes.push(n),
                             None => {
-                                self.fatal(
+                                self.problems.push(
                                     &format!("{field}[{i}]"),
                                     ProblemReason::WrongType,
                                     format!(
@@ -494,7 +456,7 @@ impl Parser<'_> {
                 Some(MigDevices::Indexes(indexes))
             }
             other => {
-                self.fatal(
+                self.problems.push(
                     field,
                     ProblemReason::WrongType,
                     format!(
@@ -513,7 +475,7 @@ impl Parser<'_> {
                 Node::Str(s) => Some(s.clone()),
                 Node::Null => Some(String::new()),
                 Node::Int(n) => {
-                    this.fatal(
+                    this.problems.push(
                         field,
                         ProblemReason::WrongType,
                         format!(
@@ -523,7 +485,7 @@ impl Parser<'_> {
                     None
                 }
                 other => {
-                    this.fatal(
+                    this.problems.push(
                         field,
                         ProblemReason::WrongType,
                         format!(
@@ -547,7 +509,7 @@ impl Parser<'_> {
 
     fn mig_devices(&mut self, field: &str, node: &Node) -> Option<BTreeMap<String, u32>> {
         let Node::Map(entries) = node else {
-            self.fatal(
+            self.problems.push(
                 field,
                 ProblemReason::WrongType,
                 format!(
@@ -563,7 +525,7 @@ impl Parser<'_> {
         for (name, count) in &entries {
             let item = format!("{field}.{name}");
             if let Err(why) = parse_profile_name(name) {
-                self.fatal(
+                self.problems.push(
                     &item,
                     ProblemReason::InvalidMigProfile,
                     format!(
@@ -582,7 +544,7 @@ impl Parser<'_> {
                     out.insert((*name).to_string(), n);
                 }
                 Some(Err(_)) => {
-                    self.fatal(
+                    self.problems.push(
                         &item,
                         ProblemReason::InvalidValue,
                         format!(
@@ -593,7 +555,7 @@ impl Parser<'_> {
                     valid = false;
                 }
                 None => {
-                    self.fatal(
+                    self.problems.push(
                         &item,
                         ProblemReason::WrongType,
                         format!(
@@ -609,7 +571,7 @@ impl Parser<'_> {
             }
         }
         if valid && !out.is_empty() && out.values().all(|n| *n == 0) {
-            self.fatal(
+            self.problems.push(
                 field,
                 ProblemReason::InvalidValue,
                 "gives every profile a count of 0; give at least one a count, or write `mig-devices: {}`",

@@ -14,6 +14,7 @@
 pub mod device_plugin;
 pub mod mig;
 pub mod mig_profiles;
+mod problems;
 pub mod select;
 pub mod vgpu;
 mod yaml;

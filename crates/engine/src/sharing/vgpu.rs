@@ -10,14 +10,21 @@
 
 use std::collections::BTreeMap;
 
+use super::problems::{Problems, ToolKey, unknown_field_hint};
 use super::yaml::{self, Node};
-use super::{ConfigProblem, ProblemReason, list_words, suggest};
+use super::{ConfigProblem, ProblemReason, list_words};
 use crate::nodes::NodeView;
 
 /// The key of the ConfigMap the vGPU device manager reads (`CONFIG_FILE=/vgpu-config/config.yaml`).
 pub const CONFIG_KEY: &str = "config.yaml";
 /// The node label choosing a node's vGPU config (set by the user).
 pub const VGPU_CONFIG_LABEL: &str = "nvidia.com/vgpu.config";
+
+const TOOL_KEY: ToolKey = ToolKey {
+    key: CONFIG_KEY,
+    reader: "the vGPU device manager",
+    what: "the vGPU config",
+};
 
 const TOP_FIELDS: [&str; 2] = ["version", "vgpu-configs"];
 const ENTRY_FIELDS: [&str; 3] = ["devices", "vgpu-devices", "device-filter"];
@@ -113,23 +120,7 @@ pub fn parse_config(
     config_map: &str,
     data: &BTreeMap<String, String>,
 ) -> Result<VgpuConfigFile, Vec<ConfigProblem>> {
-    match data.get(CONFIG_KEY) {
-        Some(text) => parse_yaml(config_map, CONFIG_KEY, text),
-        None => {
-            let keys: Vec<&str> = data.keys().map(String::as_str).collect();
-            Err(vec![ConfigProblem {
-                config_map: config_map.to_owned(),
-                key: None,
-                field: None,
-                message: format!(
-                    "has no key {CONFIG_KEY:?}, the only key the vGPU device manager reads (its \
-                     keys: {}); put the vGPU config under {CONFIG_KEY}",
-                    list_words(&keys)
-                ),
-                reason: ProblemReason::MissingConfigKey,
-            }])
-        }
-    }
+    TOOL_KEY.parse(config_map, data, parse_yaml)
 }
 
 /// Parses one config document.
@@ -138,41 +129,17 @@ pub fn parse_yaml(
     key: &str,
     text: &str,
 ) -> Result<VgpuConfigFile, Vec<ConfigProblem>> {
-    let mut parser = Parser {
-        config_map,
-        key,
-        problems: Vec::new(),
-    };
-    let file = parser.file(text);
-    if parser.problems.is_empty() {
-        Ok(file)
-    } else {
-        Err(parser.problems)
-    }
+    Problems::collect(config_map, key, |problems| Parser { problems }.file(text))
 }
 
-struct Parser<'a> {
-    config_map: &'a str,
-    key: &'a str,
-    problems: Vec<ConfigProblem>,
+struct Parser<'p, 'a> {
+    problems: &'p mut Problems<'a>,
 }
 
-impl Parser<'_> {
-    fn problem(&mut self, field: &str, reason: ProblemReason, message: impl Into<String>) {
-        self.problems.push(ConfigProblem {
-            config_map: self.config_map.to_owned(),
-            key: Some(self.key.to_owned()),
-            field: (!field.is_empty()).then(|| field.to_owned()),
-            message: message.into(),
-            reason,
-        });
-    }
-
+impl Parser<'_, '_> {
     fn unexpected(&mut self, field: &str, key: &str, known: &[&str]) {
-        let hint = suggest(key, known)
-            .map(|s| format!("did you mean {s}?"))
-            .unwrap_or_else(|| format!("the allowed keys are {}", known.join(", ")));
-        self.problem(
+        let hint = unknown_field_hint(key, known, "the allowed keys are");
+        self.problems.push(
             field,
             ProblemReason::UnexpectedField,
             format!(
@@ -184,19 +151,15 @@ impl Parser<'_> {
 
     fn file(&mut self, text: &str) -> VgpuConfigFile {
         let mut file = VgpuConfigFile::default();
-        let root = match yaml::parse_first_document(text) {
-            Ok(document) => document.node,
-            Err(error) => {
-                self.problem(
-                    "",
-                    ProblemReason::InvalidYaml,
-                    format!("is not valid YAML ({error}); fix the syntax"),
-                );
-                return file;
-            }
+        let Some(root) = self
+            .problems
+            .document(text, "")
+            .map(|document| document.node)
+        else {
+            return file;
         };
         let Node::Map(entries) = &root else {
-            self.problem(
+            self.problems.push(
                 "",
                 ProblemReason::WrongType,
                 format!(
@@ -219,7 +182,7 @@ impl Parser<'_> {
         }
         match version {
             Some(Node::Str(v)) if v == "v1" => {}
-            Some(other) => self.problem(
+            Some(other) => self.problems.push(
                 "version",
                 ProblemReason::UnknownVersion,
                 format!(
@@ -227,7 +190,7 @@ impl Parser<'_> {
                     other.describe()
                 ),
             ),
-            None => self.problem(
+            None => self.problems.push(
                 "version",
                 ProblemReason::MissingField,
                 "is missing; add version: v1",
@@ -242,13 +205,13 @@ impl Parser<'_> {
                     }
                 }
             }
-            Some(Node::Map(_)) | Some(Node::Null) | None => self.problem(
+            Some(Node::Map(_)) | Some(Node::Null) | None => self.problems.push(
                 "vgpu-configs",
                 ProblemReason::MissingField,
                 "is missing or empty; name at least one config, such as default, with its \
                  entries",
             ),
-            Some(other) => self.problem(
+            Some(other) => self.problems.push(
                 "vgpu-configs",
                 ProblemReason::WrongType,
                 format!(
@@ -263,7 +226,7 @@ impl Parser<'_> {
     fn config(&mut self, name: &str, value: &Node) -> Option<Vec<VgpuEntry>> {
         let path = format!("vgpu-configs.{name}");
         let Node::Seq(items) = value else {
-            self.problem(
+            self.problems.push(
                 &path,
                 ProblemReason::WrongType,
                 format!(
@@ -274,7 +237,7 @@ impl Parser<'_> {
             return None;
         };
         if items.is_empty() {
-            self.problem(
+            self.problems.push(
                 &path,
                 ProblemReason::MissingField,
                 "is an empty list; give it at least one entry with devices and vgpu-devices, or \
@@ -293,7 +256,7 @@ impl Parser<'_> {
 
     fn entry(&mut self, path: &str, item: &Node) -> Option<VgpuEntry> {
         let Node::Map(fields) = item else {
-            self.problem(
+            self.problems.push(
                 path,
                 ProblemReason::WrongType,
                 format!(
@@ -321,7 +284,7 @@ impl Parser<'_> {
                 } else {
                     "vgpu-devices: {A10-4Q: 6}"
                 };
-                self.problem(
+                self.problems.push(
                     &format!("{path}.{required}"),
                     ProblemReason::MissingField,
                     format!("is missing; every entry needs it (for example {example})"),
@@ -344,7 +307,7 @@ impl Parser<'_> {
                     match item.as_integer().and_then(|n| u32::try_from(n).ok()) {
                         Some(n) => indices.push(n),
                         None => {
-                            self.problem(
+                            self.problems.push(
                                 &format!("{path}[{i}]"),
                                 ProblemReason::WrongType,
                                 format!(
@@ -359,7 +322,7 @@ impl Parser<'_> {
                 Some(Devices::Indices(indices))
             }
             other => {
-                self.problem(
+                self.problems.push(
                     path,
                     ProblemReason::InvalidValue,
                     format!(
@@ -374,7 +337,7 @@ impl Parser<'_> {
 
     fn types(&mut self, path: &str, value: &Node) -> Option<BTreeMap<String, u32>> {
         let Node::Map(entries) = value else {
-            self.problem(
+            self.problems.push(
                 path,
                 ProblemReason::WrongType,
                 format!(
@@ -385,7 +348,7 @@ impl Parser<'_> {
             return None;
         };
         if entries.is_empty() {
-            self.problem(
+            self.problems.push(
                 path,
                 ProblemReason::MissingField,
                 "is empty; name at least one vGPU type with its count, such as A10-4Q: 6",
@@ -402,7 +365,7 @@ impl Parser<'_> {
                 Ok(kind) => {
                     kinds.insert(name, kind);
                 }
-                Err(why) => self.problem(
+                Err(why) => self.problems.push(
                     &field,
                     ProblemReason::InvalidValue,
                     format!("{why}; use a type the GPU offers (nvidia-smi vgpu -s lists them)"),
@@ -416,7 +379,7 @@ impl Parser<'_> {
                 Some(n) => {
                     out.insert(name.to_owned(), n);
                 }
-                None => self.problem(
+                None => self.problems.push(
                     &field,
                     ProblemReason::InvalidValue,
                     format!(
@@ -438,7 +401,7 @@ impl Parser<'_> {
             .map(|(n, _)| *n)
             .collect();
         if !time_sliced.is_empty() && !mig.is_empty() {
-            self.problem(
+            self.problems.push(
                 path,
                 ProblemReason::InvalidValue,
                 format!(
@@ -461,7 +424,7 @@ impl Parser<'_> {
         for id in ids {
             match id {
                 Node::Str(s) if !s.is_empty() => out.push(s.clone()),
-                other => self.problem(
+                other => self.problems.push(
                     path,
                     ProblemReason::WrongType,
                     format!(

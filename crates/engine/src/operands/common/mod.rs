@@ -1,11 +1,13 @@
 //! Render stage, the pieces every operand shares (pure, no IO), one file per kind: effective
 //! settings of absent fields ([`settings`]), metadata ([`meta`]), node-confining admission policies ([`admission`]), config hashes ([`hash`]),
-//! environment ([`env`]), containers and volumes ([`pod`]), RBAC ([`rbac`]) and the cross-cutting
+//! environment ([`env`]), containers and volumes ([`pod`]), the sandbox managers'
+//! k8s-driver-manager ([`driver_manager`]), RBAC ([`rbac`]) and the cross-cutting
 //! DaemonSet rules ([`daemon_set`]). Their items are re-exported here, so operands name them as
 //! `common::...`.
 
 mod admission;
 mod daemon_set;
+mod driver_manager;
 mod env;
 mod hash;
 mod meta;
@@ -15,6 +17,7 @@ mod settings;
 
 pub use admission::*;
 pub use daemon_set::*;
+pub use driver_manager::*;
 pub use env::*;
 pub use hash::*;
 pub use meta::*;
