@@ -15,7 +15,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::common::{
-    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, host_path_volume,
+    self, HOST_ROOT_VOLUME, HostPathType, MountExt, OperandDaemonSet, env, host_path_volume,
     merge_user_env, mount, rule,
 };
 use super::{driver, driver_os, openshift};
