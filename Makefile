@@ -30,7 +30,7 @@ demo-down: ## stop what `make demo` started
 test: unit e2e ## what CI runs: unit tests, then the harness and the end-to-end tests (all but the long suites)
 
 .PHONY: test-long
-test-long: image-check e2e-long ## the release checks: the image built twice and checked, then the long end-to-end suites (chaos, the published release under runc, OLM from a catalog, krew, ConfigMap load)
+test-long: image-check e2e-long ## the release checks: the image built twice and checked, then the long end-to-end suites (chaos, control-plane faults, the published release under runc, OLM from a catalog, krew, ConfigMap load)
 
 .PHONY: tools
 tools: harness olm-validator monitoring-check ## build (or reuse) every Go tool `make e2e` needs (.ci/run builds them beside the Rust builds)
@@ -43,11 +43,11 @@ unit: ## the generated-file check (`cargo xtask check`), unit tests and golden f
 	cargo test -p e2e --lib --bins
 
 .PHONY: e2e
-e2e: tools ## end-to-end tests on two fresh harnesses side by side (started and stopped here), all but the long suites
-	E2E_SUITE=core E2E_LANES=2 tests/e2e.sh
+e2e: tools ## end-to-end tests on three fresh harnesses side by side (started and stopped here), all but the long suites
+	E2E_SUITE=core E2E_LANES=3 tests/e2e.sh
 
 .PHONY: e2e-long
-e2e-long: harness release-tools olm-catalog-tools ## the long end-to-end suites on a fresh harness: chaos, release, olm_catalog, krew, config_map_memory
+e2e-long: harness release-tools olm-catalog-tools ## the long end-to-end suites on a fresh harness: chaos, resilience, release, olm_catalog, krew, config_map_memory
 	tests/cluster/build.sh krew >/dev/null
 	E2E_SUITE=long tests/e2e.sh
 

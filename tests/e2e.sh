@@ -17,8 +17,9 @@ export E2E_REQUIRE_CLUSTER=1
 # oras, opm, OLM's catalog operator, krew, runc), or all (the default).
 suite=${E2E_SUITE:-all}
 case $suite in core | long | all) ;; *) echo "e2e.sh: E2E_SUITE=$suite: one of core, long, all" >&2; exit 2 ;; esac
-# config_map_memory is a load test (thousands of large ConfigMaps, about 100 s).
-long_suites=(chaos release olm_catalog krew config_map_memory)
+# config_map_memory is a load test (thousands of large ConfigMaps, about 100 s); resilience
+# restarts the API server and black-holes the leader's Lease renewals (about 300 s).
+long_suites=(chaos release olm_catalog krew config_map_memory resilience)
 is_long() { [[ " ${long_suites[*]} " == *" $1 "* ]]; }
 for name in "${long_suites[@]}"; do
   [[ -f $root/tests/e2e/tests/$name.rs ]] || { echo "e2e.sh: long suite $name: no tests/e2e/tests/$name.rs" >&2; exit 2; }
@@ -60,21 +61,22 @@ for file in tests/e2e/tests/*.rs; do
 done
 if [[ $suite != core ]]; then targets+=(chaos); fi
 
-# E2E_LANES harnesses run the files side by side (`make e2e`: 2), each with its own control
+# E2E_LANES harnesses run the files side by side (`make e2e`: 3), each with its own control
 # plane (ports HARNESS_PORT_BASE + 100 * lane), fleet and temp folder, so no test sees
-# another's cluster. The tests wait on the control plane far more than they compute, so two
-# lanes take about half the time. Files go to the lane with the least work so far, longest
-# first, by their usual seconds on a warm machine (weights below; a file not listed counts 30).
+# another's cluster. On 2 cores two lanes keep the CPU busy already (the control planes'
+# work); a third took the warm suite from 25 to 24 minutes by filling the waits. Files go to
+# the lane with the least work so far, longest first, by their seconds in a warm two-lane run
+# (weights below; a file not listed counts 30).
 lanes=${E2E_LANES:-1}
 if [[ $suite != core ]]; then lanes=1; fi
 declare -A weight=(
-  [resilience]=220 [upgrade]=180 [apply]=180 [migrate]=150 [plan]=130 [controller]=125
-  [sharing]=115 [helm]=75 [gpu_readiness]=65 [nvidia_driver]=60 [hostile_tenant]=55
-  [by_model]=45 [driver_toolkit]=36 [teardown]=33 [steady]=33 [dra]=32 [render]=31
-  [contract]=30 [precompiled]=26 [nfd]=21 [node_pools]=21 [olm]=20 [doctor]=20 [shipped]=20
-  [runtime_flavours]=19 [openshift]=19 [olm_install]=18 [confine]=18 [probes]=13 [harness]=12
-  [nfd_real]=11 [service_monitor]=9 [crd]=3 [monitoring]=3
-  [sandbox]=60
+  [upgrade]=275 [apply]=219 [controller]=211 [migrate]=176 [helm]=121
+  [nvidia_driver]=121 [sharing]=116 [hostile_tenant]=106 [render]=87 [gpu_readiness]=83 [plan]=82
+  [contract]=76 [dra]=67 [teardown]=54 [driver_toolkit]=53 [vm_workloads]=49 [precompiled]=49
+  [runtime_flavours]=46 [nfd]=44 [olm_install]=39 [doctor]=38 [confine]=37 [steady]=31
+  [by_model]=29 [sandbox]=27 [node_pools]=27 [openshift]=25 [harness]=25 [olm]=23 [shipped]=20
+  [probes]=19 [service_monitor]=17 [doctor_dra]=14 [nfd_real]=13 [crd]=9 [monitoring]=3
+  [leader]=47
 )
 declare -a load lane_of
 for ((i = 0; i < lanes; i++)); do load[i]=0 lane_of[i]=""; done

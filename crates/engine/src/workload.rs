@@ -84,6 +84,19 @@ impl Sandbox {
             .unwrap_or(self.default_workload)
     }
 
+    /// The nodes of `nodes` whose workload type is `workload`: the one filter behind "the GPU
+    /// nodes that run containers" (the driver's fleet and OS tag) and "the vm-vgpu nodes".
+    pub fn nodes_running<'a, N: AsRef<NodeView>>(
+        &self,
+        nodes: &'a [N],
+        workload: SandboxWorkload,
+    ) -> impl Iterator<Item = &'a N> + 'a {
+        let sandbox = *self;
+        nodes
+            .iter()
+            .filter(move |n| sandbox.workload_of(n.as_ref()) == workload)
+    }
+
     /// The deploy keys a node of `workload` carries (every value `true`); `mig_capable` adds
     /// mig-manager on container nodes only.
     pub fn deploy_keys(

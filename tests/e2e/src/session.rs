@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpu_operator::api::{ClusterPolicy, State};
 use gpu_operator::model::Kind;
@@ -566,4 +566,47 @@ pub fn time_slicing(replicas: u32) -> String {
     format!(
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
     )
+}
+
+/// How long a change may take to converge after a fault or a held-back write.
+pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(90);
+
+/// Sets an env var on the dcgm-exporter: every value rolls its DaemonSet, so the leader has a
+/// write to make for each (resilience.rs, leader.rs).
+pub async fn tick(s: &Setup, n: u32) {
+    s.patch_policy(
+        json!({"spec": {"dcgmExporter": {"env": [{"name": "E2E_TICK", "value": n.to_string()}]}}}),
+    )
+    .await;
+}
+
+/// How long a change took: until its object was written, and until the policy was ready.
+#[derive(Debug)]
+pub struct Converged {
+    pub applied: Duration,
+    pub ready: Duration,
+}
+
+/// Waits until the dcgm-exporter carries tick `n` and the policy is ready for its generation.
+pub async fn await_converged(s: &Setup, n: u32, what: &str) -> Converged {
+    let started = Instant::now();
+    let want = n.to_string();
+    wait::until(CONVERGENCE_BOUND, what, || async {
+        let tick = s.template_env("nvidia-dcgm-exporter", "E2E_TICK").await;
+        Ok(if tick.as_deref() == Some(want.as_str()) {
+            Ok(())
+        } else {
+            Err(format!("dcgm-exporter tick {tick:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    let applied = started.elapsed();
+    await_policy_state(&s.admin, &s.policy, State::Ready, what)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", s.operator.log_text()));
+    Converged {
+        applied,
+        ready: started.elapsed(),
+    }
 }

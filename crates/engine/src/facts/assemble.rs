@@ -173,10 +173,8 @@ fn driver_os_tag(
     gpu_nodes: &[Arc<NodeView>],
     live_tag: Option<&str>,
 ) -> Option<String> {
-    let sandbox = Sandbox::of(spec);
-    let containers: Vec<Arc<NodeView>> = gpu_nodes
-        .iter()
-        .filter(|n| sandbox.workload_of(n) == SandboxWorkload::Container)
+    let containers: Vec<Arc<NodeView>> = Sandbox::of(spec)
+        .nodes_running(gpu_nodes, SandboxWorkload::Container)
         .cloned()
         .collect();
     driver_os::primary_os(&containers, live_tag)

@@ -565,29 +565,26 @@ pub fn uses_nvidia_driver_crd(spec: &ClusterPolicySpec) -> bool {
         .is_some_and(DriverSpec::uses_nvidia_driver_crd)
 }
 
-/// The facts without the GPU nodes an NVIDIADriver pool runs on (the primary OS, and so the
-/// DaemonSet names, stay as they are).
 /// The facts as the driver sees them: only the GPU nodes that run containers. Nodes given to
 /// virtual machines run the VFIO or the vGPU manager instead (crates/engine/src/workload.rs),
 /// so their OS or kernel gets no driver DaemonSet of its own, nor a line in status (the OS tag
 /// is already theirs: facts::assemble). Borrowed when every GPU node runs containers.
 fn container_fleet<'a>(spec: &ClusterPolicySpec, facts: &'a ClusterFacts) -> Cow<'a, ClusterFacts> {
-    let sandbox = Sandbox::of(spec);
-    let runs_containers = |n: &&Arc<NodeView>| sandbox.workload_of(n) == SandboxWorkload::Container;
-    if facts.gpu_nodes.iter().all(|n| runs_containers(&n)) {
+    let containers: Vec<Arc<NodeView>> = Sandbox::of(spec)
+        .nodes_running(&facts.gpu_nodes, SandboxWorkload::Container)
+        .cloned()
+        .collect();
+    if containers.len() == facts.gpu_nodes.len() {
         return Cow::Borrowed(facts);
     }
     Cow::Owned(ClusterFacts {
-        gpu_nodes: facts
-            .gpu_nodes
-            .iter()
-            .filter(runs_containers)
-            .cloned()
-            .collect(),
+        gpu_nodes: containers,
         ..facts.clone()
     })
 }
 
+/// The facts without the GPU nodes an NVIDIADriver pool runs on (the primary OS, and so the
+/// DaemonSet names, stay as they are).
 fn uncovered(facts: &ClusterFacts) -> ClusterFacts {
     ClusterFacts {
         gpu_nodes: facts

@@ -225,12 +225,9 @@ pub struct Decision {
 
 /// The vm-vgpu GPU nodes, the ones whose `nvidia.com/vgpu.config` label matters.
 fn vgpu_nodes<'a>(spec: &ClusterPolicySpec, facts: &'a ClusterFacts) -> Vec<&'a NodeView> {
-    let sandbox = Sandbox::of(spec);
-    facts
-        .gpu_nodes
-        .iter()
+    Sandbox::of(spec)
+        .nodes_running(&facts.gpu_nodes, crate::api::SandboxWorkload::VmVgpu)
         .map(AsRef::as_ref)
-        .filter(|n| sandbox.workload_of(n) == crate::api::SandboxWorkload::VmVgpu)
         .collect()
 }
 

@@ -71,11 +71,8 @@ fn uses_nvidia_driver_crd(spec: &ClusterPolicySpec) -> bool {
 
 /// The vm-vgpu GPU nodes.
 fn vgpu_nodes(spec: &ClusterPolicySpec, facts: &ClusterFacts) -> Vec<std::sync::Arc<NodeView>> {
-    let sandbox = Sandbox::of(spec);
-    facts
-        .gpu_nodes
-        .iter()
-        .filter(|n| sandbox.workload_of(n) == SandboxWorkload::VmVgpu)
+    Sandbox::of(spec)
+        .nodes_running(&facts.gpu_nodes, SandboxWorkload::VmVgpu)
         .cloned()
         .collect()
 }
