@@ -27,13 +27,18 @@ done
 
 # Build the tests and the operator binary they run before the harness starts, so compile time
 # is not spent with it running. The tests run a copy of the binary (GPU_OPERATOR_BIN), so a
-# build from another checkout that shares the target directory cannot swap it mid-run.
+# build from another checkout that shares the target directory cannot swap it mid-run. The
+# binary comes from `cargo test`, which builds it for the operator's integration tests with the
+# features of the unit-test build (tokio's `test-util`, a dev-dependency's): `cargo build -p
+# gpu-operator` resolves them without it and compiled tokio, hyper, kube and the operator again
+# (about a minute of a cold CI run).
 operator_bin=$(mktemp -t gpu-operator-e2e-bin.XXXXXX)
-built=$(cd "$root" && cargo build -p gpu-operator --quiet --message-format=json |
+built=$(cd "$root" && cargo test -p gpu-operator --no-run --quiet --message-format=json |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu-operator" and m.get("executable"):
+    if (m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu-operator"
+            and m["target"]["kind"] == ["bin"] and not m["profile"]["test"] and m.get("executable")):
         print(m["executable"])')
 cp "$built" "$operator_bin" && chmod 755 "$operator_bin"
 export GPU_OPERATOR_BIN=${GPU_OPERATOR_BIN:-$operator_bin}
