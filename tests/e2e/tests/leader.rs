@@ -63,17 +63,7 @@ async fn nvidias_lease_appearing_after_start_up_stops_our_writes_within_a_lease_
         return;
     };
     s.await_state(State::Ready, "policy ready").await;
-    Api::<Namespace>::all(s.admin.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(nvidia_ns.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
+    e2e::cluster::create_namespace(&s.admin, &nvidia_ns)
         .await
         .unwrap();
     let leases: Api<Lease> = Api::namespaced(s.admin.clone(), &nvidia_ns);
