@@ -14,22 +14,30 @@ require (
 	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/distribution/reference v0.6.0 // indirect
-	github.com/emicklei/go-restful/v3 v3.12.2 // indirect
+	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
-	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
-	github.com/go-logr/logr v1.4.3 // indirect
-	github.com/go-openapi/jsonpointer v0.21.0 // indirect
-	github.com/go-openapi/jsonreference v0.20.2 // indirect
-	github.com/go-openapi/swag v0.23.0 // indirect
+	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-openapi/jsonpointer v0.23.1 // indirect
+	github.com/go-openapi/jsonreference v0.21.5 // indirect
+	github.com/go-openapi/swag v0.26.0 // indirect
+	github.com/go-openapi/swag/cmdutils v0.26.0 // indirect
+	github.com/go-openapi/swag/conv v0.26.0 // indirect
+	github.com/go-openapi/swag/fileutils v0.26.0 // indirect
+	github.com/go-openapi/swag/jsonname v0.26.0 // indirect
+	github.com/go-openapi/swag/jsonutils v0.26.0 // indirect
+	github.com/go-openapi/swag/loading v0.26.0 // indirect
+	github.com/go-openapi/swag/mangling v0.26.0 // indirect
+	github.com/go-openapi/swag/netutils v0.26.0 // indirect
+	github.com/go-openapi/swag/stringutils v0.26.0 // indirect
+	github.com/go-openapi/swag/typeutils v0.26.0 // indirect
+	github.com/go-openapi/swag/yamlutils v0.26.0 // indirect
 	github.com/godbus/dbus/v5 v5.2.2 // indirect
-	github.com/google/gnostic-models v0.7.0 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/huandu/xstrings v1.5.0 // indirect
-	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
-	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/mitchellh/copystructure v1.2.0 // indirect
 	github.com/mitchellh/reflectwalk v1.0.2 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
@@ -42,10 +50,10 @@ require (
 	github.com/opencontainers/runc v1.5.0 // indirect
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
-	github.com/prometheus/client_golang v1.23.2 // indirect
+	github.com/prometheus/client_golang v1.24.0 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
-	github.com/prometheus/common v0.66.1 // indirect
-	github.com/prometheus/procfs v0.16.1 // indirect
+	github.com/prometheus/common v0.70.0 // indirect
+	github.com/prometheus/procfs v0.21.1 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	github.com/shopspring/decimal v1.4.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
@@ -54,34 +62,34 @@ require (
 	github.com/stretchr/objx v0.5.2 // indirect
 	github.com/stretchr/testify v1.11.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
-	go.opentelemetry.io/otel v1.43.0 // indirect
-	go.opentelemetry.io/otel/trace v1.43.0 // indirect
-	go.yaml.in/yaml/v2 v2.4.3 // indirect
+	go.opentelemetry.io/otel v1.44.0 // indirect
+	go.opentelemetry.io/otel/trace v1.44.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
-	golang.org/x/crypto v0.53.0 // indirect
-	golang.org/x/net v0.56.0 // indirect
+	golang.org/x/crypto v0.54.0 // indirect
+	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
-	golang.org/x/sys v0.46.0 // indirect
-	golang.org/x/term v0.44.0 // indirect
-	golang.org/x/text v0.38.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/term v0.45.0 // indirect
+	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.11 // indirect
+	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/api v0.35.3 // indirect
-	k8s.io/apiextensions-apiserver v0.35.3 // indirect
-	k8s.io/apimachinery v0.35.3 // indirect
-	k8s.io/apiserver v0.35.3 // indirect
-	k8s.io/client-go v0.35.3 // indirect
-	k8s.io/component-base v0.35.3 // indirect
+	k8s.io/api v0.36.2 // indirect
+	k8s.io/apiextensions-apiserver v0.36.2 // indirect
+	k8s.io/apimachinery v0.36.2 // indirect
+	k8s.io/apiserver v0.36.2 // indirect
+	k8s.io/client-go v0.36.2 // indirect
+	k8s.io/component-base v0.36.2 // indirect
 	k8s.io/component-helpers v0.35.3 // indirect
 	k8s.io/controller-manager v0.35.3 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
-	k8s.io/kube-openapi v0.0.0-20250910181357-589584f1c912 // indirect
+	k8s.io/kube-openapi v0.0.0-20260427204847-8949caaa1199 // indirect
 	k8s.io/kubelet v0.35.3 // indirect
-	k8s.io/kubernetes v1.35.3 // indirect
-	k8s.io/utils v0.0.0-20251002143259-bc988d571ff4 // indirect
+	k8s.io/kubernetes v1.36.2 // indirect
+	k8s.io/utils v0.0.0-20260319190234-28399d86e0b5 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/node-feature-discovery v0.19.0 // indirect
 	sigs.k8s.io/node-feature-discovery/api/nfd v0.19.0 // indirect
@@ -90,59 +98,71 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-replace k8s.io/api => k8s.io/api v0.35.3
+replace k8s.io/api => k8s.io/api v0.36.2
 
-replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.35.3
+replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.2
 
-replace k8s.io/apimachinery => k8s.io/apimachinery v0.35.3
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.36.2
 
-replace k8s.io/apiserver => k8s.io/apiserver v0.35.3
+replace k8s.io/apiserver => k8s.io/apiserver v0.36.2
 
-replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.35.3
+replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.36.2
 
-replace k8s.io/client-go => k8s.io/client-go v0.35.3
+replace k8s.io/client-go => k8s.io/client-go v0.36.2
 
-replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.35.3
+replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.36.2
 
-replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.35.3
+replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.36.2
 
-replace k8s.io/code-generator => k8s.io/code-generator v0.35.3
+replace k8s.io/code-generator => k8s.io/code-generator v0.36.2
 
-replace k8s.io/component-base => k8s.io/component-base v0.35.3
+replace k8s.io/component-base => k8s.io/component-base v0.36.2
 
-replace k8s.io/component-helpers => k8s.io/component-helpers v0.35.3
+replace k8s.io/component-helpers => k8s.io/component-helpers v0.36.2
 
-replace k8s.io/controller-manager => k8s.io/controller-manager v0.35.3
+replace k8s.io/controller-manager => k8s.io/controller-manager v0.36.2
 
-replace k8s.io/cri-api => k8s.io/cri-api v0.35.3
+replace k8s.io/cri-api => k8s.io/cri-api v0.36.2
 
-replace k8s.io/cri-client => k8s.io/cri-client v0.35.3
+replace k8s.io/cri-client => k8s.io/cri-client v0.36.2
 
-replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.35.3
+replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.36.2
 
-replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.35.3
+replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.36.2
 
-replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.35.3
+replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.36.2
 
-replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.35.3
+replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.36.2
 
-replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.35.3
+replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.36.2
 
-replace k8s.io/kubectl => k8s.io/kubectl v0.35.3
+replace k8s.io/kubectl => k8s.io/kubectl v0.36.2
 
-replace k8s.io/kubelet => k8s.io/kubelet v0.35.3
+replace k8s.io/kubelet => k8s.io/kubelet v0.36.2
 
 replace k8s.io/legacy-cloud-providers => k8s.io/legacy-cloud-providers v0.35.3
 
-replace k8s.io/metrics => k8s.io/metrics v0.35.3
+replace k8s.io/metrics => k8s.io/metrics v0.36.2
 
-replace k8s.io/mount-utils => k8s.io/mount-utils v0.35.3
+replace k8s.io/mount-utils => k8s.io/mount-utils v0.36.2
 
-replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.35.3
+replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.36.2
 
-replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.35.3
+replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.36.2
 
 tool (
 	sigs.k8s.io/node-feature-discovery/cmd/nfd-master
 	sigs.k8s.io/node-feature-discovery/cmd/nfd-worker
 )
+
+replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.36.2
+
+replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.36.2
+
+replace k8s.io/endpointslice => k8s.io/endpointslice v0.36.2
+
+replace k8s.io/externaljwt => k8s.io/externaljwt v0.36.2
+
+replace k8s.io/kms => k8s.io/kms v0.36.2
+
+replace k8s.io/streaming => k8s.io/streaming v0.36.2
