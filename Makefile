@@ -109,6 +109,7 @@ lint: lint-except-clippy ## formatting, clippy and cargo-deny (licences, bans, s
 	cargo clippy --workspace --all-targets -- -D warnings
 
 .PHONY: lint-except-clippy
-lint-except-clippy: ## formatting and cargo-deny; CI runs clippy as it compiles the tests instead (.ci/run)
+lint-except-clippy: ## formatting, cargo-deny, and the harness Go tools' shared versions (tests/cluster/align-deps.py); CI runs clippy as it compiles the tests instead (.ci/run)
 	cargo fmt --all -- --check
 	scripts/cargo-deny.sh
+	tests/cluster/align-deps.py --check

@@ -118,6 +118,11 @@ def main() -> int:
             for path, version in sorted(change.items()):
                 print(f"{tool.relative_to(ROOT)}: {path} {modules[tool][path]} -> {version}")
         if check:
+            print(
+                "align-deps: these tools compile the shared modules once each; run "
+                "tests/cluster/align-deps.py (tests/cluster/README.md, \"Bumping a version\")",
+                file=sys.stderr,
+            )
             return 1
         for tool, change in changes.items():
             if not change:
