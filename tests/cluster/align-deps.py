@@ -8,9 +8,10 @@ closure below it. Each wrapper module resolves its own versions, and a cold CI m
 those packages once per tool: minutes of CPU each (measured in tests/cluster/README.md).
 
 This raises every module that two or more of TOOLS compile to the highest version any of them
-selects (`go get`: only upgrades, which Go's compatibility rule allows), until they agree. A
-wrapper that replaces the `k8s.io/*` staging modules (NFD's, which builds against
-k8s.io/kubernetes itself) moves its replacements and k8s.io/kubernetes with k8s.io/api.
+selects (raised requirements: only upgrades, which Go's compatibility rule allows), until they
+agree, then tidies each go.mod it changed. A wrapper that replaces the `k8s.io/*` staging
+modules (NFD's, which builds against k8s.io/kubernetes itself) moves its replacements and
+k8s.io/kubernetes with k8s.io/api.
 Kubernetes' own wrapper stays as its release pins it: a replaced module keeps the version it was
 required at in the build cache's key, so a downgrade by `replace` would not share anyway, and
 the API server is what every test talks to.
@@ -129,7 +130,7 @@ def main() -> int:
                 continue
             changed.add(tool)
             # A wrapper that replaces modules by version (NFD's staging modules) replaces them
-            # by the new version, or the replacement would win over `go get`.
+            # by the new version, or the old replacement would win over the raised requirement.
             replaced = {
                 r["Old"]["Path"]
                 for r in json.loads(go(tool, "mod", "edit", "-json")).get("Replace") or []
